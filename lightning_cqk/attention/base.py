@@ -1,0 +1,111 @@
+"""The one contract every attention backend follows.
+
+Notation used in shape comments throughout `lightning_cqk.attention` and `lightning_cqk.model`:
+
+    B   batch size                 T   sequence length
+    C   model width (n_embd)       nh  number of query heads
+    hs  head size (C // nh)        nkv number of key/value heads (grouped-query attention)
+
+A backend is an `nn.Module` built as ``Backend(config, layer_idx, options)`` and called as
+``backend(x, ctx) -> y`` with ``x, y: (B, T, C)``. Everything a backend may need besides `x` travels in the
+`AttentionContext` (rotary tables, the token embeddings for variants that attend on them), so the transformer block
+never branches on the variant. Backends declare their options as a dataclass (`Options`), which is how options are
+validated (unknown key -> did-you-mean error) and documented.
+
+Conventions the model relies on:
+- the output projection back to the residual stream is called `out_proj` (it gets the scaled GPT-2 init);
+- backend-specific parameters that need their own init are set in `reset_backend_parameters()`, which the model
+  calls after its generic init;
+- `impl="math"` selects the explicit reference path (the test oracle), `impl="sdpa"` the fused fast path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from lightning_cqk.config import ModelConfig
+
+
+@dataclass
+class AttentionContext:
+    """Per-forward inputs shared by all blocks.
+
+    Attributes:
+        cos: RoPE cosine table, (T, hs // 2) or None when the model does not use RoPE.
+        sin: RoPE sine table, same shape as `cos`.
+        embeddings: the token embeddings that entered the first block, (B, T, C); for variants that need them.
+    """
+
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+    embeddings: torch.Tensor | None = None
+
+
+@dataclass
+class AttentionOptions:
+    """Options every backend accepts.
+
+    Attributes:
+        impl: "sdpa" for the fused `scaled_dot_product_attention` fast path, "math" for the explicit softmax path
+            (the reference used as a test oracle; it can also return attention probabilities).
+    """
+
+    impl: Literal["sdpa", "math"] = "sdpa"
+
+
+class AttentionBackend(nn.Module):
+    """Base class: fixes the constructor and forward contract of all backends.
+
+    Subclasses set `name` (their registry key), `Options` (a dataclass derived from `AttentionOptions`) and
+    implement `forward`.
+    """
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[AttentionOptions]] = AttentionOptions
+
+    def __init__(self, config: ModelConfig, layer_idx: int, options: AttentionOptions) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.options = options
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:  # pragma: no cover - abstract
+        """Map (B, T, C) -> (B, T, C), attending causally."""
+        raise NotImplementedError
+
+    @classmethod
+    def check_config(cls, config: ModelConfig, layer_idx: int, options: AttentionOptions) -> None:
+        """Raise ValueError when this backend cannot run with `config` (impossible shapes). Default: accept."""
+
+    def reset_backend_parameters(self) -> None:
+        """Initialise parameters that the generic GPT-2 init must not touch. Default: nothing."""
+
+    @classmethod
+    def parse_options(cls, options: dict[str, Any] | AttentionOptions | None) -> AttentionOptions:
+        """Turn a plain dict into this backend's `Options`, with a readable error for unknown keys."""
+        if isinstance(options, cls.Options):
+            return options
+        options = dict(options or {})
+        known = [f.name for f in dataclasses.fields(cls.Options)]
+        for key in options:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(
+                    f"Unknown option {key!r} for attention backend {cls.name!r}.{hint} "
+                    f"Valid options: {', '.join(sorted(known))}."
+                )
+        try:
+            return cls.Options(**options)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"Invalid options for attention backend {cls.name!r}: {err}") from err
+
+    def extra_repr(self) -> str:
+        return f"layer={self.layer_idx}, options={self.options}"

@@ -1,0 +1,60 @@
+"""Causal scaled-dot-product attention: a fused fast path and an explicit reference path.
+
+Both take q (B, nh, T, hs), k (B, nkv, T, hs), v (B, nkv, T, hv) with nh a multiple of nkv (grouped-query
+attention; nkv == nh is ordinary multi-head attention) and return (B, nh, T, hv). The math path is the oracle for
+tests (fp64 on CPU) and can also return the attention probabilities; the SDPA path is what trains.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, nkv, T, hs) -> (B, nkv * n_rep, T, hs), each key/value head repeated for its query group."""
+    if n_rep == 1:
+        return x
+    return x.repeat_interleave(n_rep, dim=1)
+
+
+def causal_mask(t_q: int, t_k: int, device: torch.device) -> torch.Tensor:
+    """Boolean (t_q, t_k) mask, True where attention is allowed (key position <= query position)."""
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
+
+
+def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Causal softmax attention weights (B, nh, T, T), computed in fp32 (or fp64 when the input is fp64)."""
+    k = repeat_kv(k, q.size(1) // k.size(1))
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scores = (q.to(compute_dtype) @ k.to(compute_dtype).transpose(-2, -1)) * scale  # (B, nh, T, T)
+    scores = scores.masked_fill(~causal_mask(q.size(-2), k.size(-2), q.device), float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    impl: str = "sdpa",
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """softmax(q k^T * scale + causal mask) v, per head. Returns (B, nh, T, hv)."""
+    n_rep = q.size(1) // k.size(1)
+    if impl == "sdpa":
+        if n_rep > 1:
+            # enable_gqa avoids materialising repeated K/V on kernels that support it.
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale, dropout_p=dropout_p, enable_gqa=True
+            )
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout_p)
+    if impl == "math":
+        probs = attention_probs(q, k, scale)  # (B, nh, T, T)
+        if dropout_p > 0.0:
+            probs = F.dropout(probs, p=dropout_p)
+        return (probs.to(v.dtype) @ repeat_kv(v, n_rep)).to(q.dtype)  # (B, nh, T, hv)
+    raise ValueError(f"Unknown attention impl {impl!r}; choose 'sdpa' or 'math'.")

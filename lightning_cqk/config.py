@@ -1,0 +1,187 @@
+"""Model configuration: names and numbers only, so configs and checkpoints stay plain YAML.
+
+`ModelConfig` describes a GPT-style decoder. Classes are never stored here: the attention backend is a *name* looked
+up in `lightning_cqk.attention` (with its options as a plain dict), and the norm / MLP / position encoding are
+names resolved by the model code. Size presets fill the shape fields that were left unset::
+
+    ModelConfig(preset="60m")                      # 10 layers, d=512, 8 heads, d_ff=2048
+    ModelConfig(preset="60m", n_layer=6)           # any field you set wins over the preset
+    ModelConfig.from_preset("tiny", attention="coupled", attention_options={"steps": 2})
+
+Parameter counts of the presets (GPT-2 vocabulary, 50,257 tokens, tied embeddings, RoPE, LayerNorm, GELU MLP,
+no biases; checked by `tests/model/test_presets.py`):
+
+=======  =======  ======  ======  ==========  ===========  =============  ==========
+preset   n_layer  n_embd  n_head  mlp_hidden  total        non-embedding  embedding
+=======  =======  ======  ======  ==========  ===========  =============  ==========
+tiny     4        128     4       512         7,220,480    787,584        6,432,896
+60m      10       512     8       2048        57,199,616   31,468,032     25,731,584
+150m     16       768     12      3072        151,868,928  113,271,552    38,597,376
+350m     24       1024    16      4096        353,503,232  302,040,064    51,463,168
+=======  =======  ======  ======  ==========  ===========  =============  ==========
+
+The `tiny` preset is meant for the byte tokenizer (vocab 257), where it has 820,480 parameters in total. The paper
+configurations of arXiv 2604.01683 are not published; these shapes are the GPT-2-style placeholders that
+`shared/papers.md` section 1.4 proposes for the 60M / 150M / 350M sizes.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Literal
+
+NormName = Literal["layernorm", "rmsnorm"]
+MLPName = Literal["gelu", "swiglu"]
+PositionName = Literal["rope", "learned", "none"]
+
+#: Shape presets. `block_size` is the longest context the model supports; the CLI links it to `data.seq_len`.
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(n_layer=4, n_head=4, n_embd=128, mlp_hidden=512, block_size=256),
+    "60m": dict(n_layer=10, n_head=8, n_embd=512, mlp_hidden=2048, block_size=1024),
+    "150m": dict(n_layer=16, n_head=12, n_embd=768, mlp_hidden=3072, block_size=1024),
+    "350m": dict(n_layer=24, n_head=16, n_embd=1024, mlp_hidden=4096, block_size=1024),
+}
+
+GPT2_VOCAB_SIZE = 50257
+
+
+@dataclass
+class LayerOverride:
+    """Use another attention backend in some layers (hybrid models).
+
+    Attributes:
+        layers: 0-based indices of the layers this override applies to.
+        attention: registry name of the backend for those layers.
+        attention_options: that backend's options (replaces, does not merge with, the model-wide options).
+    """
+
+    layers: list[int]
+    attention: str
+    attention_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelConfig:
+    """A GPT-style decoder: shape, components by name, and the attention backend by name.
+
+    Attributes:
+        preset: size preset that fills `n_layer`, `n_head`, `n_embd`, `mlp_hidden` and `block_size` when unset.
+        n_layer: number of transformer blocks.
+        n_head: number of attention heads (backends may reinterpret, e.g. differential uses n_head/2 pairs).
+        n_embd: model width C.
+        mlp_hidden: hidden width of the MLP.
+        block_size: longest sequence the model accepts (RoPE cache / learned position table size).
+        vocab_size: tokenizer vocabulary size (the CLI links it to the data's tokenizer).
+        norm: `layernorm` or `rmsnorm`; pre-norm blocks and a final norm.
+        norm_eps: epsilon of the norms.
+        mlp: `gelu` (GPT-2, two matrices) or `swiglu` (three matrices; `mlp_hidden` is used as given).
+        position: `rope` (rotary, half-split, applied inside attention), `learned` absolute, or `none`.
+        rope_base: RoPE base frequency.
+        dropout: dropout on embeddings, attention weights and residual branches.
+        bias: biases in linear layers and LayerNorm.
+        tie_embeddings: share the token embedding with the output head.
+        init_std: std of the GPT-2 normal init; residual output projections use init_std / sqrt(2 * n_layer).
+        attention: registry name of the attention backend (see `lightning_cqk.attention.available()`).
+        attention_options: options of that backend (validated by the backend's `Options` dataclass).
+        layer_overrides: per-layer backends for hybrid models; layers not listed use `attention`.
+    """
+
+    preset: str = "tiny"
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    mlp_hidden: int | None = None
+    block_size: int | None = None
+    vocab_size: int = GPT2_VOCAB_SIZE
+    norm: NormName = "layernorm"
+    norm_eps: float = 1e-5
+    mlp: MLPName = "gelu"
+    position: PositionName = "rope"
+    rope_base: float = 10000.0
+    dropout: float = 0.0
+    bias: bool = False
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+    attention: str = "standard"
+    attention_options: dict[str, Any] = field(default_factory=dict)
+    layer_overrides: list[LayerOverride] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(_unknown("preset", self.preset, PRESETS))
+        for key, value in PRESETS[self.preset].items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
+        self.layer_overrides = [o if isinstance(o, LayerOverride) else LayerOverride(**o) for o in self.layer_overrides]
+        self._validate()
+
+    @classmethod
+    def from_preset(cls, preset: str, **overrides: Any) -> ModelConfig:
+        """Build a config from a size preset, with any field overridden."""
+        return cls(preset=preset, **overrides)
+
+    @property
+    def head_size(self) -> int:
+        """Width of one attention head, n_embd // n_head."""
+        return self.n_embd // self.n_head
+
+    def attention_for_layer(self, layer_idx: int) -> tuple[str, dict[str, Any]]:
+        """The (backend name, options) used by block `layer_idx`."""
+        for override in self.layer_overrides:
+            if layer_idx in override.layers:
+                return override.attention, dict(override.attention_options)
+        return self.attention, dict(self.attention_options)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form (YAML/JSON serialisable)."""
+        return asdict(self)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with some fields changed."""
+        return replace(self, **changes)
+
+    def _validate(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "mlp_hidden", "block_size", "vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}.")
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; pick n_head among "
+                f"{[h for h in range(1, self.n_embd + 1) if self.n_embd % h == 0 and h <= 64]}."
+            )
+        if self.position == "rope" and self.head_size % 2:
+            raise ValueError(f"RoPE needs an even head size, got n_embd/n_head = {self.head_size}.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
+        seen: dict[int, int] = {}
+        for i, override in enumerate(self.layer_overrides):
+            if not override.layers:
+                raise ValueError(f"layer_overrides[{i}] lists no layers.")
+            for layer in override.layers:
+                if not 0 <= layer < self.n_layer:
+                    raise ValueError(
+                        f"layer_overrides[{i}] names layer {layer}, but the model has layers 0..{self.n_layer - 1} "
+                        "(indices are 0-based)."
+                    )
+                if layer in seen:
+                    raise ValueError(f"layer {layer} appears in layer_overrides[{seen[layer]}] and [{i}].")
+                seen[layer] = i
+        # Backends are validated here, at config time, so a typo fails before any data is prepared.
+        from lightning_cqk.attention import validate_attention
+
+        for layer_idx in range(self.n_layer):
+            name, options = self.attention_for_layer(layer_idx)
+            validate_attention(name, options, self, layer_idx)
+
+
+def config_field_names() -> list[str]:
+    """Names of all ModelConfig fields (for did-you-mean messages)."""
+    return [f.name for f in fields(ModelConfig)]
+
+
+def _unknown(kind: str, value: str, choices: Any) -> str:
+    choices = sorted(choices)
+    close = difflib.get_close_matches(str(value), choices, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"Unknown {kind} {value!r}.{hint} Choices: {', '.join(choices)}."

@@ -1,0 +1,33 @@
+"""Shared test fixtures: offline litdata, restored dtype, and the location of the shared real-data folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path:
+    """`../shared/data` beside the repo (or $LIGHTNING_CQK_SHARED_DATA)."""
+    return Path(os.environ.get("LIGHTNING_CQK_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+@pytest.fixture(autouse=True)
+def _restore_default_dtype():
+    dtype = torch.get_default_dtype()
+    yield
+    torch.set_default_dtype(dtype)
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    path = shared_data_dir()
+    if not path.is_dir():
+        pytest.skip(f"shared real-data folder {path} is absent (set LIGHTNING_CQK_SHARED_DATA to use another)")
+    return path
