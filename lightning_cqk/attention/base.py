@@ -16,6 +16,7 @@ Conventions the model relies on:
 - the output projection back to the residual stream is called `out_proj` (it gets the scaled GPT-2 init);
 - backend-specific parameters that need their own init are set in `reset_backend_parameters()`, which the model
   calls after its generic init;
+- `forward_flops_per_token(config, options, seq_len)` gives analytic FLOPs for compute-matched budgets;
 - `impl="math"` selects the explicit reference path (the test oracle), `impl="sdpa"` the fused fast path.
 """
 
@@ -83,6 +84,17 @@ class AttentionBackend(nn.Module):
     @classmethod
     def check_config(cls, config: ModelConfig, layer_idx: int, options: AttentionOptions) -> None:
         """Raise ValueError when this backend cannot run with `config` (impossible shapes). Default: accept."""
+
+    @classmethod
+    def forward_flops_per_token(cls, config: ModelConfig, options: AttentionOptions, seq_len: int) -> int:
+        """Analytic forward matmul FLOPs per token of one layer of this backend at context length `seq_len`.
+
+        Convention (as torchtitan and PaLM): 2 FLOPs per multiply-add of every matmul, including the attention
+        score and value products over all `seq_len` keys (causal masking is not credited, matching what fused
+        kernels and `torch.utils.flop_counter` count); elementwise work (softmax, norms, activations) is ignored.
+        Training FLOPs are 3x this (backward = 2x forward); see `lightning_cqk.model.flops`.
+        """
+        raise NotImplementedError(f"{cls.__name__} does not define forward_flops_per_token")
 
     def reset_backend_parameters(self) -> None:
         """Initialise parameters that the generic GPT-2 init must not touch. Default: nothing."""

@@ -35,7 +35,9 @@ def test_unknown_option_is_refused_with_suggestion():
 
 def test_layer_overrides_select_backend_per_layer():
     cfg = ModelConfig(
-        n_layer=3, vocab_size=11, layer_overrides=[LayerOverride(layers=[1], attention="standard", attention_options={"impl": "math"})]
+        n_layer=3,
+        vocab_size=11,
+        layer_overrides=[LayerOverride(layers=[1], attention="standard", attention_options={"impl": "math"})],
     )
     model = GPT(cfg)
     impls = [block.attn.options.impl for block in model.blocks]

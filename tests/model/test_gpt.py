@@ -49,7 +49,9 @@ def test_untied_and_learned_positions_count_as_embedding():
 @pytest.mark.parametrize("norm,mlp", [("layernorm", "gelu"), ("rmsnorm", "swiglu")])
 def test_forward_shape_and_causality(position, norm, mlp):
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=61, n_layer=2, n_embd=32, n_head=4, block_size=16, position=position, norm=norm, mlp=mlp)
+    cfg = ModelConfig(
+        vocab_size=61, n_layer=2, n_embd=32, n_head=4, block_size=16, position=position, norm=norm, mlp=mlp
+    )
     model = GPT(cfg).double().eval()
     idx = torch.randint(0, 61, (2, 16))
     logits = model(idx)

@@ -1,0 +1,55 @@
+# lightning_cqk: every target installs what it needs into $(VENV) first.
+#   make quickstart    train the quickstart config (tiny model, built-in corpus, CPU or GPU)
+#   make test          run the test suite (what CI runs)
+PYTHON ?= python3
+VENV ?= .venv
+PIP_ARGS ?=
+CONFIG ?= configs/quickstart.yaml
+BIN := $(VENV)/bin
+export LITDATA_DISABLE_VERSION_CHECK := 1
+
+.DEFAULT_GOAL := help
+.PHONY: help install quickstart test test-slow test-all lint format fit print-config tensorboard clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
+
+$(BIN)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "lightning_cqk needs Python >= 3.10; set PYTHON=python3.x")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e '.[test,dev]'
+	@touch $@
+
+install: $(BIN)/.installed ## create $(VENV) and install the package with its test tools
+
+quickstart: install ## train configs/quickstart.yaml (tiny model on the built-in corpus; < 3 min on 2 CPU cores)
+	$(BIN)/lightning_cqk fit --config configs/quickstart.yaml
+
+test: install ## run the test suite (not the slow multi-process tests)
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q
+
+test-slow: install ## run only the slow tests
+	$(BIN)/python -m pytest -m "slow and not gpu" -q
+
+test-all: install ## run every CPU test
+	$(BIN)/python -m pytest -m "not gpu" -q
+
+lint: install ## ruff check and format check
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: install ## ruff format and autofix
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+fit: install ## train any config: make fit CONFIG=configs/quickstart.yaml
+	$(BIN)/lightning_cqk fit --config $(CONFIG)
+
+print-config: install ## print the resolved config: make print-config CONFIG=...
+	$(BIN)/lightning_cqk fit --config $(CONFIG) --print_config
+
+tensorboard: install ## serve the curves of every run under runs/
+	$(BIN)/tensorboard --logdir runs
+
+clean: ## remove caches (keeps runs/, data/ and the virtualenv)
+	rm -rf .pytest_cache .ruff_cache build dist *.egg-info
+	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +

@@ -1,0 +1,164 @@
+"""The `lightning_cqk` command line.
+
+    lightning_cqk fit --config configs/quickstart.yaml [--model.config.attention standard] [--trainer.max_steps 50]
+    lightning_cqk validate | test | predict --config ... --ckpt_path runs/<experiment>/<run>/checkpoints/last.ckpt
+    lightning_cqk prepare --source 'corpus/*.jsonl' --output_dir data/mycorpus-gpt2 --tokenizer gpt2
+    lightning_cqk attention            # list the registered attention backends and their options
+
+`fit/validate/test/predict` are LightningCLI subcommands: configs compose left to right, command-line flags win,
+`--print_config` prints the resolved config, and the resolved config is saved as `config.yaml` next to every
+run's logs. Two values are linked so that model and data cannot disagree: `model.config.block_size` is the data's
+`seq_len`, and `model.config.vocab_size` is the data tokenizer's vocabulary size.
+
+Defaults chosen here (all overridable): TensorBoard logs under `runs/<experiment>/<run name>/` where the run name
+is `{attention}-{preset}-s{seed}` (a `-2`, `-3`, ... suffix keeps a new run from writing into an old one), and
+`trainer.precision: null` meaning bf16-mixed on a bf16-capable GPU, fp32 elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata would otherwise ping PyPI (offline runs)
+
+import torch  # noqa: E402
+from lightning.pytorch import LightningDataModule, Trainer  # noqa: E402
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
+from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
+
+from lightning_cqk.callbacks import RunSummary  # noqa: E402
+from lightning_cqk.module import LitLM  # noqa: E402
+
+
+def _vocab_size_of(datamodule: LightningDataModule) -> int:
+    return datamodule.vocab_size
+
+
+class CQKCLI(LightningCLI):
+    """LightningCLI with the links, defaults and run naming of this framework."""
+
+    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("seed_everything_default", 1337)
+        super().__init__(
+            LitLM,
+            LightningDataModule,
+            subclass_mode_data=True,
+            auto_configure_optimizers=False,
+            args=args,
+            run=run,
+            **kwargs,
+        )
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.set_defaults({"data": {"class_path": "lightning_cqk.data.TokenDataModule"}})
+        parser.set_defaults(
+            {
+                "trainer.logger": {
+                    "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                    "init_args": {"save_dir": "runs", "name": "default", "default_hp_metric": False},
+                }
+            }
+        )
+        parser.link_arguments("data.init_args.seq_len", "model.config.block_size", apply_on="parse")
+        parser.link_arguments("data", "model.config.vocab_size", compute_fn=_vocab_size_of, apply_on="instantiate")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer = config.trainer
+        if trainer.get("precision") is None:
+            trainer.precision = _auto_precision(trainer.get("accelerator"))
+        logger = trainer.get("logger")
+        if _is_tensorboard(logger) and logger.init_args.get("version") is None:
+            logger.init_args.version = _run_name(config, logger.init_args, resuming=bool(config.get("ckpt_path")))
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        if not any(isinstance(cb, RunSummary) for cb in trainer.callbacks):
+            trainer.callbacks.append(RunSummary())
+        return trainer
+
+
+def _is_tensorboard(logger: Any) -> bool:
+    class_path = getattr(logger, "class_path", None) if logger is not None else None
+    return class_path is not None and class_path.rsplit(".", 1)[-1] == TensorBoardLogger.__name__
+
+
+def _auto_precision(accelerator: Any) -> str:
+    """bf16-mixed where a bf16-capable GPU will be used, fp32 otherwise."""
+    wants_gpu = accelerator in (None, "auto", "gpu", "cuda")
+    if wants_gpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "bf16-mixed"
+    return "32-true"
+
+
+def _run_name(config: Any, logger_args: Any, resuming: bool) -> str:
+    """`{attention}-{preset}-s{seed}`; suffixed so a fresh run never writes into an existing run's directory.
+
+    When resuming (`--ckpt_path`), the newest existing directory with that name is reused instead.
+    """
+    model_cfg = config.model.config
+    base = f"{model_cfg.attention}-{model_cfg.preset}-s{config.seed_everything}"
+    root = Path(logger_args.get("save_dir") or "runs") / str(logger_args.get("name") or "default")
+    candidates = [base] + [f"{base}-{i}" for i in range(2, 1000)]
+    existing = [name for name in candidates if (root / name).exists()]
+    if resuming:
+        return existing[-1] if existing else base
+    return next(name for name in candidates if not (root / name).exists())
+
+
+# ------------------------------------------------------------------------------------------ extra commands
+def _prepare_command(argv: list[str]) -> None:
+    from jsonargparse import CLI
+
+    from lightning_cqk.data import prepare
+
+    CLI(prepare, args=argv, prog="lightning_cqk prepare", as_positional=False)
+
+
+def _attention_command(argv: list[str]) -> None:
+    from lightning_cqk import attention
+
+    for name in attention.available():
+        cls = attention.get_attention(name)
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
+        print(f"{name:<16} {doc}")
+        for f in dataclasses.fields(cls.Options):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            print(f"{'':<18}{f.name} = {default!r}")
+
+
+EXTRA_COMMANDS = {"prepare": _prepare_command, "attention": _attention_command}
+
+USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention} ...
+
+  fit        train:                     lightning_cqk fit --config configs/quickstart.yaml
+  validate   evaluate a checkpoint:     lightning_cqk validate --config <run>/config.yaml --ckpt_path <ckpt>
+  test       test split evaluation
+  predict    run predictions
+  prepare    text -> token shards:      lightning_cqk prepare --source 'corpus/*.txt' --output_dir data/x
+  attention  list attention backends and their options
+
+Every subcommand takes --help. Trainer subcommands also take --print_config.
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point (`lightning_cqk` and `python -m lightning_cqk`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    torch.set_float32_matmul_precision("high")
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    if argv[0] in EXTRA_COMMANDS:
+        EXTRA_COMMANDS[argv[0]](argv[1:])
+        return
+    CQKCLI(args=argv)
+
+
+if __name__ == "__main__":
+    main()

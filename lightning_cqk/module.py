@@ -1,0 +1,129 @@
+"""The LightningModule: next-token loss, validation perplexity and bits per byte, AdamW with warmup + cosine.
+
+This is the only Lightning-aware model file; the network itself is `lightning_cqk.model.GPT` (torch only).
+
+Metrics (TensorBoard names):
+    train/loss         next-token cross-entropy of the current batch (nats/token)
+    train/tokens_seen  target tokens trained on so far, all ranks together
+    val/loss           token-weighted mean NLL over the whole validation set (nats/token)
+    val/ppl            exp(val/loss)
+    val/bpb            bits per byte of the validation text: val/loss / ln 2 * tokens / bytes, with the byte
+                       count recorded by `prepare` (comparable across tokenizers)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torchmetrics.aggregation import SumMetric
+
+from lightning_cqk.config import ModelConfig
+from lightning_cqk.model import GPT
+from lightning_cqk.optim import OptimConfig, warmup_cosine, weight_decay_groups
+
+
+class LitLM(L.LightningModule):
+    """Train a `GPT` language model whose attention backend is chosen by `config.attention`.
+
+    Args:
+        config: the model (shape preset, components, attention backend and options).
+        optim: optimiser and learning-rate schedule.
+        compile: compile each transformer block with `torch.compile` (regional compilation: state-dict keys are
+            unchanged, so checkpoints load into eager models).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig = ModelConfig(),  # noqa: B008 - a dataclass default gives the CLI its field defaults
+        optim: OptimConfig = OptimConfig(),  # noqa: B008
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        # Accept plain dicts too: that is how checkpoints store hyper-parameters (weights_only-loadable).
+        config = ModelConfig(**config) if isinstance(config, dict) else config
+        optim = OptimConfig(**optim) if isinstance(optim, dict) else optim
+        self.save_hyperparameters({"config": config.to_dict(), "optim": asdict(optim), "compile": compile})
+        self.config, self.optim, self.compile_blocks = config, optim, compile
+        self.model = GPT(config)
+        self.val_nll = SumMetric()
+        self.val_tokens = SumMetric()
+        self.tokens_seen = 0
+
+    # ----------------------------------------------------------------------------------------------- model
+    def configure_model(self) -> None:
+        if self.compile_blocks:
+            for block in self.model.blocks:
+                if not hasattr(block, "_compiled_call_impl") or block._compiled_call_impl is None:
+                    block.compile()
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)  # (B, T, vocab)
+
+    def loss(self, batch: torch.Tensor, reduction: str = "mean") -> tuple[torch.Tensor, int]:
+        """Next-token cross-entropy of a (B, T + 1) token window batch, and the number of target tokens."""
+        x, y = batch[:, :-1], batch[:, 1:]  # (B, T) each
+        logits = self.model(x)  # (B, T, vocab)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction=reduction)
+        return loss, y.numel()
+
+    # -------------------------------------------------------------------------------------------- training
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss, n_tokens = self.loss(batch)
+        self.tokens_seen += n_tokens * self.trainer.world_size
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/tokens_seen", float(self.tokens_seen))
+        return loss
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        nll, n_tokens = self.loss(batch, reduction="sum")
+        self.val_nll.update(nll)
+        self.val_tokens.update(torch.tensor(float(n_tokens), device=nll.device))
+
+    def on_validation_epoch_end(self) -> None:
+        n_tokens = self.val_tokens.compute()
+        nll = self.val_nll.compute()
+        self.val_nll.reset()
+        self.val_tokens.reset()
+        loss = nll / n_tokens.clamp_min(1.0)
+        self.log("val/loss", loss, prog_bar=True)
+        self.log("val/ppl", loss.exp())
+        bytes_per_token = getattr(self.trainer.datamodule, "bytes_per_token", None) if self._trainer else None
+        if bytes_per_token:
+            self.log("val/bpb", loss / math.log(2) / bytes_per_token)
+
+    # ------------------------------------------------------------------------------------------ optimiser
+    def configure_optimizers(self) -> dict[str, Any]:
+        cfg = self.optim
+        fused = cfg.fused and self.device.type == "cuda"
+        optimizer = torch.optim.AdamW(
+            weight_decay_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused
+        )
+        decay_steps = cfg.decay_steps or self.trainer.max_steps
+        if decay_steps is None or decay_steps <= 0:
+            raise ValueError(
+                "The learning-rate schedule needs a length: set trainer.max_steps or model.optim.decay_steps "
+                f"(got max_steps={self.trainer.max_steps}, decay_steps={cfg.decay_steps})."
+            )
+
+        def schedule(step: int) -> float:
+            return warmup_cosine(step, cfg.warmup_steps, decay_steps, cfg.min_lr_ratio)
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------------------------- checkpointing
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["tokens_seen"] = self.tokens_seen
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.tokens_seen = int(checkpoint.get("tokens_seen", 0))
+
+    def on_fit_start(self) -> None:
+        if self.logger is not None:  # hyper-parameters are logged by Lightning; sizes go beside them as scalars
+            counts = self.model.num_parameters()
+            self.logger.log_metrics({f"params/{k}": float(v) for k, v in counts.items()}, step=0)
