@@ -14,6 +14,7 @@ validated (unknown key -> did-you-mean error) and documented.
 
 Conventions the model relies on:
 - the output projection back to the residual stream is called `out_proj` (it gets the scaled GPT-2 init);
+- modules shared by several layers are tied in the classmethod `share_across_layers(backends)`;
 - backend-specific parameters that need their own init are set in `reset_backend_parameters()`, which the model
   calls after its generic init;
 - `forward_flops_per_token(config, options, seq_len)` gives analytic FLOPs for compute-matched budgets;
@@ -95,6 +96,20 @@ class AttentionBackend(nn.Module):
         Training FLOPs are 3x this (backward = 2x forward); see `lightning_cqk.model.flops`.
         """
         raise NotImplementedError(f"{cls.__name__} does not define forward_flops_per_token")
+
+    @classmethod
+    def kv_cache_values_per_token(cls, config: ModelConfig, options: AttentionOptions) -> int:
+        """Numbers an inference KV cache stores per token for one layer. Default: K and V for every head, 2 C."""
+        return 2 * config.n_embd
+
+    @classmethod
+    def share_across_layers(cls, backends: list[AttentionBackend]) -> None:
+        """Tie modules between the layers that use this backend (called once per model, after all blocks exist).
+
+        `backends` are this class's instances in layer order. Default: nothing is shared. A backend whose options
+        ask for one module shared by all layers assigns the first layer's module to the others here, so the
+        parameter exists once (counted once, decayed once, saved under each layer's key).
+        """
 
     def reset_backend_parameters(self) -> None:
         """Initialise parameters that the generic GPT-2 init must not touch. Default: nothing."""

@@ -48,6 +48,7 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position == "learned" else None
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self._share_backend_modules()
         self.norm_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -60,6 +61,14 @@ class GPT(nn.Module):
         else:
             self.rope_cos = self.rope_sin = None
         self.reset_parameters()
+
+    def _share_backend_modules(self) -> None:
+        """Let each backend class tie modules across the layers that use it (e.g. one dynamics net per model)."""
+        by_class: dict[type[AttentionBackend], list[AttentionBackend]] = {}
+        for block in self.blocks:
+            by_class.setdefault(type(block.attn), []).append(block.attn)
+        for cls, backends in by_class.items():
+            cls.share_across_layers(backends)
 
     def reset_parameters(self) -> None:
         """GPT-2 initialisation, then each backend's own init for its special parameters."""
