@@ -1,23 +1,74 @@
-"""Standard causal multi-head self-attention (Vaswani et al. 2017, "Attention Is All You Need", eq. 1).
+"""Standard causal multi-head self-attention, with shared projections and grouped K/V heads as options.
+
+Baseline: Vaswani et al. 2017, "Attention Is All You Need" (arXiv 1706.03762), eq. 1::
 
     q = x W_Q,  k = x W_K,  v = x W_V                       (B, T, C) -> (B, nh, T, hs) each
     q, k = RMSNorm(q), RMSNorm(k)                            optional `qk_norm` (per head, learned gain)
     q, k = RoPE(q), RoPE(k)                                  when config.position == "rope"
     y = softmax(q k^T / sqrt(hs) + causal mask) v W_O        (B, T, C)
 
-This is the baseline every other backend is compared with and, in its `impl="math"` form, the reference they are
-tested against. Tests: SDPA == math in fp64 (forward and backward), causality (future tokens never change past
-outputs), parameter count 4 C^2 (+ 4 C biases, + 2 hs norm gains with qk_norm).
+Shared projections: Kayyam, Madan Gopal & Lewis 2026, "Do Transformers Need Three Projections? Systematic Study of
+QKV Variants" (arXiv 2606.04032; official code Brainchip-Inc/Do-Transformers-Need-3-Projections). Option
+`qkv_sharing` ties projection matrices (the paper's names in brackets; the hyphen separates, it does not subtract)::
 
-Subclasses reuse the three stages of `forward`: `project` (x -> per-head q, k, v), `transform_qk` (norm and
-position encoding of q and k; variants that evolve q and k hook in here) and `attend` (the score/softmax/value
-product).
+    "none"         q = x W_Q,  k = x W_K,  v = x W_V         [QKV]      3 input projections
+    "k_eq_v"       q = x W_Q,  k = v = x W_K                 [Q-K=V]    2 (only K is cached: -50% KV cache)
+    "q_eq_k"       q = k = x W_K,  v = x W_V                 [Q=K-V]    2 (score matrix symmetric before the mask)
+    "q_eq_k_eq_v"  q = k = v = x W_K                         [Q=K=V]    1 (-50% KV cache)
+
+Grouped K/V heads (Ainslie et al. 2023, GQA, arXiv 2305.13245; Shazeer 2019, MQA, arXiv 1911.02150), option
+`n_kv_groups` = number of K/V heads nkv: W_K and W_V map C -> nkv * hs, and query head h reads K/V head
+h // (nh / nkv) (contiguous groups, as `repeat_interleave` and SDPA's `enable_gqa` lay them out). None means nkv = nh
+(MHA), 1 is MQA, g is GQA-g. It composes with "none" (GQA-g, MQA) and "k_eq_v" (the paper's Q-GQA-g, Q-MQA).
+
+Tying is real: a tied projection does not exist as a module (`q_proj` / `v_proj` are None) and `project` returns
+the very same tensor for the tied roles, so the tied matrix is one parameter that receives both gradients. The
+surviving matrix is always called `k_proj` (as in the official code, where Q=K-V keeps `c_kv` and Q=K=V keeps
+`c_k`). Parameter counts drop by C^2 (+ C with biases) per layer per removed projection; the paper does not
+compensate for them, and neither do we.
+
+Options (`StandardOptions`), defaults in brackets; [NS] marks choices the paper does not state:
+    impl ["sdpa"]: fused `scaled_dot_product_attention` (GQA via `enable_gqa`, no repeated K/V materialised) or
+        the explicit "math" path (the test oracle).
+    qk_norm [False]: per-head RMSNorm with a learned gain on q and k before RoPE (QK-norm baseline of arXiv
+        2511.21377, Qwen3 placement).
+    qkv_sharing ["none"]: see above.
+    n_kv_groups [None = n_head]: number of K/V heads.
+
+    [NS] Positions and norms with tied V. The paper uses learned absolute positions and no QK-norm, so for it
+        `v = k` is the plain projection. Here RoPE and QK-norm act only on the k (and q) used for *scoring*; V is
+        the un-rotated, un-normalised projection x W_K (k_eq_v, q_eq_k_eq_v). Rotating V would make the values
+        position-dependent, which none of the paper's models do.
+    [NS] q_eq_k with QK-norm: one RMSNorm (`k_norm`) serves q and k, so q == k still holds after the norm and RoPE
+        and the score matrix stays symmetric ((R_m k_m) . (R_n k_n) is symmetric in m, n); +hs parameters, not 2 hs.
+    [NS] q_eq_k / q_eq_k_eq_v with grouped K/V heads are refused in `check_config`: q = k needs as many K heads as
+        query heads, and the paper never combines Q=K with GQA.
+    [NS] KV cache under RoPE for k_eq_v: cache the raw projection x W_K (= V) and apply norm and RoPE to cached keys
+        when scoring, which keeps the cache at nkv * hs values per token (`kv_cache_values_per_token`).
+
+KV-cache values per token and layer: none 2 nkv hs, k_eq_v nkv hs, q_eq_k 2 nkv hs, q_eq_k_eq_v nkv hs. At the
+paper's 16 heads that reproduces its table: Q-K=V 50%, GQA-4 75%, MQA 93.75%, Q-GQA-4 87.5%, Q-MQA 96.875% less
+than MHA.
+
+This backend is the baseline every other backend is compared with and, in its `impl="math"` form, the reference
+they are tested against. Tests (`tests/attention/test_standard.py`, `tests/attention/test_shared_projections.py`):
+SDPA == math in fp64, forward and backward, for every sharing x grouping setting; causality (future tokens never
+change past outputs) for every setting; parameter count 4 C^2 (+ 4 C biases, + 2 hs norm gains with qk_norm) and the
+exact drops of every setting, including the paper's 300M attention totals 83.97M / 62.98M / 41.98M; exact
+degenerate cases (q_eq_k == standard with W_Q := W_K, k_eq_v == standard with W_V := W_K, GQA with nkv = nh ==
+standard, GQA-g == standard with each K/V head's rows repeated for its group); tied roles are one parameter; q_eq_k's
+pre-mask scores are symmetric; KV-cache reductions match the paper's table; analytic FLOPs match a FLOP counter.
+
+Subclasses reuse the three stages of `forward`: `project` (x -> q (B, nh, T, hs), k and v (B, nkv, T, hs)),
+`transform_qk` (norm and position encoding of q and k; variants that evolve q and k hook in here) and `attend`
+(the score/softmax/value product). With a tied q (q_eq_k, q_eq_k_eq_v) `project` returns `q is k`, and
+`transform_qk` keeps them one tensor.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
@@ -29,6 +80,12 @@ from lightning_cqk.attention.rope import apply_rope
 if TYPE_CHECKING:
     from lightning_cqk.config import ModelConfig
 
+QKVSharing = Literal["none", "k_eq_v", "q_eq_k", "q_eq_k_eq_v"]
+QKV_SHARING_CHOICES: tuple[str, ...] = ("none", "k_eq_v", "q_eq_k", "q_eq_k_eq_v")
+#: Settings in which q is the k projection (no `q_proj`), and those in which v is (no `v_proj`).
+_Q_TIED = frozenset({"q_eq_k", "q_eq_k_eq_v"})
+_V_TIED = frozenset({"k_eq_v", "q_eq_k_eq_v"})
+
 
 @dataclass
 class StandardOptions(AttentionOptions):
@@ -36,14 +93,59 @@ class StandardOptions(AttentionOptions):
 
     Attributes:
         qk_norm: RMSNorm with a learned gain on each head's q and k (before RoPE), the QK-norm baseline of
-            arXiv 2511.21377 (Qwen3 placement).
+            arXiv 2511.21377 (Qwen3 placement). With a tied q (q_eq_k, q_eq_k_eq_v) one norm serves both.
+        qkv_sharing: which input projections are one matrix (arXiv 2606.04032): "none" (separate W_Q, W_K, W_V),
+            "k_eq_v" (Q-K=V: v = k), "q_eq_k" (Q=K-V: q = k), "q_eq_k_eq_v" (Q=K=V: one projection).
+        n_kv_groups: number of K/V heads; None means n_head (MHA), 1 is MQA, g is GQA-g. Must divide n_head.
     """
 
     qk_norm: bool = False
+    qkv_sharing: QKVSharing = "none"
+    n_kv_groups: int | None = None
+
+
+def n_kv_heads(config: ModelConfig, options: StandardOptions) -> int:
+    """Number of K/V heads nkv for `options`, validating sharing and grouping (ValueError when impossible)."""
+    sharing = options.qkv_sharing
+    if sharing not in QKV_SHARING_CHOICES:
+        raise ValueError(f"qkv_sharing={sharing!r} is not one of {', '.join(map(repr, QKV_SHARING_CHOICES))}.")
+    groups = options.n_kv_groups
+    if groups is None:
+        return config.n_head
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(
+            f"n_kv_groups must be a positive integer (the number of K/V heads) or null for n_head, got {groups!r}."
+        )
+    if groups > config.n_head:
+        raise ValueError(
+            f"n_kv_groups={groups} exceeds n_head={config.n_head}: there cannot be more K/V heads than query heads; "
+            f"use n_kv_groups <= {config.n_head} (null means n_head)."
+        )
+    if config.n_head % groups:
+        divisors = [g for g in range(1, config.n_head + 1) if config.n_head % g == 0]
+        raise ValueError(
+            f"n_head={config.n_head} is not divisible by n_kv_groups={groups}: every K/V head must serve the same "
+            f"number of query heads; choose n_kv_groups among {divisors}."
+        )
+    if sharing in _Q_TIED and groups != config.n_head:
+        raise ValueError(
+            f"qkv_sharing={sharing!r} ties q to k, which needs one K head per query head, but n_kv_groups={groups} "
+            f"< n_head={config.n_head}. Use n_kv_groups=null (or {config.n_head}), or qkv_sharing 'k_eq_v' / 'none' "
+            "to combine sharing with grouped K/V heads."
+        )
+    return groups
 
 
 class StandardAttention(AttentionBackend):
-    """Multi-head softmax attention with separate Q, K, V and output projections."""
+    """Multi-head softmax attention; optionally with tied Q/K/V projections and grouped K/V heads.
+
+    Attributes:
+        q_proj: C -> C query projection, None when q is tied to k.
+        k_proj: C -> nkv * hs key projection (always present; it is the shared matrix of every tied setting).
+        v_proj: C -> nkv * hs value projection, None when v is tied to k.
+        out_proj: C -> C output projection.
+        q_norm, k_norm: per-head RMSNorms with qk_norm (q_norm is None when q is tied to k), else None.
+    """
 
     name = "standard"
     Options = StandardOptions
@@ -51,12 +153,16 @@ class StandardAttention(AttentionBackend):
     def __init__(self, config: ModelConfig, layer_idx: int, options: StandardOptions) -> None:
         super().__init__(config, layer_idx, options)
         C, self.n_head, self.head_size = config.n_embd, config.n_head, config.head_size
-        self.q_proj = nn.Linear(C, C, bias=config.bias)
-        self.k_proj = nn.Linear(C, C, bias=config.bias)
-        self.v_proj = nn.Linear(C, C, bias=config.bias)
+        self.n_kv_head = n_kv_heads(config, options)
+        self.q_tied = options.qkv_sharing in _Q_TIED
+        self.v_tied = options.qkv_sharing in _V_TIED
+        kv_width = self.n_kv_head * self.head_size
+        self.q_proj = None if self.q_tied else nn.Linear(C, C, bias=config.bias)
+        self.k_proj = nn.Linear(C, kv_width, bias=config.bias)
+        self.v_proj = None if self.v_tied else nn.Linear(C, kv_width, bias=config.bias)
         self.out_proj = nn.Linear(C, C, bias=config.bias)
         if options.qk_norm:
-            self.q_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
+            self.q_norm = None if self.q_tied else nn.RMSNorm(self.head_size, eps=config.norm_eps)
             self.k_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
         else:
             self.q_norm = self.k_norm = None
@@ -74,34 +180,57 @@ class StandardAttention(AttentionBackend):
         return t.transpose(1, 2).reshape(B, T, -1)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per-head q, k, v from x (B, T, C): each (B, nh, T, hs)."""
-        q = self.split_heads(self.q_proj(x))  # (B, nh, T, hs)
-        k = self.split_heads(self.k_proj(x))  # (B, nh, T, hs)
-        v = self.split_heads(self.v_proj(x))  # (B, nh, T, hs)
+        """Per-head q (B, nh, T, hs), k and v (B, nkv, T, hs) from x (B, T, C); tied roles are the same tensor."""
+        k = self.split_heads(self.k_proj(x))  # (B, nkv, T, hs)
+        q = k if self.q_proj is None else self.split_heads(self.q_proj(x))  # (B, nh, T, hs)
+        v = k if self.v_proj is None else self.split_heads(self.v_proj(x))  # (B, nkv, T, hs)
         return q, k, v
 
     def transform_qk(
         self, q: torch.Tensor, k: torch.Tensor, ctx: AttentionContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """QK-norm (optional) then RoPE, on (B, n, T, hs) tensors."""
+        """QK-norm (optional) then RoPE, on (B, n, T, hs) tensors. With a tied q, q is k in and out."""
+        if self.k_norm is not None:
+            k = self.k_norm(k)  # (B, nkv, T, hs)
+        k = apply_rope(k, ctx.cos, ctx.sin)  # (B, nkv, T, hs)
+        if self.q_tied:
+            # q and k are one projection: one norm and one rotation keep them identical (and the scores symmetric).
+            return k, k
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
+            q = self.q_norm(q)  # (B, nh, T, hs)
+        return apply_rope(q, ctx.cos, ctx.sin), k
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal softmax attention per head: (B, nh, T, hs) -> (B, nh, T, hs)."""
+        """Causal softmax attention per head: q (B, nh, T, hs), k, v (B, nkv, T, hs) -> (B, nh, T, hs)."""
         dropout_p = self.attn_dropout if self.training else 0.0
         return causal_attention(q, k, v, impl=self.options.impl, dropout_p=dropout_p)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        q, k, v = self.project(x)  # (B, nh, T, hs) each
-        q, k = self.transform_qk(q, k, ctx)  # (B, nh, T, hs) each
+        q, k, v = self.project(x)  # q (B, nh, T, hs); k, v (B, nkv, T, hs)
+        q, k = self.transform_qk(q, k, ctx)  # q (B, nh, T, hs); k (B, nkv, T, hs)
         y = self.attend(q, k, v)  # (B, nh, T, hs)
         return self.resid_dropout(self.out_proj(self.merge_heads(y)))  # (B, T, C)
 
     @classmethod
+    def check_config(cls, config: ModelConfig, layer_idx: int, options: StandardOptions) -> None:
+        n_kv_heads(config, options)
+
+    @classmethod
     def forward_flops_per_token(cls, config: ModelConfig, options: StandardOptions, seq_len: int) -> int:
         C = config.n_embd
-        projections = 4 * 2 * C * C  # q, k, v, out
-        scores_and_values = 2 * 2 * seq_len * C  # q.k over seq_len keys, then probs @ v, summed over heads
+        kv_width = n_kv_heads(config, options) * config.head_size
+        sharing = options.qkv_sharing
+        projections = 2 * C * C + 2 * C * kv_width  # out and k: always present
+        if sharing not in _Q_TIED:
+            projections += 2 * C * C  # q (a tied q is k's projection, computed once)
+        if sharing not in _V_TIED:
+            projections += 2 * C * kv_width  # v
+        # q.k over seq_len keys, then probs @ v: per query head, so grouped K/V heads do not reduce it.
+        scores_and_values = 2 * 2 * seq_len * C
         return projections + scores_and_values
+
+    @classmethod
+    def kv_cache_values_per_token(cls, config: ModelConfig, options: StandardOptions) -> int:
+        kv_width = n_kv_heads(config, options) * config.head_size
+        # A tied v is the cached k itself (raw projection; norm and RoPE are reapplied when scoring).
+        return kv_width if options.qkv_sharing in _V_TIED else 2 * kv_width
