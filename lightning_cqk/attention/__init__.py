@@ -14,12 +14,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
+from lightning_cqk.attention.differential import DifferentialAttention
 from lightning_cqk.attention.standard import StandardAttention
 
 if TYPE_CHECKING:
     from lightning_cqk.config import ModelConfig
 
-_BACKENDS: tuple[type[AttentionBackend], ...] = (StandardAttention,)
+_BACKENDS: tuple[type[AttentionBackend], ...] = (
+    StandardAttention,
+    DifferentialAttention,
+)
 
 ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {cls.name: cls for cls in _BACKENDS}
 
@@ -61,6 +65,7 @@ __all__ = [
     "AttentionBackend",
     "AttentionContext",
     "AttentionOptions",
+    "DifferentialAttention",
     "StandardAttention",
     "available",
     "build_attention",

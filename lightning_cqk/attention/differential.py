@@ -1,0 +1,250 @@
+"""Differential attention, V1 (Ye et al. 2024, "Differential Transformer", arXiv 2410.05258, ICLR 2025).
+
+Each differential head subtracts two softmax maps, so attention "noise" common to both cancels (paper §2.1, and the
+official code microsoft/unilm `Diff-Transformer/multihead_diffattn.py`, which this follows where the paper is
+silent)::
+
+    [q1; q2] = x W_Q,  [k1; k2] = x W_K,  v = x W_V               q_i, k_i: (B, nh/2, T, hs); v: (B, nh/2, T, 2 hs)
+    A = softmax(q1 k1^T / sqrt(hs) + mask) - lambda * softmax(q2 k2^T / sqrt(hs) + mask)        (B, nh/2, T, T)
+    lambda = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + lambda_init                (scalar, fp32)
+    lambda_init = 0.8 - 0.6 * exp(-0.3 * depth),  depth = 0-based layer index (the paper's l - 1)
+    head_i = (1 - lambda_init) * RMSNorm(A_i v_i)                  per-head RMSNorm over 2 hs ("GroupNorm")
+    y = concat(head_1, ..., head_{nh/2}) W_O
+
+Head layout. `config.n_head` is the head count of the *baseline* Transformer: this backend uses nh/2 differential
+heads with q/k half-heads of hs = C / nh (the baseline's head size, also the 1/sqrt(hs) scale) and values of 2 hs,
+so W_Q, W_K, W_V, W_O are the same four C x C matrices as `standard` (equal parameters and FLOPs; paper §2.1).
+q and k are split into nh heads of hs; heads (2i, 2i+1) are (q1, q2) of differential head i, as in the official
+reshape `(B, T, 2 h, d)`; v is split into nh/2 heads of 2 hs. RoPE (`rope.py`, half-split) and the optional QK-norm
+act on every hs-wide half-head. Extra parameters per layer: the four lambda vectors (4 hs) and the RMSNorm gain
+(2 hs), i.e. 6 hs on top of `standard` (+2 hs more with qk_norm in both).
+
+lambda is shared by all heads of a layer, computed in fp32 (fp64 when the parameters are fp64) and kept out of
+autocast; the vectors are initialised N(0, 0.1) in `reset_backend_parameters` and never clamped (log
+`dynamics_stats()["lambda"]`: exp can grow). Map rows sum to 1 - lambda, not 1, and are not renormalised: the
+per-head RMSNorm times (1 - lambda_init) sets the scale. Both maps are masked and softmaxed separately *before* the
+subtraction (papers.md §6 item 1).
+
+Paths (`impl`):
+    "sdpa": the split-V decomposition of FlashDiff2 (official `multihead_flashdiff_2.py`): four
+        `scaled_dot_product_attention` calls with equal q/k/v head sizes, (q1, k1) and (q2, k2) each against both
+        halves of v. Timed on CPU at the tiny preset (B=16, T=256, C=128, 4 heads; fwd+bwd of the attention core,
+        median of 40): 4-call 31.7 ms, 2-call FlashDiff1 form (v of 2 hs) 38.0 ms, one call over nh heads with v
+        repeated per pair 36.6 ms, math 46.3 ms. It is also the form every fused kernel takes (PyTorch's flash
+        backend needs equal head sizes).
+    "math": the naive path and test oracle: both maps materialised with masked softmax in fp32 (fp64 for fp64
+        inputs), subtracted, then multiplied by v.
+
+Options (`DifferentialOptions`), defaults in brackets:
+    impl ["sdpa"]: see above.
+    qk_norm [False]: RMSNorm with a learned gain (hs wide) on every q and k half-head before RoPE, the QK-norm
+        baseline of arXiv 2511.21377. Not in the Differential Transformer paper [NS].
+    lambda_init [None]: None uses the depth schedule above; a float in [0, 1) fixes it for every layer (the paper's
+        ablation tries 0.8 and 0.5).
+    Fixed choices of the official code that the paper does not state [NS]: 0-based depth in the schedule (0.2 at
+    the first layer; 1-based would give 0.356), RMSNorm eps 1e-5 with a learned gain initialised to 1, N(0, 0.1)
+    lambda vectors of size hs, lambda shared by all heads, no attention-weight dropout in the official code (here
+    `config.dropout` drops each map's weights independently, default 0). Biases follow `config.bias`; the official
+    projections have none (our default). The half-split RoPE convention of this repo replaces the official
+    interleaved one (equivalent up to a fixed permutation of q/k features).
+
+FLOPs: counted as the model's matmuls, independent of `impl` (the PaLM MFU convention, which does not credit
+recomputation): the same 8 C^2 + 4 T C per token as `standard`. The four-call fast path recomputes each score map
+twice and so executes 8 C^2 + 8 T C.
+
+Invariants checked by `tests/attention/test_differential.py`: causality; finite forward/backward; SDPA == math in
+fp64 (outputs, input and parameter gradients); the module equals an independent per-position loop of the equations
+above; lambda = 0 reduces each head to standard softmax attention (`causal_attention`), and q2 = q1, k2 = k1 gives
+(1 - lambda) x standard; parameter count == standard + n_layer * 6 hs; lambda_init 0.2, 0.356, 0.471 at depths
+0, 1, 2; lambda stays fp32 under bf16 autocast; odd n_head is refused; a tiny GPT learns.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
+from lightning_cqk.attention.functional import attention_probs
+from lightning_cqk.attention.rope import apply_rope
+
+if TYPE_CHECKING:
+    from lightning_cqk.config import ModelConfig
+
+#: eps of the per-head RMSNorm ("subln") in the official code.
+SUBLN_EPS = 1e-5
+#: std of the N(0, std) init of the four lambda vectors in the official code.
+LAMBDA_INIT_STD = 0.1
+
+
+def lambda_init_schedule(depth: int) -> float:
+    """lambda_init = 0.8 - 0.6 exp(-0.3 depth) with the 0-based layer index `depth` (paper §2.1, official code)."""
+    return 0.8 - 0.6 * math.exp(-0.3 * depth)
+
+
+@dataclass
+class DifferentialOptions(AttentionOptions):
+    """Options of `differential`.
+
+    Attributes:
+        qk_norm: per-half-head RMSNorm with a learned gain on q and k, before RoPE (QK-norm baseline).
+        lambda_init: None for the depth schedule 0.8 - 0.6 exp(-0.3 depth); a float in [0, 1) for a constant.
+    """
+
+    qk_norm: bool = False
+    lambda_init: float | None = None
+
+
+class DifferentialAttention(AttentionBackend):
+    """Differential attention V1: nh/2 heads, each the difference of two softmax maps applied to a 2 hs value.
+
+    Attributes:
+        q_proj, k_proj: C -> C, read as nh half-heads of hs (pairs (2i, 2i+1) form differential head i).
+        v_proj: C -> C, read as nh/2 heads of 2 hs.
+        out_proj: C -> C.
+        lambda_q1, lambda_k1, lambda_q2, lambda_k2: (hs,) re-parameterisation vectors of lambda (one set per layer).
+        subln: RMSNorm over 2 hs, applied to every head's output.
+        lambda_init: the constant of this layer (float).
+    """
+
+    name = "differential"
+    Options = DifferentialOptions
+
+    def __init__(self, config: ModelConfig, layer_idx: int, options: DifferentialOptions) -> None:
+        super().__init__(config, layer_idx, options)
+        C, self.head_size = config.n_embd, config.head_size
+        self.n_half_head = config.n_head  # q/k half-heads of hs
+        self.n_diff_head = config.n_head // 2  # differential heads, each with a value of 2 hs
+        self.q_proj = nn.Linear(C, C, bias=config.bias)
+        self.k_proj = nn.Linear(C, C, bias=config.bias)
+        self.v_proj = nn.Linear(C, C, bias=config.bias)
+        self.out_proj = nn.Linear(C, C, bias=config.bias)
+        if options.qk_norm:
+            self.q_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
+            self.k_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.lambda_init = lambda_init_schedule(layer_idx) if options.lambda_init is None else options.lambda_init
+        # fp32 parameters; lambda_value() also computes in (at least) fp32, so bf16 autocast never touches lambda.
+        self.lambda_q1 = nn.Parameter(torch.zeros(self.head_size, dtype=torch.float32))
+        self.lambda_k1 = nn.Parameter(torch.zeros(self.head_size, dtype=torch.float32))
+        self.lambda_q2 = nn.Parameter(torch.zeros(self.head_size, dtype=torch.float32))
+        self.lambda_k2 = nn.Parameter(torch.zeros(self.head_size, dtype=torch.float32))
+        self.subln = nn.RMSNorm(2 * self.head_size, eps=SUBLN_EPS)
+        self.attn_dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.reset_backend_parameters()
+
+    def reset_backend_parameters(self) -> None:
+        """lambda vectors ~ N(0, 0.1) and the head-norm gain = 1, as the official code."""
+        with torch.no_grad():
+            for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+                p.normal_(0.0, LAMBDA_INIT_STD)
+            self.subln.reset_parameters()
+
+    def lambda_value(self) -> torch.Tensor:
+        """This layer's lambda as a 0-dim tensor in fp32 (fp64 for fp64 parameters); no host sync."""
+        dtype = torch.promote_types(self.lambda_q1.dtype, torch.float32)
+        # Elementwise product + sum rather than a dot: autocast would run a matmul-type op in bf16.
+        dot1 = (self.lambda_q1.to(dtype) * self.lambda_k1.to(dtype)).sum()
+        dot2 = (self.lambda_q2.to(dtype) * self.lambda_k2.to(dtype)).sum()
+        return torch.exp(dot1) - torch.exp(dot2) + self.lambda_init
+
+    def dynamics_stats(self) -> dict[str, torch.Tensor]:
+        """Quantities to log per layer: {"lambda": 0-dim fp32 tensor}, detached, still on the device."""
+        return {"lambda": self.lambda_value().detach()}
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (B, nh, T, hs) as half-heads and v (B, nh/2, T, 2 hs) from x (B, T, C)."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_half_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.k_proj(x).view(B, T, self.n_half_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        v = self.v_proj(x).view(B, T, self.n_diff_head, 2 * self.head_size).transpose(1, 2)  # (B, nh/2, T, 2hs)
+        return q, k, v
+
+    def transform_qk(
+        self, q: torch.Tensor, k: torch.Tensor, ctx: AttentionContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """QK-norm (optional) then RoPE on every hs-wide half-head: (B, nh, T, hs) each."""
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
+
+    def differential_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+        """(softmax(q1 k1^T/sqrt(hs)) - lam softmax(q2 k2^T/sqrt(hs))) v per head, before the head norm.
+
+        Args:
+            q, k: (B, nh, T, hs) half-heads; heads (2i, 2i+1) are (q1, q2) / (k1, k2) of differential head i.
+            v: (B, nh/2, T, 2 hs).
+            lam: 0-dim lambda.
+
+        Returns:
+            (B, nh/2, T, 2 hs).
+        """
+        dropout_p = self.attn_dropout if self.training else 0.0
+        if self.options.impl == "sdpa":
+            q1, q2 = q.unflatten(1, (-1, 2)).unbind(2)  # (B, nh/2, T, hs) each
+            k1, k2 = k.unflatten(1, (-1, 2)).unbind(2)  # (B, nh/2, T, hs) each
+            v1, v2 = v.chunk(2, dim=-1)  # (B, nh/2, T, hs) each
+
+            def sdpa(qi: torch.Tensor, ki: torch.Tensor, vi: torch.Tensor) -> torch.Tensor:
+                return F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, dropout_p=dropout_p)
+
+            a1 = torch.cat((sdpa(q1, k1, v1), sdpa(q1, k1, v2)), dim=-1)  # (B, nh/2, T, 2hs)
+            a2 = torch.cat((sdpa(q2, k2, v1), sdpa(q2, k2, v2)), dim=-1)  # (B, nh/2, T, 2hs)
+            return a1 - lam * a2  # (B, nh/2, T, 2hs)
+        if self.options.impl == "math":
+            probs = attention_probs(q, k)  # (B, nh, T, T), fp32 (fp64 for fp64 inputs), each map masked+softmaxed
+            if dropout_p > 0.0:
+                probs = F.dropout(probs, p=dropout_p)
+            p1, p2 = probs.unflatten(1, (-1, 2)).unbind(2)  # (B, nh/2, T, T) each
+            attn = p1 - lam.to(probs.dtype) * p2  # (B, nh/2, T, T), rows sum to 1 - lam
+            return (attn.to(v.dtype) @ v).to(q.dtype)  # (B, nh/2, T, 2hs)
+        raise ValueError(f"Unknown attention impl {self.options.impl!r}; choose 'sdpa' or 'math'.")
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Differential attention then per-head RMSNorm x (1 - lambda_init): (B, nh/2, T, 2 hs)."""
+        y = self.differential_attend(q, k, v, self.lambda_value())  # (B, nh/2, T, 2hs)
+        # The norm runs in (at least) fp32 even under bf16 autocast (papers.md §6 item 16).
+        y32 = y.to(torch.promote_types(y.dtype, torch.float32))  # (B, nh/2, T, 2hs)
+        y32 = F.rms_norm(y32, (2 * self.head_size,), self.subln.weight.to(y32.dtype), self.subln.eps)
+        return (y32 * (1.0 - self.lambda_init)).to(y.dtype)  # (B, nh/2, T, 2hs)
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.project(x)  # q, k (B, nh, T, hs); v (B, nh/2, T, 2hs)
+        q, k = self.transform_qk(q, k, ctx)  # (B, nh, T, hs) each
+        y = self.attend(q, k, v)  # (B, nh/2, T, 2hs)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.out_proj(y))  # (B, T, C)
+
+    @classmethod
+    def check_config(cls, config: ModelConfig, layer_idx: int, options: DifferentialOptions) -> None:
+        if config.n_head % 2:
+            raise ValueError(
+                f"differential attention pairs heads: n_head={config.n_head} is the baseline Transformer's head count "
+                f"and the backend uses n_head/2 differential heads (two q/k half-heads of n_embd/n_head each), so "
+                f"n_head must be even. Set n_head to {max(2, config.n_head - 1)} or {config.n_head + 1} (with "
+                f"n_embd divisible by it)."
+            )
+        if options.impl not in ("sdpa", "math"):
+            raise ValueError(f"impl={options.impl!r} is not available for differential; choose 'sdpa' or 'math'.")
+        lam = options.lambda_init
+        if lam is not None and (isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0.0 <= lam < 1.0):
+            raise ValueError(
+                f"lambda_init={lam!r} must be null (the depth schedule 0.8 - 0.6 exp(-0.3 depth)) or a number in "
+                "[0, 1): heads are scaled by 1 - lambda_init, which must stay positive (the paper tries 0.8 and 0.5)."
+            )
+
+    @classmethod
+    def forward_flops_per_token(cls, config: ModelConfig, options: DifferentialOptions, seq_len: int) -> int:
+        C = config.n_embd
+        projections = 4 * 2 * C * C  # q, k, v, out
+        # nh score maps of hs (2 T C), then (A1 - lambda A2) @ v over nh/2 heads of 2 hs (2 T C): as standard.
+        scores_and_values = 2 * 2 * seq_len * C
+        return projections + scores_and_values
