@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
+from lightning_cqk.attention.coupled import CoupledAttention, UncoupledMLPAttention
 from lightning_cqk.attention.differential import DifferentialAttention
 from lightning_cqk.attention.standard import StandardAttention
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 
 _BACKENDS: tuple[type[AttentionBackend], ...] = (
     StandardAttention,
+    CoupledAttention,
+    UncoupledMLPAttention,
     DifferentialAttention,
 )
 
@@ -65,8 +68,10 @@ __all__ = [
     "AttentionBackend",
     "AttentionContext",
     "AttentionOptions",
+    "CoupledAttention",
     "DifferentialAttention",
     "StandardAttention",
+    "UncoupledMLPAttention",
     "available",
     "build_attention",
     "get_attention",
