@@ -5,7 +5,7 @@ gradients), causality, finite forward/backward, tied roles are one parameter, ex
 twin whose weights are the tied/repeated copies (the degenerate cases) including the gradient of every tied matrix,
 hand-counted parameters, the paper's 300M attention totals, KV-cache reductions of the paper's table, analytic
 FLOPs against `torch.utils.flop_counter`, config errors, a short training run on real text and the shipped YAML
-fragments. Also the QK-norm option of `standard`.
+fragments, and that every setting compiles with fullgraph=True. Also the QK-norm option of `standard`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,15 @@ SETTINGS = [
 IDS = ["QKV", "GQA-2", "MQA", "Q-K=V", "Q-GQA-2", "Q-MQA", "Q=K-V", "Q=K=V"]
 Q_TIED = {"q_eq_k", "q_eq_k_eq_v"}
 V_TIED = {"k_eq_v", "q_eq_k_eq_v"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny shapes: one intra-op thread is faster and avoids oversubscription stalls on a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -126,6 +135,20 @@ def test_forward_backward_finite_fp32_and_every_parameter_gets_a_gradient(sharin
     assert torch.isfinite(x.grad).all()
     for name, p in attn.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+def test_every_setting_compiles_without_graph_breaks():
+    """fullgraph=True fails on any graph break (host sync, data-dependent branch); aot_eager also traces backward.
+    Three settings cover every branch (tied q, tied v, grouped K/V heads), keeping the compile time down."""
+    for sharing, groups in [("none", 1), ("k_eq_v", 2), ("q_eq_k", None)]:
+        torch._dynamo.reset()
+        cfg, attn = make(sharing, groups, qk_norm=True)
+        compiled = torch.compile(attn, backend="aot_eager", fullgraph=True)
+        x = torch.randn(2, T, C, dtype=torch.float64, requires_grad=True)
+        y = compiled(x, context(cfg))
+        y.sum().backward()
+        torch.testing.assert_close(y, attn(x, context(cfg)), rtol=0, atol=1e-12)
+        assert x.grad is not None and attn.k_proj.weight.grad is not None
 
 
 # ------------------------------------------------------------------------------------------ tying
