@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
 from lightning_cqk.attention.coupled import CoupledAttention, UncoupledMLPAttention
 from lightning_cqk.attention.differential import DifferentialAttention
+from lightning_cqk.attention.mla import MultiHeadLatentAttention
 from lightning_cqk.attention.standard import StandardAttention
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ _BACKENDS: tuple[type[AttentionBackend], ...] = (
     CoupledAttention,
     UncoupledMLPAttention,
     DifferentialAttention,
+    MultiHeadLatentAttention,
 )
 
 ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {cls.name: cls for cls in _BACKENDS}
@@ -70,6 +72,7 @@ __all__ = [
     "AttentionOptions",
     "CoupledAttention",
     "DifferentialAttention",
+    "MultiHeadLatentAttention",
     "StandardAttention",
     "UncoupledMLPAttention",
     "available",

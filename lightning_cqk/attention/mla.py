@@ -1,0 +1,264 @@
+"""Multi-head latent attention (MLA) with decoupled RoPE, as used by the logit-control study.
+
+Architecture: DeepSeek-AI 2024, "DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language Model"
+(arXiv 2405.04434), §2.1.2-2.1.3, eqs. 9-19. Needed by Anson & Aitchison 2025, "Controlling changes to attention
+logits" (arXiv 2511.21377, QuacK; papers.md §3), whose MLA rule (its eq. 22) names the matrices used here::
+
+    c_q  = W_dq x                     (B, T, d_cq)     query latent (RMSNorm'd when latent_norm)
+    q_nope^h = W_uq^h c_q             (B, nh, T, d_nope)
+    q_rope^h = RoPE(W_qr^h c_q)       (B, nh, T, d_rope)
+    c_kv = W_dkv x                    (B, T, d_ckv)    key/value latent: what an inference cache stores
+    k_nope^h = W_uk^h c_kv            (B, nh, T, d_nope)
+    v^h      = W_uv^h c_kv            (B, nh, T, d_v)
+    k_rope   = RoPE(W_kr x)           (B, 1, T, d_rope) ONE decoupled rope key, shared by all heads
+    q^h = [q_nope^h; q_rope^h],  k^h = [k_nope^h; k_rope]
+    y = concat_h softmax(q^h k^h^T / sqrt(d_nope + d_rope) + causal mask) v^h  W_O       (B, T, C)
+
+Module attributes carry the paper's names so a per-head optimizer (QuacK) can find them: `dq_proj` (W_dq),
+`uq_proj` (W_uq), `qr_proj` (W_qr), `dkv_proj` (W_dkv), `uk_proj` (W_uk), `uv_proj` (W_uv), `kr_proj` (W_kr) and
+`out_proj` (W_O, C x nh d_v). Head h of a per-head matrix is a contiguous block of output rows: `uq_proj.weight`
+rows [h d_nope, (h+1) d_nope), `qr_proj.weight` rows [h d_rope, (h+1) d_rope), `uk_proj.weight` rows
+[h d_nope, (h+1) d_nope), `uv_proj.weight` rows [h d_v, (h+1) d_v). `dq_proj`, `dkv_proj` and `kr_proj` are shared
+by all heads (hence the max over heads in the QuacK rule).
+
+KV cache: c_kv and the rotated k_rope, d_ckv + d_rope values per token and layer (`kv_cache_values_per_token`);
+without qk_norm, W_uk^h folds into the query and W_uv^h into the output (weight absorption), so attention runs on
+the cached latents directly (tested).
+
+Options (`MLAOptions`), defaults in brackets; every default dimension is a function of the config, chosen when the
+option is None:
+    impl ["sdpa"]: `scaled_dot_product_attention` (q/k head size d_nope + d_rope, value head size d_v; SDPA allows
+        them to differ) or the explicit "math" path (the test oracle).
+    qk_norm [False]: RMSNorm with a learned gain over every head's full q^h and k^h (d_nope + d_rope) before RoPE
+        is applied to their rope parts: the QK-norm baseline of arXiv 2511.21377. Usable for training only: the
+        norm needs each head's k^h explicitly, so weight absorption (attention on the cached latent) is impossible
+        and decoding would up-project every cached latent for every head at every step. This is why that paper
+        studies QuacK for MLA. With qk_norm the shared k_rope is normalised per head (jointly with that head's
+        k_nope).
+    latent_norm [True]: RMSNorm with a learned gain on c_q and c_kv (DeepSeek-V2 does this; eps = config.norm_eps).
+    d_nope [None = hs = n_embd / n_head]: per-head no-position q/k width.
+    d_rope [None = hs]: per-head width of the rotary part (even under RoPE); the shared rope key has this width.
+    d_v [None = hs]: per-head value width; out_proj maps nh d_v -> C.
+    d_cq [None = 3 n_embd // 4]: query latent width.
+    d_ckv [None = n_embd // 4]: key/value latent width.
+
+Choice of defaults [NS in arXiv 2511.21377 beyond its one 1B config]. Its §3.4 setting (d_model 2048, 32 heads, MHA
+head 64) uses d_nope = d_rope = 64 (= the MHA head size hs, so the q/k head is 2 hs = 128), d_cq = 512 = C/4,
+d_ckv = 256 = C/8; d_v is not stated. We keep its head layout (d_nope = d_rope = hs) and take d_v = hs (as
+DeepSeek-V2, d_v = d_nope), so out_proj is C x C as in `standard`. Scaling its latents as C/4 and C/8 would give
+2.125 C^2 + C hs attention parameters, about 56% of standard's 4 C^2; the lead asked for a count close to standard,
+so the latents default to d_cq = 3C/4 and d_ckv = C/4 (the 3:1 query:kv latent ratio of DeepSeek-V2, whose
+1536/512 these equal at C = 2048), giving exactly 4 C^2 + C hs (+ d_cq + d_ckv latent-norm gains): +3.2% attention
+parameters at the 60m preset, +0.58% for the whole model. The paper's own ratios are one YAML edit away
+(d_cq: C/4, d_ckv: C/8). Other [NS] choices: biases follow `config.bias` (DeepSeek has none; our default has none);
+all matrices get the generic GPT-2 init (N(0, 0.02), out_proj scaled); rotary frequencies for the d_rope-wide part
+are those of a d_rope-wide RoPE (when d_rope divides hs they are every (hs / d_rope)-th column of the model's
+tables; otherwise they are built from `config.rope_base` for positions 0..T-1).
+
+FLOPs: 2 x (C d_cq + d_cq nh (d_nope + d_rope) + C d_ckv + d_ckv nh (d_nope + d_v) + C d_rope + nh d_v C) for the
+projections, plus 2 T nh (d_nope + d_rope) for scores and 2 T nh d_v for values, per token (training-time form,
+keys up-projected; not the absorbed decoding form).
+
+Invariants checked by `tests/attention/test_mla.py`: causality; finite forward/backward; SDPA == math in fp64
+(outputs, input and parameter gradients), with and without qk_norm and latent_norm; the module equals an independent
+per-position loop of the equations above; without RoPE and latent norms it equals `StandardAttention` with the
+product weights (W_Q^h = [W_uq^h; W_qr^h] W_dq, W_K^h = [W_uk^h W_dkv; W_kr], W_V = W_uv W_dkv); attention computed
+from the (c_kv, k_rope) cache with absorbed weights equals the module; one rope key for all heads; the sub-sampled
+rotary tables equal d_rope-wide tables; parameter count equals the hand count (and standard's 4 C^2 + C hs at the
+defaults); impossible options are refused; a tiny GPT learns.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+from torch import nn
+
+from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
+from lightning_cqk.attention.functional import causal_attention
+from lightning_cqk.attention.rope import apply_rope, build_rope_cache
+
+if TYPE_CHECKING:
+    from lightning_cqk.config import ModelConfig
+
+
+@dataclass
+class MLAOptions(AttentionOptions):
+    """Options of `mla`; None dimensions take config-derived defaults (see the module docstring).
+
+    Attributes:
+        qk_norm: per-head RMSNorm with a learned gain on q and k (training-only QK-norm baseline).
+        latent_norm: RMSNorm with a learned gain on the latents c_q and c_kv.
+        d_cq: query latent width (None: 3 n_embd // 4).
+        d_ckv: key/value latent width (None: n_embd // 4).
+        d_rope: per-head rotary q/k width and width of the shared rope key (None: head size).
+        d_nope: per-head non-rotary q/k width (None: head size).
+        d_v: per-head value width (None: head size).
+    """
+
+    qk_norm: bool = False
+    latent_norm: bool = True
+    d_cq: int | None = None
+    d_ckv: int | None = None
+    d_rope: int | None = None
+    d_nope: int | None = None
+    d_v: int | None = None
+
+
+class MLADims(NamedTuple):
+    """Resolved MLA widths."""
+
+    d_cq: int
+    d_ckv: int
+    d_rope: int
+    d_nope: int
+    d_v: int
+
+
+def mla_dims(config: ModelConfig, options: MLAOptions) -> MLADims:
+    """The widths `options` asks for, with None replaced by the config-derived defaults."""
+    C, hs = config.n_embd, config.head_size
+    defaults = {"d_cq": max(1, 3 * C // 4), "d_ckv": max(1, C // 4), "d_rope": hs, "d_nope": hs, "d_v": hs}
+    return MLADims(**{k: defaults[k] if getattr(options, k) is None else getattr(options, k) for k in MLADims._fields})
+
+
+class MultiHeadLatentAttention(AttentionBackend):
+    """Low-rank (latent) queries and keys/values with a decoupled, head-shared rotary key (DeepSeek-V2 MLA).
+
+    Attributes:
+        dq_proj: W_dq, C -> d_cq.
+        uq_proj: W_uq, d_cq -> nh d_nope (head h: rows [h d_nope, (h+1) d_nope)).
+        qr_proj: W_qr, d_cq -> nh d_rope.
+        dkv_proj: W_dkv, C -> d_ckv.
+        uk_proj: W_uk, d_ckv -> nh d_nope.
+        uv_proj: W_uv, d_ckv -> nh d_v.
+        kr_proj: W_kr, C -> d_rope (one rope key for all heads).
+        out_proj: W_O, nh d_v -> C.
+        q_latent_norm, kv_latent_norm: RMSNorms on c_q and c_kv (None without latent_norm).
+        q_norm, k_norm: per-head RMSNorms over d_nope + d_rope (None without qk_norm).
+    """
+
+    name = "mla"
+    Options = MLAOptions
+
+    def __init__(self, config: ModelConfig, layer_idx: int, options: MLAOptions) -> None:
+        super().__init__(config, layer_idx, options)
+        C, nh, bias = config.n_embd, config.n_head, config.bias
+        self.n_head = nh
+        self.dims = dims = mla_dims(config, options)
+        self.scale = 1.0 / math.sqrt(dims.d_nope + dims.d_rope)
+        self.dq_proj = nn.Linear(C, dims.d_cq, bias=bias)
+        self.uq_proj = nn.Linear(dims.d_cq, nh * dims.d_nope, bias=bias)
+        self.qr_proj = nn.Linear(dims.d_cq, nh * dims.d_rope, bias=bias)
+        self.dkv_proj = nn.Linear(C, dims.d_ckv, bias=bias)
+        self.uk_proj = nn.Linear(dims.d_ckv, nh * dims.d_nope, bias=bias)
+        self.uv_proj = nn.Linear(dims.d_ckv, nh * dims.d_v, bias=bias)
+        self.kr_proj = nn.Linear(C, dims.d_rope, bias=bias)
+        self.out_proj = nn.Linear(nh * dims.d_v, C, bias=bias)
+        if options.latent_norm:
+            self.q_latent_norm = nn.RMSNorm(dims.d_cq, eps=config.norm_eps)
+            self.kv_latent_norm = nn.RMSNorm(dims.d_ckv, eps=config.norm_eps)
+        else:
+            self.q_latent_norm = self.kv_latent_norm = None
+        if options.qk_norm:
+            self.q_norm = nn.RMSNorm(dims.d_nope + dims.d_rope, eps=config.norm_eps)
+            self.k_norm = nn.RMSNorm(dims.d_nope + dims.d_rope, eps=config.norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.attn_dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def latents(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """c_q (B, T, d_cq) and c_kv (B, T, d_ckv), normalised when latent_norm."""
+        c_q = self.dq_proj(x)  # (B, T, d_cq)
+        c_kv = self.dkv_proj(x)  # (B, T, d_ckv)
+        if self.q_latent_norm is not None:
+            c_q, c_kv = self.q_latent_norm(c_q), self.kv_latent_norm(c_kv)
+        return c_q, c_kv
+
+    def rope_tables(self, ctx: AttentionContext) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """cos/sin tables (T, d_rope / 2) for the rotary part, or (None, None) without RoPE."""
+        if ctx.cos is None or ctx.sin is None:
+            return None, None
+        hs, d_rope = self.config.head_size, self.dims.d_rope
+        if hs % d_rope == 0:
+            # The model's tables hold angles t * base^(-2j / hs); j = i * hs / d_rope gives base^(-2i / d_rope).
+            stride = hs // d_rope
+            return ctx.cos[:, ::stride], ctx.sin[:, ::stride]  # (T, d_rope/2) each
+        cos, sin = build_rope_cache(ctx.cos.size(0), d_rope, self.config.rope_base, device=ctx.cos.device)
+        return cos.to(ctx.cos.dtype), sin.to(ctx.sin.dtype)  # (T, d_rope/2) each
+
+    def project(self, x: torch.Tensor, ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (B, nh, T, d_nope + d_rope) and v (B, nh, T, d_v) from x (B, T, C), RoPE applied."""
+        B, T, _ = x.shape
+        nh, d = self.n_head, self.dims
+        c_q, c_kv = self.latents(x)  # (B, T, d_cq), (B, T, d_ckv)
+        q_nope = self.uq_proj(c_q).view(B, T, nh, d.d_nope).transpose(1, 2)  # (B, nh, T, d_nope)
+        q_rope = self.qr_proj(c_q).view(B, T, nh, d.d_rope).transpose(1, 2)  # (B, nh, T, d_rope)
+        k_nope = self.uk_proj(c_kv).view(B, T, nh, d.d_nope).transpose(1, 2)  # (B, nh, T, d_nope)
+        v = self.uv_proj(c_kv).view(B, T, nh, d.d_v).transpose(1, 2)  # (B, nh, T, d_v)
+        k_rope = self.kr_proj(x).unsqueeze(1)  # (B, 1, T, d_rope): one rope key shared by all heads
+        cos, sin = self.rope_tables(ctx)
+        if self.q_norm is None:
+            q_rope = apply_rope(q_rope, cos, sin)  # (B, nh, T, d_rope)
+            # Rotate the shared key once, then broadcast it to the heads.
+            k_rope = apply_rope(k_rope, cos, sin).expand(B, nh, T, d.d_rope)  # (B, nh, T, d_rope)
+        else:
+            # QK-norm over each head's whole q / k (Qwen3 placement: before RoPE), then rotate the rope parts.
+            q = self.q_norm(torch.cat((q_nope, q_rope), dim=-1))  # (B, nh, T, d_nope + d_rope)
+            k = self.k_norm(torch.cat((k_nope, k_rope.expand(B, nh, T, d.d_rope)), dim=-1))  # (B, nh, T, d_qk)
+            q_nope, q_rope = q.split((d.d_nope, d.d_rope), dim=-1)
+            k_nope, k_rope = k.split((d.d_nope, d.d_rope), dim=-1)
+            q_rope, k_rope = apply_rope(q_rope, cos, sin), apply_rope(k_rope, cos, sin)
+        q = torch.cat((q_nope, q_rope), dim=-1)  # (B, nh, T, d_nope + d_rope)
+        k = torch.cat((k_nope, k_rope), dim=-1)  # (B, nh, T, d_nope + d_rope)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.project(x, ctx)  # q, k (B, nh, T, d_nope + d_rope); v (B, nh, T, d_v)
+        dropout_p = self.attn_dropout if self.training else 0.0
+        y = causal_attention(q, k, v, impl=self.options.impl, scale=self.scale, dropout_p=dropout_p)  # (B,nh,T,d_v)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.dims.d_v)  # (B, T, nh d_v)
+        return self.resid_dropout(self.out_proj(y))  # (B, T, C)
+
+    @classmethod
+    def check_config(cls, config: ModelConfig, layer_idx: int, options: MLAOptions) -> None:
+        if options.impl not in ("sdpa", "math"):
+            raise ValueError(f"impl={options.impl!r} is not available for mla; choose 'sdpa' or 'math'.")
+        for key in MLADims._fields:
+            value = getattr(options, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(
+                    f"mla option {key}={value!r} must be a positive integer, or null for the default "
+                    f"({getattr(mla_dims(config, MLAOptions()), key)} for this config)."
+                )
+        d_rope = mla_dims(config, options).d_rope
+        if config.position == "rope" and d_rope % 2:
+            raise ValueError(
+                f"mla option d_rope={d_rope} must be even: RoPE rotates pairs of features. Use d_rope={d_rope + 1} "
+                f"or {max(2, d_rope - 1)} (null gives the head size, {config.head_size})."
+            )
+
+    @classmethod
+    def forward_flops_per_token(cls, config: ModelConfig, options: MLAOptions, seq_len: int) -> int:
+        C, nh = config.n_embd, config.n_head
+        d = mla_dims(config, options)
+        projections = (
+            C * d.d_cq  # W_dq
+            + d.d_cq * nh * (d.d_nope + d.d_rope)  # W_uq, W_qr
+            + C * d.d_ckv  # W_dkv
+            + d.d_ckv * nh * (d.d_nope + d.d_v)  # W_uk, W_uv
+            + C * d.d_rope  # W_kr
+            + nh * d.d_v * C  # W_O
+        )
+        scores_and_values = seq_len * nh * (d.d_nope + d.d_rope) + seq_len * nh * d.d_v
+        return 2 * (projections + scores_and_values)
+
+    @classmethod
+    def kv_cache_values_per_token(cls, config: ModelConfig, options: MLAOptions) -> int:
+        d = mla_dims(config, options)
+        return d.d_ckv + d.d_rope  # c_kv and the shared rotated rope key
