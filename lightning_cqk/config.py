@@ -50,15 +50,30 @@ GPT2_VOCAB_SIZE = 50257
 class LayerOverride:
     """Use another attention backend in some layers (hybrid models).
 
+    Exactly one of `layers` and `pattern` selects the layers. A pattern is kept as written (it is resolved whenever
+    the layers are needed), so `ModelConfig.replace(n_layer=...)` re-resolves it for the new depth.
+
     Attributes:
         layers: 0-based indices of the layers this override applies to.
-        attention: registry name of the backend for those layers.
+        attention: registry name of the backend for those layers (keyword-only).
+        pattern: instead of `layers`, a hybrid pattern resolved against `n_layer` by
+            `lightning_cqk.attention.hybrid.resolve_layer_pattern`: a named pattern of arXiv 2510.11602 Table 11
+            (even, odd, top, middle, bottom, 25%, first, last, bilateral) or 1-based layers such as "1-6,19-24".
         attention_options: that backend's options (replaces, does not merge with, the model-wide options).
     """
 
-    layers: list[int]
-    attention: str
+    layers: list[int] = field(default_factory=list)
+    attention: str = field(kw_only=True)
+    pattern: str | None = None
     attention_options: dict[str, Any] = field(default_factory=dict)
+
+    def resolve(self, n_layer: int) -> list[int]:
+        """The 0-based layers this override applies to in an `n_layer`-layer model."""
+        if self.pattern is None:
+            return list(self.layers)
+        from lightning_cqk.attention.hybrid import resolve_layer_pattern
+
+        return resolve_layer_pattern(self.pattern, n_layer)
 
 
 @dataclass
@@ -129,7 +144,7 @@ class ModelConfig:
     def attention_for_layer(self, layer_idx: int) -> tuple[str, dict[str, Any]]:
         """The (backend name, options) used by block `layer_idx`."""
         for override in self.layer_overrides:
-            if layer_idx in override.layers:
+            if layer_idx in override.resolve(self.n_layer):
                 return override.attention, dict(override.attention_options)
         return self.attention, dict(self.attention_options)
 
@@ -156,9 +171,19 @@ class ModelConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
         seen: dict[int, int] = {}
         for i, override in enumerate(self.layer_overrides):
-            if not override.layers:
-                raise ValueError(f"layer_overrides[{i}] lists no layers.")
-            for layer in override.layers:
+            if override.pattern is not None:
+                if override.layers:
+                    raise ValueError(
+                        f"layer_overrides[{i}] sets both layers={override.layers} and pattern={override.pattern!r}; "
+                        "set only one of them."
+                    )
+                try:
+                    override.resolve(self.n_layer)
+                except ValueError as err:
+                    raise ValueError(f"layer_overrides[{i}].pattern: {err}") from None
+            elif not override.layers:
+                raise ValueError(f"layer_overrides[{i}] lists no layers: set `layers` (0-based) or `pattern`.")
+            for layer in override.resolve(self.n_layer):
                 if not 0 <= layer < self.n_layer:
                     raise ValueError(
                         f"layer_overrides[{i}] names layer {layer}, but the model has layers 0..{self.n_layer - 1} "

@@ -15,6 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
 from lightning_cqk.attention.coupled import CoupledAttention, UncoupledMLPAttention
+from lightning_cqk.attention.deconstructed_mixing import (
+    ApproximateAttention,
+    DeconMLPAttention,
+    NonApproximateAttention,
+)
+from lightning_cqk.attention.deconstructed_qk import FixedSeqQKAttention, RndEmbQKAttention, StaticEmbQKAttention
 from lightning_cqk.attention.differential import DifferentialAttention
 from lightning_cqk.attention.mla import MultiHeadLatentAttention
 from lightning_cqk.attention.standard import StandardAttention
@@ -28,6 +34,12 @@ _BACKENDS: tuple[type[AttentionBackend], ...] = (
     UncoupledMLPAttention,
     DifferentialAttention,
     MultiHeadLatentAttention,
+    DeconMLPAttention,
+    ApproximateAttention,
+    NonApproximateAttention,
+    RndEmbQKAttention,
+    FixedSeqQKAttention,
+    StaticEmbQKAttention,
 )
 
 ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {cls.name: cls for cls in _BACKENDS}
@@ -67,13 +79,19 @@ def build_attention(config: ModelConfig, layer_idx: int) -> AttentionBackend:
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "ApproximateAttention",
     "AttentionBackend",
     "AttentionContext",
     "AttentionOptions",
     "CoupledAttention",
+    "DeconMLPAttention",
     "DifferentialAttention",
+    "FixedSeqQKAttention",
     "MultiHeadLatentAttention",
+    "NonApproximateAttention",
+    "RndEmbQKAttention",
     "StandardAttention",
+    "StaticEmbQKAttention",
     "UncoupledMLPAttention",
     "available",
     "build_attention",

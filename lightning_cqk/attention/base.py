@@ -8,8 +8,9 @@ Notation used in shape comments throughout `lightning_cqk.attention` and `lightn
 
 A backend is an `nn.Module` built as ``Backend(config, layer_idx, options)`` and called as
 ``backend(x, ctx) -> y`` with ``x, y: (B, T, C)``. Everything a backend may need besides `x` travels in the
-`AttentionContext` (rotary tables, the token embeddings for variants that attend on them), so the transformer block
-never branches on the variant. Backends declare their options as a dataclass (`Options`), which is how options are
+`AttentionContext` (rotary tables, the token embeddings for variants that attend on them, the per-layer states of a
+fixed reference stream for variants whose q and k come from it), so the transformer block never branches on the
+variant. Backends declare their options as a dataclass (`Options`), which is how options are
 validated (unknown key -> did-you-mean error) and documented.
 
 Conventions the model relies on:
@@ -19,12 +20,15 @@ Conventions the model relies on:
   calls after its generic init;
 - `forward_flops_per_token(config, options, seq_len)` gives analytic FLOPs for compute-matched budgets;
 - `impl="math"` selects the explicit reference path (the test oracle), `impl="sdpa"` the fused fast path.
+- a backend that sets `uses_reference_stream` gives the model a fixed input (`reference_input`); the model runs it
+  through its own blocks before the batch and hands each layer's state to attention as `ctx.reference`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -43,11 +47,15 @@ class AttentionContext:
         cos: RoPE cosine table, (T, hs // 2) or None when the model does not use RoPE.
         sin: RoPE sine table, same shape as `cos`.
         embeddings: the token embeddings that entered the first block, (B, T, C); for variants that need them.
+        reference: for models with a backend that sets `uses_reference_stream`: `reference[i]` is what block i's
+            attention receives (its input norm applied) when the model runs the fixed reference stream, (1, L, C)
+            with L >= T; listed for every layer up to the last one that reads it. None otherwise.
     """
 
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
     embeddings: torch.Tensor | None = None
+    reference: list[torch.Tensor] | None = None
 
 
 @dataclass
@@ -71,6 +79,8 @@ class AttentionBackend(nn.Module):
 
     name: ClassVar[str] = ""
     Options: ClassVar[type[AttentionOptions]] = AttentionOptions
+    #: True for backends that read `ctx.reference`: the model then runs `reference_input` through its blocks first.
+    uses_reference_stream: ClassVar[bool] = False
 
     def __init__(self, config: ModelConfig, layer_idx: int, options: AttentionOptions) -> None:
         super().__init__()
@@ -113,6 +123,15 @@ class AttentionBackend(nn.Module):
 
     def reset_backend_parameters(self) -> None:
         """Initialise parameters that the generic GPT-2 init must not touch. Default: nothing."""
+
+    def reference_input(self, embed: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The fixed input (1, L, C) that the model runs through its blocks when `uses_reference_stream` is set.
+
+        `embed` is the model's token embedding (ids (1, L) -> (1, L, C)), for streams made of tokens. The model adds
+        its position embedding and dropout, exactly as for real tokens, and takes the stream from the first layer
+        that uses one (all such layers must be one backend class, which keeps them consistent).
+        """
+        raise NotImplementedError(f"{type(self).__name__} sets uses_reference_stream but has no reference_input")
 
     @classmethod
     def parse_options(cls, options: dict[str, Any] | AttentionOptions | None) -> AttentionOptions:

@@ -5,9 +5,13 @@
     Block(x) = x + attn(norm_1(x), ctx);  x + mlp(norm_2(x))          (pre-norm residual blocks)
 
 The attention module of every block comes from `lightning_cqk.attention.build_attention`, so the block never
-knows which variant it holds. Initialisation follows GPT-2: N(0, init_std) for linear and embedding weights, zero
-biases, and N(0, init_std / sqrt(2 * n_layer)) for the projections that write into the residual stream
-(every module attribute named `out_proj`), so the residual variance does not grow with depth.
+knows which variant it holds. Backends whose q and k come from a fixed input (`uses_reference_stream`, e.g.
+`rnd_emb_qk`) get it through `reference_states`: the model runs that input through its own blocks before the batch
+and hands every layer's state to attention in the context.
+
+Initialisation follows GPT-2: N(0, init_std) for linear and embedding weights, zero biases, and
+N(0, init_std / sqrt(2 * n_layer)) for the projections that write into the residual stream (every module attribute
+named `out_proj`), so the residual variance does not grow with depth.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self._share_backend_modules()
+        self.reference_layers = self._find_reference_layers()
         self.norm_f = make_norm(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -69,6 +74,17 @@ class GPT(nn.Module):
             by_class.setdefault(type(block.attn), []).append(block.attn)
         for cls, backends in by_class.items():
             cls.share_across_layers(backends)
+
+    def _find_reference_layers(self) -> list[int]:
+        """Layers whose attention reads the fixed reference stream (`uses_reference_stream`); one backend class only."""
+        layers = [i for i, block in enumerate(self.blocks) if block.attn.uses_reference_stream]
+        classes = sorted({type(self.blocks[i].attn).name for i in layers})
+        if len(classes) > 1:
+            raise ValueError(
+                f"Layers {layers} use backends {classes}, which each bring their own fixed reference stream; a model "
+                "runs one reference stream, so use one of these backends for all of those layers."
+            )
+        return layers
 
     def reset_parameters(self) -> None:
         """GPT-2 initialisation, then each backend's own init for its special parameters."""
@@ -95,11 +111,49 @@ class GPT(nn.Module):
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
 
-    def context(self, T: int, embeddings: torch.Tensor) -> AttentionContext:
+    def context(
+        self, T: int, embeddings: torch.Tensor, reference: list[torch.Tensor] | None = None
+    ) -> AttentionContext:
         """What every block's attention receives besides its input."""
         if self.rope_cos is None:
-            return AttentionContext(embeddings=embeddings)
-        return AttentionContext(cos=self.rope_cos[:T], sin=self.rope_sin[:T], embeddings=embeddings)
+            return AttentionContext(embeddings=embeddings, reference=reference)
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, hs/2) each
+        return AttentionContext(cos=cos, sin=sin, embeddings=embeddings, reference=reference)
+
+    def embed(self, tok_emb: torch.Tensor) -> torch.Tensor:
+        """Token embeddings (B, T, C) -> block input (B, T, C): learned positions (if any), then dropout."""
+        if self.wpe is not None:
+            tok_emb = tok_emb + self.wpe(torch.arange(tok_emb.size(1), device=tok_emb.device))  # (B, T, C)
+        return self.drop(tok_emb)
+
+    def reference_states(self, T: int) -> list[torch.Tensor] | None:
+        """Run the fixed reference stream through the blocks; what each block's attention sees, (1, L, C) per layer.
+
+        Only for models with a backend that sets `uses_reference_stream` (None otherwise). The stream is the input
+        given by the first such layer's `reference_input`, embedded like real tokens; it passes through the blocks
+        below the last layer that reads it, with gradients (a backend may detach what it reads). Inside this pass
+        a reading layer sees its own input as reference, i.e. it acts as standard attention on the stream. Costs
+        one B=1 forward of L tokens per step, whatever the batch size.
+        """
+        if not self.reference_layers:
+            return None
+        r = self.blocks[self.reference_layers[0]].attn.reference_input(self.wte)  # (1, L, C)
+        L = r.size(1)
+        if T > L:
+            raise ValueError(
+                f"Sequence length {T} exceeds the length {L} of the fixed reference stream that layers "
+                f"{self.reference_layers} take q and k from: their attention map is only defined for the first {L} "
+                "positions. Use shorter sequences or a longer stream (attention option `length`, at most block_size)."
+            )
+        r = self.embed(r)  # (1, L, C)
+        states: list[torch.Tensor] = []
+        ctx = self.context(L, embeddings=r, reference=states)
+        last = self.reference_layers[-1]
+        for i, block in enumerate(self.blocks[: last + 1]):
+            states.append(block.norm_1(r))  # (1, L, C): block i's attention input on the stream
+            if i < last:
+                r = block(r, ctx)  # (1, L, C)
+        return states
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) -> logits (B, T, vocab_size)."""
@@ -109,11 +163,8 @@ class GPT(nn.Module):
                 f"Sequence length {T} exceeds the model's block_size {self.config.block_size}; "
                 "use a shorter data.seq_len or a larger model.config.block_size."
             )
-        x = self.wte(idx)  # (B, T, C)
-        if self.wpe is not None:
-            x = x + self.wpe(torch.arange(T, device=idx.device))  # (B, T, C)
-        x = self.drop(x)
-        ctx = self.context(T, embeddings=x)
+        x = self.embed(self.wte(idx))  # (B, T, C)
+        ctx = self.context(T, embeddings=x, reference=self.reference_states(T))
         for block in self.blocks:
             x = block(x, ctx)  # (B, T, C)
         return self.lm_head(self.norm_f(x))  # (B, T, vocab_size)

@@ -1,0 +1,511 @@
+"""Deconstructed attention, part 1: what mixes tokens and how (`mlp`, `approximate`, `non_approximate`).
+
+Paper: H. Xue, N. S. Moosavi and N. Aletras, "Deconstructing Attention: Investigating Design Principles for
+Effective Language Modeling", arXiv 2510.11602 (2025), §3 and Appendix I (digest: `shared/papers.md` §4, §6 items
+12-13). The paper relaxes one principle of attention at a time at matched parameter counts, in every layer
+("uniform") or interleaved with standard attention ("hybrid", see `lightning_cqk.attention.hybrid`). This file holds
+the variants that change token mixing or the form of the scores; `deconstructed_qk.py` holds those that change
+where q and k come from. Per head, with x the layer input (B, T, C) and s the scaled dot product:
+
+    mlp              (no token mixing)  y = W_dn (SiLU(x W_gt) * (x W_up))              gated MLP, hidden m
+    approximate      (form relaxed)     q, k, v = x W_{Q,K,V};  e^s ~ 1 + s + s^2/2      s_ij = q_i . k_j / sqrt(hs)
+        separate (Appendix I as extracted):  o_i = o0_i + o1_i + o2_i,  op_i = sum_j s_ij^p v_j / sum_j s_ij^p
+        joint (Based, arXiv 2402.18668):     o_i = sum_j (1 + s_ij + s_ij^2/2) v_j / sum_j (1 + s_ij + s_ij^2/2)
+    non_approximate  (form broken)      q = SiLU(x W_Q), k, v = x W_{K,V};  s_j = q_j . k_j / sqrt(hs), one score
+                                        per key position;  o_i = sum_{j<=i} e^{s_j} v_j / sum_{j<=i} e^{s_j}
+    all              y = concat_heads(o) W_O,  every sum over j <= i (causal)
+
+The `mlp` backend replaces the attention sub-layer with a gated MLP; it is unrelated to `ModelConfig.mlp` (the
+feed-forward sub-layer of every block, which stays as configured).
+
+Fast and reference paths (`impl`; neither variant calls SDPA, the option keeps the backend contract's names):
+    approximate, "sdpa": causal linear attention on the Taylor feature map phi(x) = [1, x / hs^(1/4),
+        vec(x x^T) / (sqrt(2) sqrt(hs))] (phi(q) . phi(k) = 1 + s + s^2/2, feature dimension 1 + hs + hs^2), chunked:
+        exact quadratic blocks of `chunk_size` on the diagonal plus the prefix sums of per-chunk states
+        sum_j phi_p(k_j) [v_j, 1]^T of all earlier chunks, kept per order p so both normalisations come out. Cost
+        per token and head O(c hs + hs^3) instead of O(T hs). Memory: phi_2(q), phi_2(k) are (B, nh, T, hs^2) and
+        the states (B, nh, T/c, hs^2, hs + 1); at hs = 64 that is 4096 features per token and head (the reason
+        Based projects q and k to 16 dimensions first, which the paper does not state [NS] and we do not do).
+    approximate, "math": the O(T^2) masked form of the same sums (the test oracle).
+    non_approximate, "sdpa": a chunked log-space scan, linear in T: within chunks of `chunk_size` an exact masked
+        softmax; across chunks the same pooling applied recursively to the chunk summaries (log-mass, normalised
+        mean), merged with logaddexp. Every exponent is <= 0, so scores of any size are safe. A plain running-max
+        cumsum cannot do this: o_i needs sum_j e^{s_j - m_i} v_j with a reference m_i that depends on i, and a
+        single reference for all i either overflows (m below the later scores) or underflows the early prefixes.
+    non_approximate, "math": softmax over the score row [s_1..s_i] broadcast to every query row i, masked, O(T^2).
+
+Options (defaults in brackets; [NS] = not stated in the paper, our choice and why):
+    mlp (`DeconMLPOptions`):
+        impl ["sdpa"]: accepted for the common contract; there is nothing to fuse (both values run the same code).
+        hidden [None = round(4 C / 3)] [NS]: the paper matches attention's parameters without giving the width;
+            3 C m = 4 C^2 gives m = 4C/3 (within 0.5% of 4 C^2 for C >= 64; exact count in `hidden_width`).
+    approximate (`ApproximateOptions`):
+        impl ["sdpa"]: chunked linear-time form, or "math" (quadratic oracle).
+        qk_norm [False]: per-head RMSNorm with a learned gain on q and k before RoPE (as `standard`).
+        normalization ["joint"] [NS]: "joint" is Based's single normaliser over the whole Taylor kernel;
+            "separate" is Appendix I as extracted (each Taylor order normalised on its own). We default to "joint",
+            against the digest's reading, because (1) the paper says it follows Based, whose normaliser is joint;
+            (2) "separate" divides o1 by sum_j s_ij, which has no sign and crosses zero, so o1 is unbounded; (3) in
+            the 40-step smoke test below "separate" spikes (loss 5.5 -> 4.9 -> 6.7 -> ..., seeds 0 and 1, also with
+            eps 1e-2) while "joint" falls steadily to 3.3, and the paper's uniform Approx model trains well (Wiki
+            PPL 47.9). "separate" keeps o1's denominator at least `eps` away from 0 (sign preserved) and adds `eps`
+            to o2's (>= 0); "joint" needs no guard (1 + s + s^2/2 >= 1/2). The digest flags the extraction as
+            unverified against the official code, which could not be read.
+        chunk_size [64] [NS]: block length of the fast path (any value gives the same result up to rounding).
+        eps [1e-6] [NS]: the denominator guard of "separate" (unused by "joint").
+        [NS] Positions: q and k are rotated by RoPE (when the model uses it) before the feature map, as the base
+            model's attention does; phi(R_i q) . phi(R_j k) is then a function of (R_i q) . (R_j k), so the linear
+            form stays exact. No attention dropout (Based has none); `dropout` acts on the output.
+    non_approximate (`NonApproximateOptions`):
+        impl ["sdpa"]: chunked scan, or "math" (quadratic oracle).
+        qk_norm [False] [NS placement]: RMSNorm on the q projection before the SiLU and on k, per head (the paper
+            credits Qwen3's QK-RMSNorm for uniform Non-apx converging at 1.7B, without saying where the SiLU sits).
+        chunk_size [64] [NS]: block length of the scan (at least 2).
+        [NS] Positions: RoPE is not applied, since R_j q_j . R_j k_j = q_j . k_j (it cancels at equal positions).
+
+KV cache (`kv_cache_values_per_token`): mlp 0 (no mixing); approximate 0 per token, but a fixed recurrent state
+of nh (1 + hs + hs^2)(hs + 1) values per layer; non_approximate 0 per token, a state of nh (hs + 2) values
+(running log-mass and normalised output).
+
+Invariants checked by `tests/attention/test_deconstructed.py`: causality (fp64, earlier positions exactly
+unchanged); forward and backward finite; fast path == reference path in fp64, forward and gradients of the input
+and every parameter, with several chunks (and several recursion levels for the scan); the chunked functions equal
+independent loops over positions; the scan is finite for scores of size 1e4; joint normalisation equals a Taylor
+kernel attention written out; parameter counts (mlp within 1% of 4 C^2; the others 4 C^2 like standard); analytic
+FLOPs equal a FLOP counter on the fast path; a tiny GPT of each variant trains on real text.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
+from lightning_cqk.attention.functional import causal_mask
+from lightning_cqk.attention.rope import apply_rope
+
+if TYPE_CHECKING:
+    from lightning_cqk.config import ModelConfig
+
+IMPLS = ("sdpa", "math")
+
+
+def check_impl(name: str, impl: str) -> None:
+    """ValueError unless `impl` is one of the two paths every backend has."""
+    if impl not in IMPLS:
+        raise ValueError(f"{name}: impl={impl!r} is not one of 'sdpa' (fast path) or 'math' (reference path).")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Shared projections
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DeconstructedOptions(AttentionOptions):
+    """Options shared by the deconstructed variants that form q and k.
+
+    Attributes:
+        qk_norm: per-head RMSNorm with a learned gain on q and k (the QK-norm baseline of arXiv 2511.21377).
+    """
+
+    qk_norm: bool = False
+
+
+class ProjectedAttention(AttentionBackend):
+    """Base of the variants with q, k, v and output projections, named as in `standard` so weights carry over.
+
+    Subclasses implement `forward`; this class holds the four C x C projections, the optional per-head QK norms and
+    the head split/merge helpers.
+    """
+
+    Options = DeconstructedOptions
+
+    def __init__(self, config: ModelConfig, layer_idx: int, options: DeconstructedOptions) -> None:
+        super().__init__(config, layer_idx, options)
+        C, self.n_head, self.head_size = config.n_embd, config.n_head, config.head_size
+        self.q_proj = nn.Linear(C, C, bias=config.bias)
+        self.k_proj = nn.Linear(C, C, bias=config.bias)
+        self.v_proj = nn.Linear(C, C, bias=config.bias)
+        self.out_proj = nn.Linear(C, C, bias=config.bias)
+        if options.qk_norm:
+            self.q_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
+            self.k_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def split_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) -> (B, nh, T, hs)."""
+        B, T, _ = t.shape
+        return t.view(B, T, self.n_head, self.head_size).transpose(1, 2)
+
+    def output(self, y: torch.Tensor) -> torch.Tensor:
+        """Per-head outputs (B, nh, T, hs) -> merged, projected and dropped out (B, T, C)."""
+        B, _, T, _ = y.shape
+        return self.resid_dropout(self.out_proj(y.transpose(1, 2).reshape(B, T, -1)))  # (B, T, C)
+
+    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Optional per-head RMSNorm of q and k (B, nh, T, hs)."""
+        if self.q_norm is None:
+            return q, k
+        return self.q_norm(q), self.k_norm(k)
+
+    @classmethod
+    def check_config(cls, config: ModelConfig, layer_idx: int, options: DeconstructedOptions) -> None:
+        check_impl(cls.name, options.impl)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# mlp: no token mixing
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DeconMLPOptions(AttentionOptions):
+    """Options of `mlp`.
+
+    Attributes:
+        hidden: hidden width m of the gated MLP; None gives round(4 C / 3), which matches attention's 4 C^2.
+    """
+
+    hidden: int | None = None
+
+
+def hidden_width(config: ModelConfig, options: DeconMLPOptions) -> int:
+    """Hidden width m of the `mlp` backend: `options.hidden`, or round(4 C / 3) so that 3 C m ~ 4 C^2."""
+    return options.hidden if options.hidden is not None else round(4 * config.n_embd / 3)
+
+
+class DeconMLPAttention(AttentionBackend):
+    """`mlp`: the attention sub-layer replaced by a gated SiLU MLP, so no information moves between tokens.
+
+    y = out_proj(silu(gate_proj(x)) * up_proj(x)); three matrices C x m with m = round(4C/3) match attention's
+    4 C^2 parameters. Not to be confused with `ModelConfig.mlp`, the block's feed-forward layer.
+    """
+
+    name = "mlp"
+    Options = DeconMLPOptions
+
+    def __init__(self, config: ModelConfig, layer_idx: int, options: DeconMLPOptions) -> None:
+        super().__init__(config, layer_idx, options)
+        C, m = config.n_embd, hidden_width(config, options)
+        self.gate_proj = nn.Linear(C, m, bias=config.bias)
+        self.up_proj = nn.Linear(C, m, bias=config.bias)
+        self.out_proj = nn.Linear(m, C, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        h = F.silu(self.gate_proj(x)) * self.up_proj(x)  # (B, T, m)
+        return self.resid_dropout(self.out_proj(h))  # (B, T, C)
+
+    @classmethod
+    def check_config(cls, config: ModelConfig, layer_idx: int, options: DeconMLPOptions) -> None:
+        check_impl(cls.name, options.impl)
+        if options.hidden is not None and (isinstance(options.hidden, bool) or int(options.hidden) != options.hidden):
+            raise ValueError(f"mlp: hidden must be an integer width or null, got {options.hidden!r}.")
+        if hidden_width(config, options) < 1:
+            raise ValueError(f"mlp: hidden must be >= 1, got {options.hidden}; null picks round(4 n_embd / 3).")
+
+    @classmethod
+    def forward_flops_per_token(cls, config: ModelConfig, options: DeconMLPOptions, seq_len: int) -> int:
+        return 3 * 2 * config.n_embd * hidden_width(config, options)  # gate, up, down
+
+    @classmethod
+    def kv_cache_values_per_token(cls, config: ModelConfig, options: DeconMLPOptions) -> int:
+        return 0  # nothing crosses positions, nothing to cache
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# approximate: second-order Taylor softmax
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _combine_taylor(num: torch.Tensor, normalization: str, eps: float) -> torch.Tensor:
+    """Per-order sums (..., 3, T, hs + 1) (last channel: the denominator) -> outputs (..., T, hs).
+
+    Order p holds sum_j K_p(i, j) [v_j, 1] with K_0 = 1, K_1 = s, K_2 = s^2 / 2.
+    """
+    values, den = num[..., :-1], num[..., -1:]  # (..., 3, T, hs), (..., 3, T, 1)
+    if normalization == "joint":
+        return values.sum(-3) / den.sum(-3)  # (..., T, hs); denominator >= i / 2 > 0
+    d0, d1, d2 = den.unbind(-3)  # (..., T, 1) each
+    # o1's denominator sum_j s_ij has no sign: keep it eps away from zero, on its own side.
+    d1 = torch.where(d1 >= 0, d1 + eps, d1 - eps)
+    return values[..., 0, :, :] / d0 + values[..., 1, :, :] / d1 + values[..., 2, :, :] / (d2 + eps)  # (..., T, hs)
+
+
+def _taylor_kernels(s: torch.Tensor, mask: torch.Tensor, normalization: str) -> torch.Tensor:
+    """Masked Taylor kernels of scores s (..., Tq, Tk): (..., 3, Tq, Tk) for 1, s, s^2/2; joint sums them first."""
+    zero = torch.zeros((), dtype=s.dtype, device=s.device)
+    ones = torch.where(mask, torch.ones_like(s), zero)  # (..., Tq, Tk)
+    first = torch.where(mask, s, zero)  # (..., Tq, Tk)
+    second = first * first / 2  # (..., Tq, Tk)
+    if normalization == "joint":
+        # Only the sum is needed: one kernel, one matmul with [v, 1] instead of three.
+        return (ones + first + second).unsqueeze(-3)  # (..., 1, Tq, Tk)
+    return torch.stack((ones, first, second), dim=-3)  # (..., 3, Tq, Tk)
+
+
+def taylor_attention_quadratic(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalization: str = "joint", eps: float = 1e-6
+) -> torch.Tensor:
+    """Reference: O(T^2) masked second-order Taylor attention. q, k, v (B, nh, T, hs) -> (B, nh, T, hs)."""
+    T, hs = q.size(-2), q.size(-1)
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(hs)  # (B, nh, T, T)
+    mask = causal_mask(T, T, q.device)  # (T, T)
+    zero = torch.zeros((), dtype=s.dtype, device=s.device)
+    first = torch.where(mask, s, zero)  # (B, nh, T, T)
+    kernels = torch.stack((torch.where(mask, torch.ones_like(s), zero), first, first * first / 2), dim=-3)
+    v1 = F.pad(v, (0, 1), value=1.0)  # (B, nh, T, hs + 1): the ones column carries the denominators
+    num = kernels @ v1.unsqueeze(-3)  # (B, nh, 3, T, hs + 1)
+    return _combine_taylor(num, normalization, eps)
+
+
+def taylor_attention_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    normalization: str = "joint",
+    eps: float = 1e-6,
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """Fast path: causal linear-time second-order Taylor attention. q, k, v (B, nh, T, hs) -> (B, nh, T, hs).
+
+    Diagonal blocks of `chunk_size` are computed exactly as in the quadratic form; the earlier chunks enter through
+    prefix sums of the states sum_j phi_p(k_j) [v_j, 1]^T per Taylor order p (phi_0 = 1, phi_1(x) = x / hs^(1/4),
+    phi_2(x) = vec(x x^T) / (sqrt(2) sqrt(hs)), so phi_p(q) . phi_p(k) = s^p / p!).
+    """
+    B, nh, T, hs = q.shape
+    c = min(chunk_size, T)
+    N = -(-T // c)  # number of chunks
+    pad = N * c - T
+    # Zero padding at the end only: causal, so it changes no real position.
+    q, k, v = (F.pad(t, (0, 0, 0, pad)).view(B, nh, N, c, hs) for t in (q, k, v))  # (B, nh, N, c, hs) each
+    v1 = F.pad(v, (0, 1), value=1.0)  # (B, nh, N, c, hs + 1): the ones column carries the denominators
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(hs)  # (B, nh, N, c, c)
+    kernels = _taylor_kernels(s, causal_mask(c, c, q.device), normalization)  # (B, nh, N, 1|3, c, c)
+    intra = kernels @ v1.unsqueeze(-3)  # (B, nh, N, 1|3, c, hs + 1)
+    if N == 1:
+        inter = None
+    else:
+        scale1 = hs**-0.25
+        scale2 = 1.0 / math.sqrt(2.0 * hs)
+        f1q, f1k = q * scale1, k * scale1  # (B, nh, N, c, hs)
+        f2q = (q.unsqueeze(-1) * q.unsqueeze(-2)).flatten(-2) * scale2  # (B, nh, N, c, hs^2)
+        f2k = (k.unsqueeze(-1) * k.unsqueeze(-2)).flatten(-2) * scale2  # (B, nh, N, c, hs^2)
+        states0 = v1.sum(-2)  # (B, nh, N, hs + 1)
+        states1 = f1k.transpose(-1, -2) @ v1  # (B, nh, N, hs, hs + 1)
+        states2 = f2k.transpose(-1, -2) @ v1  # (B, nh, N, hs^2, hs + 1)
+
+        def earlier(states: torch.Tensor, dims: int) -> torch.Tensor:
+            # Exclusive prefix over chunks: chunk n sees chunks 0..n-1 (a shifted cumsum, no subtraction).
+            total = states.cumsum(2)  # (B, nh, N, ...)
+            return F.pad(total.narrow(2, 0, N - 1), (0, 0) * dims + (1, 0))  # (B, nh, N, ...)
+
+        inter0 = earlier(states0, 1).unsqueeze(-2).expand(B, nh, N, c, hs + 1)  # (B, nh, N, c, hs + 1)
+        inter1 = f1q @ earlier(states1, 2)  # (B, nh, N, c, hs + 1)
+        inter2 = f2q @ earlier(states2, 2)  # (B, nh, N, c, hs + 1)
+        inter = torch.stack((inter0, inter1, inter2), dim=-3)  # (B, nh, N, 3, c, hs + 1)
+    if normalization == "joint":
+        num = intra.squeeze(-3) if inter is None else intra.squeeze(-3) + inter.sum(-3)  # (B, nh, N, c, hs + 1)
+        out = num[..., :-1] / num[..., -1:]  # (B, nh, N, c, hs)
+    else:
+        num = intra if inter is None else intra + inter  # (B, nh, N, 3, c, hs + 1)
+        out = _combine_taylor(num, normalization, eps)  # (B, nh, N, c, hs)
+    return out.reshape(B, nh, N * c, hs)[:, :, :T]  # (B, nh, T, hs)
+
+
+def taylor_chunked_flops(T: int, hs: int, chunk_size: int, normalization: str) -> int:
+    """Matmul FLOPs of `taylor_attention_chunked` for one head and one sequence of length T."""
+    c = min(chunk_size, T)
+    N = -(-T // c)
+    orders = 1 if normalization == "joint" else 3
+    per_chunk = 2 * c * c * hs + orders * 2 * c * c * (hs + 1)  # scores, kernels @ [v, 1]
+    if N > 1:
+        # states and queries of orders 1 and 2 (order 0 is a plain sum)
+        per_chunk += 2 * 2 * c * (hs + hs * hs) * (hs + 1)
+    return N * per_chunk
+
+
+@dataclass
+class ApproximateOptions(DeconstructedOptions):
+    """Options of `approximate`.
+
+    Attributes:
+        normalization: "joint" (one normaliser, as Based) or "separate" (each Taylor order normalised on its own,
+            Appendix I as extracted; unstable in training, see the module docstring).
+        chunk_size: block length of the chunked linear-time fast path.
+        eps: keeps the signed first-order denominator of "separate" at least eps away from zero.
+    """
+
+    normalization: Literal["separate", "joint"] = "joint"
+    chunk_size: int = 64
+    eps: float = 1e-6
+
+
+class ApproximateAttention(ProjectedAttention):
+    """`approximate`: softmax replaced by its second-order Taylor expansion, in causal linear-time form."""
+
+    name = "approximate"
+    Options = ApproximateOptions
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        q = self.split_heads(self.q_proj(x))  # (B, nh, T, hs)
+        k = self.split_heads(self.k_proj(x))  # (B, nh, T, hs)
+        v = self.split_heads(self.v_proj(x))  # (B, nh, T, hs)
+        q, k = self.norm_qk(q, k)
+        q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)  # (B, nh, T, hs) each
+        o = self.options
+        if o.impl == "math":
+            y = taylor_attention_quadratic(q, k, v, o.normalization, o.eps)  # (B, nh, T, hs)
+        else:
+            y = taylor_attention_chunked(q, k, v, o.normalization, o.eps, o.chunk_size)  # (B, nh, T, hs)
+        return self.output(y)  # (B, T, C)
+
+    @classmethod
+    def check_config(cls, config: ModelConfig, layer_idx: int, options: ApproximateOptions) -> None:
+        super().check_config(config, layer_idx, options)
+        if options.normalization not in ("separate", "joint"):
+            raise ValueError(
+                f"approximate: normalization={options.normalization!r} is not 'separate' (per Taylor order, the "
+                "paper's Appendix I) or 'joint' (one normaliser, as Based)."
+            )
+        if not isinstance(options.chunk_size, int) or options.chunk_size < 1:
+            raise ValueError(f"approximate: chunk_size must be a positive integer, got {options.chunk_size!r}.")
+        if not options.eps > 0:
+            raise ValueError(f"approximate: eps must be > 0 (it guards a denominator), got {options.eps!r}.")
+
+    @classmethod
+    def forward_flops_per_token(cls, config: ModelConfig, options: ApproximateOptions, seq_len: int) -> int:
+        C = config.n_embd
+        mixing = config.n_head * taylor_chunked_flops(
+            seq_len, config.head_size, options.chunk_size, options.normalization
+        )
+        return 4 * 2 * C * C + round(mixing / seq_len)
+
+    @classmethod
+    def kv_cache_values_per_token(cls, config: ModelConfig, options: ApproximateOptions) -> int:
+        return 0  # recurrent: a fixed state of nh (1 + hs + hs^2)(hs + 1) values per layer instead
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# non_approximate: causal softmax pooling over per-position scores
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def softmax_pool_quadratic(s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Reference: o_i = sum_{j<=i} softmax over j<=i of s_j, times v_j, as an O(T^2) masked softmax.
+
+    s (..., T) scores per position, v (..., T, d) -> (..., T, d).
+    """
+    T = s.size(-1)
+    rows = s.unsqueeze(-2).expand(*s.shape[:-1], T, T)  # (..., T, T): row i holds s_1..s_T
+    rows = rows.masked_fill(~causal_mask(T, T, s.device), float("-inf"))  # keep j <= i
+    return rows.softmax(-1) @ v  # (..., T, d)
+
+
+def softmax_pool_scan(s: torch.Tensor, v: torch.Tensor, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fast path: the causal softmax pooling of `softmax_pool_quadratic`, linear in T, and its log-normaliser.
+
+    Args:
+        s: scores (..., T).
+        v: values (..., T, d).
+        chunk_size: block length (>= 2). Blocks are pooled exactly; the block summaries (log-mass, normalised
+            mean) are pooled by the same function, recursively, so the recursion depth is log_c(T).
+
+    Returns:
+        o (..., T, d) and lse (..., T) with lse_i = log sum_{j<=i} e^{s_j}.
+    """
+    T = s.size(-1)
+    if T <= chunk_size:
+        rows = s.unsqueeze(-2).expand(*s.shape[:-1], T, T)  # (..., T, T)
+        rows = rows.masked_fill(~causal_mask(T, T, s.device), float("-inf"))
+        lse = rows.logsumexp(-1)  # (..., T)
+        return torch.exp(rows - lse.unsqueeze(-1)) @ v, lse  # (..., T, d), (..., T)
+    c = chunk_size
+    N = -(-T // c)
+    pad = N * c - T
+    lead, d = s.shape[:-1], v.size(-1)
+    # Padding at the end only: it changes no real position (causal) and only the last, unused chunk summary.
+    s_c = F.pad(s, (0, pad)).view(*lead, N, c)  # (..., N, c)
+    v_c = F.pad(v, (0, 0, 0, pad)).view(*lead, N, c, d)  # (..., N, c, d)
+    o_loc, lse_loc = softmax_pool_scan(s_c, v_c, c)  # (..., N, c, d), (..., N, c): within each chunk
+    # Pool the chunk summaries (the last position of a chunk covers all of it): inclusive prefix over chunks.
+    o_pre, lse_pre = softmax_pool_scan(lse_loc[..., -1], o_loc[..., -1, :], c)  # (..., N, d), (..., N)
+    # Chunk n needs chunks 0..n-1 only: shift by one (chunk 0 gets an empty prefix, log-mass -inf).
+    lse_prev = F.pad(lse_pre[..., :-1], (1, 0), value=float("-inf")).unsqueeze(-1)  # (..., N, 1)
+    o_prev = F.pad(o_pre[..., :-1, :], (0, 0, 1, 0)).unsqueeze(-2)  # (..., N, 1, d)
+    lse = torch.logaddexp(lse_prev, lse_loc)  # (..., N, c)
+    w_prev = torch.exp(lse_prev - lse).unsqueeze(-1)  # (..., N, c, 1), in [0, 1]
+    w_loc = torch.exp(lse_loc - lse).unsqueeze(-1)  # (..., N, c, 1), in [0, 1]
+    o = w_prev * o_prev + w_loc * o_loc  # (..., N, c, d)
+    return o.reshape(*lead, N * c, d)[..., :T, :], lse.reshape(*lead, N * c)[..., :T]
+
+
+def softmax_pool_scan_flops(T: int, d: int, chunk_size: int) -> int:
+    """Matmul FLOPs of `softmax_pool_scan` for one sequence of length T and value width d."""
+    if T <= chunk_size:
+        return 2 * T * T * d
+    N = -(-T // chunk_size)
+    return N * 2 * chunk_size * chunk_size * d + softmax_pool_scan_flops(N, d, chunk_size)
+
+
+@dataclass
+class NonApproximateOptions(DeconstructedOptions):
+    """Options of `non_approximate`.
+
+    Attributes:
+        chunk_size: block length of the linear-time scan (>= 2).
+    """
+
+    chunk_size: int = 64
+
+
+class NonApproximateAttention(ProjectedAttention):
+    """`non_approximate`: one score per key position, s_j = SiLU(q_j) . k_j / sqrt(hs), pooled by a causal softmax."""
+
+    name = "non_approximate"
+    Options = NonApproximateOptions
+
+    def scores(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head scores s (B, nh, T) and values v (B, nh, T, hs) of x (B, T, C)."""
+        q = self.split_heads(self.q_proj(x))  # (B, nh, T, hs)
+        k = self.split_heads(self.k_proj(x))  # (B, nh, T, hs)
+        v = self.split_heads(self.v_proj(x))  # (B, nh, T, hs)
+        q, k = self.norm_qk(q, k)
+        s = (F.silu(q) * k).sum(-1) / math.sqrt(self.head_size)  # (B, nh, T)
+        return s, v
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        s, v = self.scores(x)  # (B, nh, T), (B, nh, T, hs)
+        if self.options.impl == "math":
+            y = softmax_pool_quadratic(s, v)  # (B, nh, T, hs)
+        else:
+            y, _ = softmax_pool_scan(s, v, self.options.chunk_size)  # (B, nh, T, hs)
+        return self.output(y)  # (B, T, C)
+
+    @classmethod
+    def check_config(cls, config: ModelConfig, layer_idx: int, options: NonApproximateOptions) -> None:
+        super().check_config(config, layer_idx, options)
+        if not isinstance(options.chunk_size, int) or options.chunk_size < 2:
+            raise ValueError(
+                f"non_approximate: chunk_size must be an integer >= 2 (the scan pools chunk summaries recursively), "
+                f"got {options.chunk_size!r}."
+            )
+
+    @classmethod
+    def forward_flops_per_token(cls, config: ModelConfig, options: NonApproximateOptions, seq_len: int) -> int:
+        C = config.n_embd
+        # The scores are elementwise (no matmul); the pooling is the scan's matmuls over hs channels per head.
+        mixing = config.n_head * softmax_pool_scan_flops(seq_len, config.head_size, options.chunk_size)
+        return 4 * 2 * C * C + round(mixing / seq_len)
+
+    @classmethod
+    def kv_cache_values_per_token(cls, config: ModelConfig, options: NonApproximateOptions) -> int:
+        return 0  # recurrent: a fixed state of nh (hs + 2) values per layer instead

@@ -1,0 +1,439 @@
+"""Deconstructed attention, part 2: where q and k come from (`static_emb_qk`, `rnd_emb_qk`, `fixed_seq_qk`).
+
+Paper: H. Xue, N. S. Moosavi and N. Aletras, "Deconstructing Attention: Investigating Design Principles for
+Effective Language Modeling", arXiv 2510.11602 (2025), §3 (digest: `shared/papers.md` §4, §6 item 12). Standard
+attention takes q, k and v from the layer's own hidden state H. These variants keep v = H W_V and the softmax, and
+take q and k from elsewhere (per head, causal mask throughout; X is (B, T, C) or (1, T, C)):
+
+    static_emb_qk  ("current QK" relaxed):   q, k = e W_{Q,K},  e = Emb(t) the static token embeddings of the input
+    rnd_emb_qk     (sequence dependency):    q, k = X W_{Q,K},  X = the model's blocks 1..l-1 applied to a fixed
+                                                                random input eps ~ N(0, sigma^2 I), (1, L, C)
+    fixed_seq_qk   (sequence dependency):    the same with eps = Emb(t_s), t_s a fixed token sequence of length L
+    all            y = softmax(q k^T / sqrt(hs) + causal mask) (H W_V) W_O
+
+For `rnd_emb_qk` and `fixed_seq_qk` the attention map does not depend on the input at all (it changes only as the
+weights train), so it is one (nh, T, T) map shared by the whole batch.
+
+How the fixed input reaches layer l (the generic mechanism of `AttentionBackend.uses_reference_stream`): the
+backend hands the model its fixed input (`reference_input`); `GPT.reference_states` embeds it like real tokens
+(learned positions, dropout), runs it as one (1, L) sequence through the blocks below the last layer that reads it,
+and passes each block's attention input on that stream (its `norm_1` applied) to the attention as
+`ctx.reference[l]`. The backend slices it to the batch's T and projects q and k from it, once for the batch. On the
+stream itself a reading layer sees its own input as reference, i.e. it is ordinary attention there. The pass costs
+one forward (and backward) of L tokens per training step through those blocks, independent of the batch size: at
+the `60m` preset with L = T = 1024 and 32 sequences per step, about 3% of the step (1/32 of the blocks it
+crosses). At inference the per-layer q and k could be cached; that is not implemented.
+
+Options (defaults in brackets; [NS] = not stated in the paper, our choice and why):
+    all: impl ["sdpa"]: `scaled_dot_product_attention` (q and k broadcast over the batch), or "math" (the softmax
+        map computed once per batch, the test oracle). qk_norm [False]: per-head RMSNorm with a learned gain on q
+        and k before RoPE, as `standard`. RoPE (when the model uses it) rotates q and k by their positions, as
+        `standard` does.
+    static_emb_qk: embedding_norm [True] [NS]: apply the model's norm type (layernorm/rmsnorm), without a learned
+        gain, to e before W_Q and W_K. Every other attention input of this pre-norm model is normalised, and raw
+        embeddings (std init_std = 0.02 at init) would make q.k about (1/0.02)^2 = 2500x smaller than standard
+        attention's, i.e. a very different effective learning rate for W_Q, W_K. False follows the equation
+        literally. e is the block input of layer 1 (`ctx.embeddings`: token embedding plus learned positions, if
+        the model has them, after dropout).
+    rnd_emb_qk, fixed_seq_qk:
+        length [None = block_size] [NS]: L, the length of the fixed input (the paper: 2048, its training length).
+            Longer batches raise a ValueError (the fixed map is defined for the first L positions only); shorter
+            ones use the leading T x T block, as in the paper's shorter-context evaluations [I].
+        detach_reference [False] [NS]: False lets gradients flow from q and k through the stream into the earlier
+            blocks (and into the embedding of the fixed tokens): X is "the model's own blocks" applied to the
+            fixed input. True treats X as a constant for this layer (W_Q and W_K still learn).
+        [NS] Layer 1 takes q and k from the fixed input itself (after the first block's input norm), i.e. X for
+            layer l is the *input* of block l; "X = TransformerBlock^(l)(eps)" does not say which.
+        [NS] The stream goes through the model's own blocks with the model's weights, as the paper's notation
+            suggests; all layers that read it share one stream (one backend class per model; GPT checks).
+    rnd_emb_qk: sigma [None = init_std] [NS]: std of eps; the paper does not give it, the token embeddings'
+            init std puts eps on the scale of real embeddings at init. seed [0]: eps is drawn from its own
+            generator seeded with `seed`, so it is a function of the config: identical in every layer, run and
+            resume, and not stored in checkpoints (a non-persistent buffer, redrawn by `reset_backend_parameters`).
+    fixed_seq_qk: token_file ["builtin:python_docs"]: where t_s comes from; the first L ids are used. A `.npy`
+            (integer array, read without numpy) or `.txt` (integers separated by whitespace or commas) of token ids
+            made with the run's tokenizer; the paper uses the first 2048 tokens of FineWeb-10BT. The offline
+            default is the UTF-8 bytes of the Python documentation bundled with Python (`pydoc_data.topics`, topics
+            in sorted order): that text under the byte tokenizer (vocabulary 257), but only byte-valued ids (not
+            that text) under any other tokenizer (folded modulo vocab_size below 256 ids), and it changes with the
+            Python version. The ids are kept as a persistent buffer, so a checkpoint carries the exact sequence.
+
+KV cache (`kv_cache_values_per_token`): static_emb_qk 2 C (k and v); rnd_emb_qk, fixed_seq_qk C (only v depends on
+the input; q and k of the fixed stream are per model, not per token).
+
+Invariants checked by `tests/attention/test_deconstructed.py`: causality of the backend and of a whole GPT (fp64,
+earlier positions exactly unchanged); forward and backward finite; SDPA path == math path in fp64, forward and
+gradients of the input, the reference states and every parameter; degenerate cases equal `standard` with the same
+weights (static_emb_qk with embeddings := x and no embedding norm; rnd/fixed with the reference := x); inside a GPT
+the map is the same for every input, and the stream states equal a manual run of the blocks; gradients reach the
+earlier blocks through the stream unless detached; a batch longer than L raises; token files (.npy, .txt) load;
+parameter counts 4 C^2; analytic FLOPs equal a FLOP counter once the per-step stream cost is added; a tiny GPT of
+each variant trains on real text.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from lightning_cqk.attention.base import AttentionContext
+from lightning_cqk.attention.deconstructed_mixing import DeconstructedOptions, ProjectedAttention
+from lightning_cqk.attention.functional import attention_probs, causal_attention
+from lightning_cqk.attention.rope import apply_rope
+
+if TYPE_CHECKING:
+    from lightning_cqk.config import ModelConfig
+
+BUILTIN_TOKENS = "builtin:python_docs"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# static_emb_qk
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StaticEmbQKOptions(DeconstructedOptions):
+    """Options of `static_emb_qk`.
+
+    Attributes:
+        embedding_norm: normalise the embeddings (the model's norm type, no learned gain) before W_Q and W_K.
+    """
+
+    embedding_norm: bool = True
+
+
+class StaticEmbQKAttention(ProjectedAttention):
+    """`static_emb_qk`: q and k from the static token embeddings of the input, v from the layer's hidden state."""
+
+    name = "static_emb_qk"
+    Options = StaticEmbQKOptions
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        if ctx.embeddings is None:
+            raise ValueError("static_emb_qk needs the token embeddings in the context (AttentionContext.embeddings).")
+        e = ctx.embeddings  # (B, T, C)
+        if self.options.embedding_norm:
+            e = _plain_norm(e, self.config)  # (B, T, C)
+        q = self.split_heads(self.q_proj(e))  # (B, nh, T, hs)
+        k = self.split_heads(self.k_proj(e))  # (B, nh, T, hs)
+        v = self.split_heads(self.v_proj(x))  # (B, nh, T, hs)
+        q, k = self.norm_qk(q, k)
+        q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)  # (B, nh, T, hs) each
+        dropout_p = self.config.dropout if self.training else 0.0
+        y = causal_attention(q, k, v, impl=self.options.impl, dropout_p=dropout_p)  # (B, nh, T, hs)
+        return self.output(y)  # (B, T, C)
+
+    @classmethod
+    def forward_flops_per_token(cls, config: ModelConfig, options: StaticEmbQKOptions, seq_len: int) -> int:
+        C = config.n_embd
+        return 4 * 2 * C * C + 2 * 2 * seq_len * C  # q, k, v, out projections; scores and values
+
+    @classmethod
+    def kv_cache_values_per_token(cls, config: ModelConfig, options: StaticEmbQKOptions) -> int:
+        return 2 * config.n_embd
+
+
+def _plain_norm(e: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """The model's norm type over C without a learned gain (what `norm_1` does at init)."""
+    if config.norm == "rmsnorm":
+        return F.rms_norm(e, (e.size(-1),), eps=config.norm_eps)
+    return F.layer_norm(e, (e.size(-1),), eps=config.norm_eps)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# rnd_emb_qk, fixed_seq_qk: q and k from a fixed input passed through the earlier blocks
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FixedInputQKOptions(DeconstructedOptions):
+    """Options shared by `rnd_emb_qk` and `fixed_seq_qk`.
+
+    Attributes:
+        length: length L of the fixed input; None means block_size. Batches longer than L are refused.
+        detach_reference: stop gradients from q and k into the stream (the earlier blocks and the fixed input).
+    """
+
+    length: int | None = None
+    detach_reference: bool = False
+
+
+def stream_length(config: ModelConfig, options: FixedInputQKOptions) -> int:
+    """L: `options.length`, or the model's block_size."""
+    return config.block_size if options.length is None else options.length
+
+
+class FixedInputQKAttention(ProjectedAttention):
+    """Base of the variants whose q and k come from a fixed input run through the model's earlier blocks.
+
+    Subclasses provide `reference_input`; the model provides `ctx.reference` (see `GPT.reference_states`).
+    """
+
+    Options = FixedInputQKOptions
+    uses_reference_stream = True
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        B, T, _ = x.shape
+        if ctx.reference is None:
+            raise ValueError(
+                f"{self.name} takes q and k from the model's fixed reference stream (AttentionContext.reference), "
+                "which GPT provides; outside a GPT pass reference=[... (1, L, C) per layer ...] yourself."
+            )
+        r = ctx.reference[self.layer_idx]  # (1, L, C)
+        if T > r.size(1):
+            raise ValueError(
+                f"{self.name} (layer {self.layer_idx}): sequence length {T} exceeds the fixed input's length "
+                f"{r.size(1)}; the fixed attention map covers the first {r.size(1)} positions only. Raise the option "
+                "`length` (at most block_size) or use shorter sequences."
+            )
+        r = r[:, :T]  # (1, T, C): the leading block of the fixed map
+        if self.options.detach_reference:
+            r = r.detach()
+        q = self.split_heads(self.q_proj(r))  # (1, nh, T, hs)
+        k = self.split_heads(self.k_proj(r))  # (1, nh, T, hs)
+        v = self.split_heads(self.v_proj(x))  # (B, nh, T, hs)
+        q, k = self.norm_qk(q, k)
+        q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)  # (1, nh, T, hs) each
+        dropout_p = self.config.dropout if self.training else 0.0
+        if self.options.impl == "math":
+            probs = attention_probs(q, k)  # (1, nh, T, T): one map for the whole batch
+            if dropout_p > 0.0:
+                probs = F.dropout(probs.expand(B, -1, -1, -1), p=dropout_p)  # (B, nh, T, T)
+            y = (probs.to(v.dtype) @ v).to(v.dtype)  # (B, nh, T, hs)
+        else:
+            q, k = q.expand(B, -1, -1, -1), k.expand(B, -1, -1, -1)  # (B, nh, T, hs) views, no copies
+            y = causal_attention(q, k, v, impl="sdpa", dropout_p=dropout_p)  # (B, nh, T, hs)
+        return self.output(y)  # (B, T, C)
+
+    def stream_key(self) -> tuple:
+        """The options that define the fixed input; layers that share a stream must agree on them."""
+        return (stream_length(self.config, self.options),)
+
+    @classmethod
+    def share_across_layers(cls, backends: list[FixedInputQKAttention]) -> None:
+        # The model runs one stream, taken from the first reading layer: refuse layers that would want another.
+        keys = {b.layer_idx: b.stream_key() for b in backends}
+        if len(set(keys.values())) > 1:
+            raise ValueError(
+                f"{cls.name}: a model runs one fixed input, but its layers define different ones ({{layer: stream "
+                f"options}} = {keys}); give every {cls.name} layer the same length, sigma, seed and token_file."
+            )
+
+    @classmethod
+    def check_config(cls, config: ModelConfig, layer_idx: int, options: FixedInputQKOptions) -> None:
+        super().check_config(config, layer_idx, options)
+        L = stream_length(config, options)
+        if isinstance(L, bool) or not isinstance(L, int) or not 1 <= L <= config.block_size:
+            raise ValueError(
+                f"{cls.name}: length must be an integer in 1..block_size={config.block_size} (the position tables "
+                f"end there), got {options.length!r}; null means block_size."
+            )
+
+    @classmethod
+    def forward_flops_per_token(cls, config: ModelConfig, options: FixedInputQKOptions, seq_len: int) -> int:
+        """Per-token FLOPs: v and out projections, SDPA scores and values (computed per sequence).
+
+        The per-step work is not included, since it does not scale with the tokens of a step: the q and k
+        projections of the stream (2 * 2 C^2 * seq_len per layer) and the stream's own pass through the earlier
+        blocks (L tokens through those blocks). Add both, divided by the tokens per step, for small batches.
+        """
+        C = config.n_embd
+        return 2 * 2 * C * C + 2 * 2 * seq_len * C
+
+    @classmethod
+    def kv_cache_values_per_token(cls, config: ModelConfig, options: FixedInputQKOptions) -> int:
+        return config.n_embd  # only v depends on the input
+
+
+@dataclass
+class RndEmbQKOptions(FixedInputQKOptions):
+    """Options of `rnd_emb_qk`.
+
+    Attributes:
+        sigma: std of the fixed random input; None means the embedding init std (`init_std`).
+        seed: seed of the fixed random input's own generator.
+    """
+
+    sigma: float | None = None
+    seed: int = 0
+
+
+class RndEmbQKAttention(FixedInputQKAttention):
+    """`rnd_emb_qk`: q and k from fixed random embeddings passed through the earlier blocks; v from the input."""
+
+    name = "rnd_emb_qk"
+    Options = RndEmbQKOptions
+
+    def __init__(self, config: ModelConfig, layer_idx: int, options: RndEmbQKOptions) -> None:
+        super().__init__(config, layer_idx, options)
+        device = self.q_proj.weight.device
+        self.register_buffer("reference_embedding", self._draw().to(device), persistent=False)  # (1, L, C)
+
+    def _draw(self) -> torch.Tensor:
+        """eps ~ N(0, sigma^2), (1, L, C), from a generator seeded with `seed` (the same in every layer and run)."""
+        sigma = self.config.init_std if self.options.sigma is None else self.options.sigma
+        generator = torch.Generator(device="cpu").manual_seed(self.options.seed)
+        L, C = stream_length(self.config, self.options), self.config.n_embd
+        return torch.randn(1, L, C, generator=generator, device="cpu") * sigma
+
+    def reset_backend_parameters(self) -> None:
+        with torch.no_grad():
+            self.reference_embedding.copy_(self._draw())
+
+    def reference_input(self, embed: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return self.reference_embedding  # (1, L, C)
+
+    def stream_key(self) -> tuple:
+        sigma = self.config.init_std if self.options.sigma is None else self.options.sigma
+        return (stream_length(self.config, self.options), sigma, self.options.seed)
+
+    @classmethod
+    def check_config(cls, config: ModelConfig, layer_idx: int, options: RndEmbQKOptions) -> None:
+        super().check_config(config, layer_idx, options)
+        if options.sigma is not None and not options.sigma > 0:
+            raise ValueError(f"rnd_emb_qk: sigma must be > 0 (null means init_std), got {options.sigma!r}.")
+
+
+@dataclass
+class FixedSeqQKOptions(FixedInputQKOptions):
+    """Options of `fixed_seq_qk`.
+
+    Attributes:
+        token_file: a `.npy` or `.txt` file of token ids, or "builtin:python_docs" (UTF-8 bytes of the bundled
+            Python documentation). The first `length` ids are the fixed sequence.
+    """
+
+    token_file: str = BUILTIN_TOKENS
+
+
+class FixedSeqQKAttention(FixedInputQKAttention):
+    """`fixed_seq_qk`: q and k from a fixed token sequence passed through the earlier blocks; v from the input."""
+
+    name = "fixed_seq_qk"
+    Options = FixedSeqQKOptions
+
+    def __init__(self, config: ModelConfig, layer_idx: int, options: FixedSeqQKOptions) -> None:
+        super().__init__(config, layer_idx, options)
+        tokens = fixed_sequence(config, options)  # (L,)
+        # Persistent: the checkpoint keeps the exact sequence even if the file changes later.
+        self.register_buffer("reference_tokens", tokens.unsqueeze(0).to(self.q_proj.weight.device))  # (1, L)
+
+    def reference_input(self, embed: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return embed(self.reference_tokens)  # (1, L, C)
+
+    def stream_key(self) -> tuple:
+        return (stream_length(self.config, self.options), self.options.token_file)
+
+    @classmethod
+    def check_config(cls, config: ModelConfig, layer_idx: int, options: FixedSeqQKOptions) -> None:
+        super().check_config(config, layer_idx, options)
+        tokens = fixed_sequence(config, options)
+        top = int(tokens.max())
+        if top >= config.vocab_size or int(tokens.min()) < 0:
+            raise ValueError(
+                f"fixed_seq_qk: token_file {options.token_file!r} holds ids up to {top}, outside the vocabulary "
+                f"0..{config.vocab_size - 1}; make the file with the run's tokenizer."
+            )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Token files
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def fixed_sequence(config: ModelConfig, options: FixedSeqQKOptions) -> torch.Tensor:
+    """The fixed token ids t_s (L,) of `fixed_seq_qk`; built-in bytes are folded into toy vocabularies below 256."""
+    tokens = load_token_ids(options.token_file, stream_length(config, options))  # (L,)
+    if options.token_file == BUILTIN_TOKENS:
+        # Only vocabularies smaller than a byte (test models) need this; the file-based sources are checked instead.
+        tokens = tokens % config.vocab_size
+    return tokens
+
+
+_NPY_INT_DTYPES = {
+    "i1": torch.int8,
+    "u1": torch.uint8,
+    "i2": torch.int16,
+    "u2": torch.uint16,
+    "i4": torch.int32,
+    "u4": torch.uint32,
+    "i8": torch.int64,
+    "u8": torch.uint64,
+}
+
+
+def load_token_ids(source: str, length: int) -> torch.Tensor:
+    """The first `length` token ids of `source` as an int64 tensor (length,).
+
+    Args:
+        source: "builtin:python_docs", or the path of a `.npy` integer array or a `.txt` of integers.
+        length: how many ids are needed.
+
+    Raises:
+        ValueError: unknown source, unreadable file, non-integer data, or fewer than `length` ids.
+    """
+    return _load_token_ids(str(source), int(length)).clone()
+
+
+@functools.lru_cache(maxsize=8)
+def _load_token_ids(source: str, length: int) -> torch.Tensor:
+    if source == BUILTIN_TOKENS:
+        import pydoc_data.topics
+
+        topics = pydoc_data.topics.topics
+        text = "\n\n".join(topics[key] for key in sorted(topics))
+        ids = torch.tensor(list(text.encode("utf-8")[:length]), dtype=torch.int64)
+    elif source.startswith("builtin:"):
+        raise ValueError(f"Unknown built-in token source {source!r}; the built-in one is {BUILTIN_TOKENS!r}.")
+    else:
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise ValueError(
+                f"token_file {source!r} does not exist (give a .npy or .txt of ids, or {BUILTIN_TOKENS!r})."
+            )
+        if path.suffix == ".npy":
+            ids = _read_npy_ids(path)
+        elif path.suffix == ".txt":
+            try:
+                ids = torch.tensor([int(t) for t in path.read_text().replace(",", " ").split()], dtype=torch.int64)
+            except ValueError as err:
+                raise ValueError(
+                    f"token_file {source!r}: expected integers separated by spaces or commas ({err})."
+                ) from None
+        else:
+            raise ValueError(f"token_file {source!r}: unsupported suffix {path.suffix!r}; use .npy or .txt.")
+    if ids.numel() < length:
+        raise ValueError(
+            f"token source {source!r} holds {ids.numel()} ids, fewer than the {length} the fixed sequence needs; "
+            "give a longer file or lower the option `length`."
+        )
+    return ids[:length]
+
+
+def _read_npy_ids(path: Path) -> torch.Tensor:
+    """Integer ids of a `.npy` file (format versions 1-3, little-endian, C order), flattened; standard library only."""
+    data = path.read_bytes()
+    if data[:6] != b"\x93NUMPY":
+        raise ValueError(f"{path} is not a .npy file (bad magic bytes).")
+    header_size = 2 if data[6] == 1 else 4
+    start = 8 + header_size
+    header_len = int.from_bytes(data[8:start], "little")
+    header = ast.literal_eval(data[start : start + header_len].decode("latin1"))
+    descr, shape = header["descr"], tuple(header["shape"])
+    dtype = _NPY_INT_DTYPES.get(descr[1:]) if isinstance(descr, str) else None
+    if dtype is None or descr[0] == ">":
+        raise ValueError(f"{path}: expected a little-endian integer array, got dtype {descr!r}.")
+    if header["fortran_order"] and len(shape) > 1:
+        raise ValueError(f"{path}: Fortran-ordered arrays are not supported; save a C-ordered (or 1-D) array.")
+    count = math.prod(shape)
+    payload = bytearray(data[start + header_len :])
+    return torch.frombuffer(payload, dtype=dtype, count=count).to(torch.int64)
