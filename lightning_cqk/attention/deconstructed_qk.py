@@ -386,12 +386,14 @@ def load_token_ids(source: str, length: int) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=8)
 def _load_token_ids(source: str, length: int) -> torch.Tensor:
+    # Every tensor here is made on the CPU explicitly: a model built under `torch.device("meta")` must not cache
+    # (or compare) meta tensors.
     if source == BUILTIN_TOKENS:
         import pydoc_data.topics
 
         topics = pydoc_data.topics.topics
         text = "\n\n".join(topics[key] for key in sorted(topics))
-        ids = torch.tensor(list(text.encode("utf-8")[:length]), dtype=torch.int64)
+        ids = torch.tensor(list(text.encode("utf-8")[:length]), dtype=torch.int64, device="cpu")
     elif source.startswith("builtin:"):
         raise ValueError(f"Unknown built-in token source {source!r}; the built-in one is {BUILTIN_TOKENS!r}.")
     else:
@@ -404,11 +406,12 @@ def _load_token_ids(source: str, length: int) -> torch.Tensor:
             ids = _read_npy_ids(path)
         elif path.suffix == ".txt":
             try:
-                ids = torch.tensor([int(t) for t in path.read_text().replace(",", " ").split()], dtype=torch.int64)
+                ids = [int(t) for t in path.read_text().replace(",", " ").split()]
             except ValueError as err:
                 raise ValueError(
                     f"token_file {source!r}: expected integers separated by spaces or commas ({err})."
                 ) from None
+            ids = torch.tensor(ids, dtype=torch.int64, device="cpu")
         else:
             raise ValueError(f"token_file {source!r}: unsupported suffix {path.suffix!r}; use .npy or .txt.")
     if ids.numel() < length:
@@ -436,4 +439,4 @@ def _read_npy_ids(path: Path) -> torch.Tensor:
         raise ValueError(f"{path}: Fortran-ordered arrays are not supported; save a C-ordered (or 1-D) array.")
     count = math.prod(shape)
     payload = bytearray(data[start + header_len :])
-    return torch.frombuffer(payload, dtype=dtype, count=count).to(torch.int64)
+    return torch.frombuffer(payload, dtype=dtype, count=count).to(device="cpu", dtype=torch.int64)

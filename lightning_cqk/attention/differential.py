@@ -195,9 +195,9 @@ class DifferentialAttention(AttentionBackend):
             def sdpa(qi: torch.Tensor, ki: torch.Tensor, vi: torch.Tensor) -> torch.Tensor:
                 return F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, dropout_p=dropout_p)
 
-            a1 = torch.cat((sdpa(q1, k1, v1), sdpa(q1, k1, v2)), dim=-1)  # (B, nh/2, T, 2hs)
-            a2 = torch.cat((sdpa(q2, k2, v1), sdpa(q2, k2, v2)), dim=-1)  # (B, nh/2, T, 2hs)
-            return a1 - lam * a2  # (B, nh/2, T, 2hs)
+            y1 = sdpa(q1, k1, v1) - lam * sdpa(q2, k2, v1)  # (B, nh/2, T, hs): first half of the value
+            y2 = sdpa(q1, k1, v2) - lam * sdpa(q2, k2, v2)  # (B, nh/2, T, hs): second half
+            return torch.cat((y1, y2), dim=-1)  # (B, nh/2, T, 2hs)
         if self.options.impl == "math":
             probs = attention_probs(q, k)  # (B, nh, T, T), fp32 (fp64 for fp64 inputs), each map masked+softmaxed
             if dropout_p > 0.0:
@@ -212,8 +212,9 @@ class DifferentialAttention(AttentionBackend):
         y = self.differential_attend(q, k, v, self.lambda_value())  # (B, nh/2, T, 2hs)
         # The norm runs in (at least) fp32 even under bf16 autocast (papers.md §6 item 16).
         y32 = y.to(torch.promote_types(y.dtype, torch.float32))  # (B, nh/2, T, 2hs)
-        y32 = F.rms_norm(y32, (2 * self.head_size,), self.subln.weight.to(y32.dtype), self.subln.eps)
-        return (y32 * (1.0 - self.lambda_init)).to(y.dtype)  # (B, nh/2, T, 2hs)
+        # (1 - lambda_init) folds into the (2hs,) gain: one full-size multiply fewer, forward and backward.
+        gain = self.subln.weight.to(y32.dtype) * (1.0 - self.lambda_init)  # (2hs,)
+        return F.rms_norm(y32, (2 * self.head_size,), gain, self.subln.eps).to(y.dtype)  # (B, nh/2, T, 2hs)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         B, T, C = x.shape

@@ -27,8 +27,10 @@ the cached latents directly (tested).
 
 Options (`MLAOptions`), defaults in brackets; every default dimension is a function of the config, chosen when the
 option is None:
-    impl ["sdpa"]: `scaled_dot_product_attention` (q/k head size d_nope + d_rope, value head size d_v; SDPA allows
-        them to differ) or the explicit "math" path (the test oracle).
+    impl ["sdpa"]: `scaled_dot_product_attention` or the explicit "math" path (the test oracle). The q/k head size
+        d_nope + d_rope and the value head size d_v may differ; SDPA accepts that, but its flash kernels do not and
+        fall back to the unfused math kernel (2x slower at the tiny preset on CPU), so the fast path zero-pads the
+        narrower side to equal sizes (`sdpa_equal_head_sizes`; exact, it changes no score and no output).
     qk_norm [False]: RMSNorm with a learned gain over every head's full q^h and k^h (d_nope + d_rope) before RoPE
         is applied to their rope parts: the QK-norm baseline of arXiv 2511.21377. Usable for training only: the
         norm needs each head's k^h explicitly, so weight absorption (attention on the cached latent) is impossible
@@ -57,7 +59,9 @@ tables; otherwise they are built from `config.rope_base` for positions 0..T-1).
 
 FLOPs: 2 x (C d_cq + d_cq nh (d_nope + d_rope) + C d_ckv + d_ckv nh (d_nope + d_v) + C d_rope + nh d_v C) for the
 projections, plus 2 T nh (d_nope + d_rope) for scores and 2 T nh d_v for values, per token (training-time form,
-keys up-projected; not the absorbed decoding form).
+keys up-projected; not the absorbed decoding form). The padded fast path executes the value product at
+max(d_nope + d_rope, d_v) (2 T nh hs more per token at the defaults), which the count does not credit, as
+`differential` does not credit its recomputed scores.
 
 Invariants checked by `tests/attention/test_mla.py`: causality; finite forward/backward; SDPA == math in fp64
 (outputs, input and parameter gradients), with and without qk_norm and latent_norm; the module equals an independent
@@ -75,6 +79,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
@@ -123,6 +128,25 @@ def mla_dims(config: ModelConfig, options: MLAOptions) -> MLADims:
     C, hs = config.n_embd, config.head_size
     defaults = {"d_cq": max(1, 3 * C // 4), "d_ckv": max(1, C // 4), "d_rope": hs, "d_nope": hs, "d_v": hs}
     return MLADims(**{k: defaults[k] if getattr(options, k) is None else getattr(options, k) for k in MLADims._fields})
+
+
+def sdpa_equal_head_sizes(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, dropout_p: float = 0.0
+) -> torch.Tensor:
+    """Causal SDPA for q, k (B, nh, T, E) and v (B, nh, T, Ev), zero-padding the narrower side to max(E, Ev).
+
+    Fused kernels that need equal head sizes (PyTorch's CPU and CUDA flash kernels) otherwise fall back to the
+    unfused math kernel: at the tiny preset on CPU (E = 64, Ev = 32) the padded call is about 2x faster, forward and
+    backward. Zero features change no score (the scale is passed explicitly) and padded value columns are dropped.
+    Returns (B, nh, T, Ev).
+    """
+    e, ev = q.size(-1), v.size(-1)
+    if ev < e:
+        v = F.pad(v, (0, e - ev))  # (B, nh, T, E)
+    elif e < ev:
+        q, k = F.pad(q, (0, ev - e)), F.pad(k, (0, ev - e))  # (B, nh, T, Ev) each
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout_p)
+    return y[..., :ev]  # (B, nh, T, Ev)
 
 
 class MultiHeadLatentAttention(AttentionBackend):
@@ -221,7 +245,10 @@ class MultiHeadLatentAttention(AttentionBackend):
         B, T, _ = x.shape
         q, k, v = self.project(x, ctx)  # q, k (B, nh, T, d_nope + d_rope); v (B, nh, T, d_v)
         dropout_p = self.attn_dropout if self.training else 0.0
-        y = causal_attention(q, k, v, impl=self.options.impl, scale=self.scale, dropout_p=dropout_p)  # (B,nh,T,d_v)
+        if self.options.impl == "sdpa":
+            y = sdpa_equal_head_sizes(q, k, v, scale=self.scale, dropout_p=dropout_p)  # (B, nh, T, d_v)
+        else:
+            y = causal_attention(q, k, v, impl=self.options.impl, scale=self.scale, dropout_p=dropout_p)  # (B,nh,T,d_v)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.dims.d_v)  # (B, T, nh d_v)
         return self.resid_dropout(self.out_proj(y))  # (B, T, C)
 

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -216,6 +217,9 @@ def _write_split(
         num_workers=max(1, min(num_workers, len(items))),
         mode="overwrite",
         reorder_files=False,
+        # litdata defaults to "spawn", which re-imports torch in every worker (seconds each) and re-runs a calling
+        # script that lacks an `if __name__ == "__main__":` guard. Workers only tokenize, so fork is safe on Linux.
+        start_method="fork" if sys.platform.startswith("linux") else None,
     )
     stats = SplitStats()
     for item_stats in sorted(stats_dir.glob("*.json")):

@@ -453,6 +453,15 @@ def test_parameter_counts_equal_standard(name):
     assert count(config(name, {"qk_norm": True})) == 4 * C * C + 2 * (C // NH)
 
 
+@pytest.mark.parametrize("name", VARIANTS)
+def test_models_build_on_the_meta_device(name):
+    """FLOP and parameter counting builds models on `meta`; the fixed inputs must not break (or poison a cache)."""
+    with torch.device("meta"):
+        count = GPT(config(name)).num_parameters()["total"]
+    assert count == GPT(config(name)).num_parameters()["total"]
+    assert load_token_ids("builtin:python_docs", 4).device.type == "cpu"
+
+
 def test_kv_cache_values_per_token():
     cfg = config("standard")
     expected = {"mlp": 0, "approximate": 0, "non_approximate": 0, "static_emb_qk": 2 * C, "rnd_emb_qk": C}
@@ -503,6 +512,26 @@ def test_fixed_input_flops_are_per_token_plus_one_stream_per_step(name, B):
     per_token = training_flops_per_token(cfg, T_) - 3 * cfg.n_layer * sdpa_per_token
     stream = T_ * (4 * 2 * Cm * Cm + mlp) + cfg.n_layer * 2 * 2 * Cm * Cm * T_  # block 0 (no SDPA counted) + q/k
     assert measured_flops(GPT(cfg), B, T_) == per_token * B * T_ + 3 * stream
+
+
+def test_backends_and_the_stream_compile_without_graph_breaks():
+    """fullgraph=True fails on any graph break (host sync, data-dependent branch); aot_eager also traces backward."""
+    cases = [("approximate", {"chunk_size": 4, "normalization": "separate"}), ("non_approximate", {"chunk_size": 4})]
+    for name, options in cases:
+        torch._dynamo.reset()
+        attn = backend(name, options)
+        x = torch.randn(2, T, C, dtype=torch.float64, requires_grad=True)
+        y = torch.compile(attn, backend="aot_eager", fullgraph=True)(x, context(x))
+        y.sum().backward()
+        torch.testing.assert_close(y, attn(x, context(x)), rtol=0, atol=1e-12)
+        assert x.grad is not None
+    torch._dynamo.reset()
+    model = GPT(config("rnd_emb_qk", layer_overrides=[{"layers": [0], "attention": "static_emb_qk"}])).double()
+    idx = torch.randint(0, 61, (2, T))
+    logits = torch.compile(model, backend="aot_eager", fullgraph=True)(idx)
+    logits.sum().backward()
+    torch.testing.assert_close(logits, model(idx), rtol=0, atol=1e-12)
+    torch._dynamo.reset()
 
 
 # ----------------------------------------------------------------------------------------------------------------------

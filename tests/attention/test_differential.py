@@ -20,6 +20,15 @@ C, NH, T = 32, 4, 12
 HS = C // NH
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny shapes: one intra-op thread is faster and avoids oversubscription stalls on a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
@@ -211,6 +220,19 @@ def test_flops_and_kv_cache_equal_standard():
     std = ModelConfig(preset="60m")
     assert forward_flops_per_token(cfg, 1024) == forward_flops_per_token(std, 1024)
     assert DifferentialAttention.kv_cache_values_per_token(cfg, DifferentialAttention.Options()) == 2 * 512
+
+
+def test_compiles_without_graph_breaks():
+    """fullgraph=True fails on any graph break (host sync, data-dependent branch); aot_eager also traces backward."""
+    for impl in ("sdpa", "math"):
+        torch._dynamo.reset()
+        m = make_backend(impl=impl, qk_norm=True)
+        compiled = torch.compile(m, backend="aot_eager", fullgraph=True)
+        x = torch.randn(2, T, C, dtype=torch.float64, requires_grad=True)
+        y = compiled(x, rope_ctx())
+        y.sum().backward()
+        torch.testing.assert_close(y, m(x, rope_ctx()), rtol=0, atol=1e-12)
+        assert x.grad is not None and m.lambda_q1.grad is not None
 
 
 def byte_batches(n_steps: int, batch: int, seq: int, seed: int = 0) -> list[torch.Tensor]:

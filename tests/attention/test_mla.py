@@ -22,10 +22,19 @@ MATRICES = ("dq_proj", "uq_proj", "qr_proj", "dkv_proj", "uk_proj", "uv_proj", "
 OPTION_SETS = [
     {},
     {"qk_norm": True},
-    {"latent_norm": False},
+    {"latent_norm": False, "d_nope": 4, "d_rope": 4},  # q/k and v head sizes equal: no padding
     {"d_rope": 4, "d_nope": 6, "d_v": 12, "d_cq": 16, "d_ckv": 10},  # d_rope divides hs: sub-sampled tables
     {"d_rope": 6, "qk_norm": True},  # d_rope does not divide hs: tables built for d_rope
 ]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny shapes: one intra-op thread is faster and avoids oversubscription stalls on a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -277,6 +286,19 @@ def test_flops_and_kv_cache():
     big = ModelConfig(preset="60m", attention="mla")
     assert MultiHeadLatentAttention.kv_cache_values_per_token(big, MLAOptions()) == 128 + 64
     assert forward_flops_per_token(big, 1024) > forward_flops_per_token(ModelConfig(preset="60m"), 1024)
+
+
+def test_compiles_without_graph_breaks():
+    """fullgraph=True fails on any graph break (host sync, data-dependent branch); aot_eager also traces backward."""
+    for impl, options in (("sdpa", {}), ("math", {"qk_norm": True, "d_rope": 6})):
+        torch._dynamo.reset()
+        m = make_backend(impl=impl, **options)
+        compiled = torch.compile(m, backend="aot_eager", fullgraph=True)
+        x = torch.randn(2, T, C, dtype=torch.float64, requires_grad=True)
+        y = compiled(x, rope_ctx())
+        y.sum().backward()
+        torch.testing.assert_close(y, m(x, rope_ctx()), rtol=0, atol=1e-12)
+        assert x.grad is not None and m.kr_proj.weight.grad is not None
 
 
 def byte_batches(n_steps: int, batch: int, seq: int, seed: int = 0) -> list[torch.Tensor]:
