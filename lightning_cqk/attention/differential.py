@@ -30,8 +30,11 @@ Paths (`impl`):
         `scaled_dot_product_attention` calls with equal q/k/v head sizes, (q1, k1) and (q2, k2) each against both
         halves of v. Timed on CPU at the tiny preset (B=16, T=256, C=128, 4 heads; fwd+bwd of the attention core,
         median of 40): 4-call 31.7 ms, 2-call FlashDiff1 form (v of 2 hs) 38.0 ms, one call over nh heads with v
-        repeated per pair 36.6 ms, math 46.3 ms. It is also the form every fused kernel takes (PyTorch's flash
-        backend needs equal head sizes).
+        repeated per pair 36.6 ms, math 46.3 ms (the one-call and 2-call forms have unequal q/k and v head sizes,
+        which sends SDPA to its unfused math kernel on CPU). Equal head sizes are also what PyTorch's flash kernels
+        need on GPU. Cost: every score map is computed twice (once per value half), so the attention core does twice
+        the work of `standard`'s; in a whole tiny-preset training step on CPU the math path is about as fast (it
+        does the minimal FLOPs but materialises the T x T maps, which the fused path never does).
     "math": the naive path and test oracle: both maps materialised with masked softmax in fp32 (fp64 for fp64
         inputs), subtracted, then multiplied by v.
 
