@@ -443,3 +443,19 @@ def test_tiny_gpt_trains_on_text(name, one_thread):
         losses.append(loss.item())
     assert all(math.isfinite(v) for v in losses)
     assert sum(losses[-5:]) / 5 < 0.8 * losses[0], losses
+
+
+@pytest.mark.parametrize(
+    "name,options",
+    [
+        ("coupled", {"qk_norm": True}),
+        ("coupled", {"integrator": "euler", "gradient_field": True, "dt_scope": "head", "rope_order": "post"}),
+        ("uncoupled_mlp", {"steps": 2}),
+    ],
+)
+def test_compiles_without_graph_breaks(name, options, one_thread):
+    torch._dynamo.reset()
+    backend, ctx = make(name, **options)
+    x = torch.randn(2, T, C, dtype=torch.float64)
+    compiled = torch.compile(backend, fullgraph=True, backend="eager")  # fullgraph: any break or host sync raises
+    torch.testing.assert_close(compiled(x, ctx), backend(x, ctx))
