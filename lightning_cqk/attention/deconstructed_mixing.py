@@ -23,9 +23,11 @@ Fast and reference paths (`impl`; neither variant calls SDPA, the option keeps t
         vec(x x^T) / (sqrt(2) sqrt(hs))] (phi(q) . phi(k) = 1 + s + s^2/2, feature dimension 1 + hs + hs^2), chunked:
         exact quadratic blocks of `chunk_size` on the diagonal plus the prefix sums of per-chunk states
         sum_j phi_p(k_j) [v_j, 1]^T of all earlier chunks, kept per order p so both normalisations come out. Cost
-        per token and head O(c hs + hs^3) instead of O(T hs). Memory: phi_2(q), phi_2(k) are (B, nh, T, hs^2) and
-        the states (B, nh, T/c, hs^2, hs + 1); at hs = 64 that is 4096 features per token and head (the reason
-        Based projects q and k to 16 dimensions first, which the paper does not state [NS] and we do not do).
+        per token and head O(c hs + hs^3) instead of O(T hs), so with the default `chunk_size` (auto) the fast
+        path is a single chunk, i.e. the quadratic form, until T exceeds about hs^2 and the linear form wins.
+        Memory: phi_2(q), phi_2(k) are (B, nh, T, hs^2) and the states (B, nh, T/c, hs^2, hs + 1); at hs = 64
+        that is 4096 features per token and head (the reason Based projects q and k to 16 dimensions first, which
+        the paper does not state [NS] and we do not do).
     approximate, "math": the O(T^2) masked form of the same sums (the test oracle).
     non_approximate, "sdpa": a chunked log-space scan, linear in T: within chunks of `chunk_size` an exact masked
         softmax; across chunks the same pooling applied recursively to the chunk summaries (log-mass, normalised
@@ -51,7 +53,12 @@ Options (defaults in brackets; [NS] = not stated in the paper, our choice and wh
             PPL 47.9). "separate" keeps o1's denominator at least `eps` away from 0 (sign preserved) and adds `eps`
             to o2's (>= 0); "joint" needs no guard (1 + s + s^2/2 >= 1/2). The digest flags the extraction as
             unverified against the official code, which could not be read.
-        chunk_size [64] [NS]: block length of the fast path (any value gives the same result up to rounding).
+        chunk_size [None = auto] [NS]: block length of the fast path (any value gives the same result up to
+            rounding). The chunked form costs about 4 (hs + hs^2)(hs + 1) FLOPs per token and head for the states
+            whatever the chunk, so it only beats the quadratic form (one chunk of T) once T exceeds roughly hs^2
+            (T ~ 1100 at hs = 32, ~ 4200 at hs = 64), and below that it also needs more memory. None picks, per
+            sequence length, whichever of one chunk (T) and chunks of 64 has fewer FLOPs (`taylor_chunk_size`); an
+            integer forces that chunk length (chunk_size >= T is the quadratic form).
         eps [1e-6] [NS]: the denominator guard of "separate" (unused by "joint").
         [NS] Positions: q and k are rotated by RoPE (when the model uses it) before the feature map, as the base
             model's attention does; phi(R_i q) . phi(R_j k) is then a function of (R_i q) . (R_j k), so the linear
@@ -333,6 +340,13 @@ def taylor_chunked_flops(T: int, hs: int, chunk_size: int, normalization: str) -
     return N * per_chunk
 
 
+def taylor_chunk_size(T: int, hs: int, chunk_size: int | None, normalization: str) -> int:
+    """The chunk length the fast path uses: `chunk_size`, or (None) the cheaper of T (quadratic) and 64."""
+    if chunk_size is not None:
+        return chunk_size
+    return min((T, 64), key=lambda c: taylor_chunked_flops(T, hs, c, normalization))
+
+
 @dataclass
 class ApproximateOptions(DeconstructedOptions):
     """Options of `approximate`.
@@ -340,12 +354,12 @@ class ApproximateOptions(DeconstructedOptions):
     Attributes:
         normalization: "joint" (one normaliser, as Based) or "separate" (each Taylor order normalised on its own,
             Appendix I as extracted; unstable in training, see the module docstring).
-        chunk_size: block length of the chunked linear-time fast path.
+        chunk_size: block length of the chunked linear-time fast path; None picks the cheaper of T and 64.
         eps: keeps the signed first-order denominator of "separate" at least eps away from zero.
     """
 
     normalization: Literal["separate", "joint"] = "joint"
-    chunk_size: int = 64
+    chunk_size: int | None = None
     eps: float = 1e-6
 
 
@@ -365,7 +379,8 @@ class ApproximateAttention(ProjectedAttention):
         if o.impl == "math":
             y = taylor_attention_quadratic(q, k, v, o.normalization, o.eps)  # (B, nh, T, hs)
         else:
-            y = taylor_attention_chunked(q, k, v, o.normalization, o.eps, o.chunk_size)  # (B, nh, T, hs)
+            chunk = taylor_chunk_size(q.size(2), self.head_size, o.chunk_size, o.normalization)
+            y = taylor_attention_chunked(q, k, v, o.normalization, o.eps, chunk)  # (B, nh, T, hs)
         return self.output(y)  # (B, T, C)
 
     @classmethod
@@ -376,8 +391,9 @@ class ApproximateAttention(ProjectedAttention):
                 f"approximate: normalization={options.normalization!r} is not 'separate' (per Taylor order, the "
                 "paper's Appendix I) or 'joint' (one normaliser, as Based)."
             )
-        if not isinstance(options.chunk_size, int) or options.chunk_size < 1:
-            raise ValueError(f"approximate: chunk_size must be a positive integer, got {options.chunk_size!r}.")
+        chunk = options.chunk_size
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"approximate: chunk_size must be a positive integer or null (auto), got {chunk!r}.")
         if not options.eps > 0:
             raise ValueError(f"approximate: eps must be > 0 (it guards a denominator), got {options.eps!r}.")
 
@@ -385,7 +401,10 @@ class ApproximateAttention(ProjectedAttention):
     def forward_flops_per_token(cls, config: ModelConfig, options: ApproximateOptions, seq_len: int) -> int:
         C = config.n_embd
         mixing = config.n_head * taylor_chunked_flops(
-            seq_len, config.head_size, options.chunk_size, options.normalization
+            seq_len,
+            config.head_size,
+            taylor_chunk_size(seq_len, config.head_size, options.chunk_size, options.normalization),
+            options.normalization,
         )
         return 4 * 2 * C * C + round(mixing / seq_len)
 

@@ -24,6 +24,7 @@ from lightning_cqk.attention.deconstructed_mixing import (
     softmax_pool_scan,
     taylor_attention_chunked,
     taylor_attention_quadratic,
+    taylor_chunk_size,
 )
 from lightning_cqk.attention.deconstructed_qk import load_token_ids
 from lightning_cqk.attention.rope import build_rope_cache
@@ -121,6 +122,12 @@ def test_taylor_forms_match_a_loop_and_each_other(normalization):
     assert rel(taylor_attention_quadratic(q, k, v, normalization), ref) < 1e-10
     for chunk in (1, 4, 7, 21, 64):  # one chunk per token, ragged last chunk, exact fit, single chunk
         assert rel(taylor_attention_chunked(q, k, v, normalization, chunk_size=chunk), ref) < 1e-10
+
+
+def test_auto_chunk_is_quadratic_until_the_linear_form_is_cheaper():
+    assert [taylor_chunk_size(T_, 32, None, "joint") for T_ in (64, 1024, 1200, 8192)] == [64, 1024, 64, 64]
+    assert [taylor_chunk_size(T_, 64, None, "joint") for T_ in (1024, 4096, 8192)] == [1024, 4096, 64]
+    assert taylor_chunk_size(1024, 64, 16, "joint") == 16
 
 
 def test_joint_taylor_is_kernel_attention_with_1_plus_s_plus_half_s_squared():
@@ -515,22 +522,21 @@ def test_fixed_input_flops_are_per_token_plus_one_stream_per_step(name, B):
 
 
 def test_backends_and_the_stream_compile_without_graph_breaks():
-    """fullgraph=True fails on any graph break (host sync, data-dependent branch); aot_eager also traces backward."""
-    cases = [("approximate", {"chunk_size": 4, "normalization": "separate"}), ("non_approximate", {"chunk_size": 4})]
-    for name, options in cases:
-        torch._dynamo.reset()
-        attn = backend(name, options)
-        x = torch.randn(2, T, C, dtype=torch.float64, requires_grad=True)
-        y = torch.compile(attn, backend="aot_eager", fullgraph=True)(x, context(x))
-        y.sum().backward()
-        torch.testing.assert_close(y, attn(x, context(x)), rtol=0, atol=1e-12)
-        assert x.grad is not None
+    """fullgraph=True fails on any graph break (host sync, data-dependent branch); aot_eager also traces backward.
+    One model holds every variant that mixes tokens, and the stream of its last layer passes through all of them."""
+    overrides = [
+        {"layers": [0], "attention": "static_emb_qk"},
+        {"layers": [1], "attention": "approximate", "attention_options": {"chunk_size": 4, "normalization": "joint"}},
+        {"layers": [2], "attention": "non_approximate", "attention_options": {"chunk_size": 4}},
+    ]
     torch._dynamo.reset()
-    model = GPT(config("rnd_emb_qk", layer_overrides=[{"layers": [0], "attention": "static_emb_qk"}])).double()
+    torch.manual_seed(0)
+    model = GPT(config("rnd_emb_qk", n_layer=4, layer_overrides=overrides)).double()
     idx = torch.randint(0, 61, (2, T))
     logits = torch.compile(model, backend="aot_eager", fullgraph=True)(idx)
     logits.sum().backward()
     torch.testing.assert_close(logits, model(idx), rtol=0, atol=1e-12)
+    assert all(p.grad is not None for p in model.parameters())
     torch._dynamo.reset()
 
 
