@@ -29,12 +29,13 @@ Paths (`impl`):
     "sdpa": the split-V decomposition of FlashDiff2 (official `multihead_flashdiff_2.py`): four
         `scaled_dot_product_attention` calls with equal q/k/v head sizes, (q1, k1) and (q2, k2) each against both
         halves of v. Timed on CPU at the tiny preset (B=16, T=256, C=128, 4 heads; fwd+bwd of the attention core,
-        median of 40): 4-call 31.7 ms, 2-call FlashDiff1 form (v of 2 hs) 38.0 ms, one call over nh heads with v
-        repeated per pair 36.6 ms, math 46.3 ms (the one-call and 2-call forms have unequal q/k and v head sizes,
-        which sends SDPA to its unfused math kernel on CPU). Equal head sizes are also what PyTorch's flash kernels
-        need on GPU. Cost: every score map is computed twice (once per value half), so the attention core does twice
-        the work of `standard`'s; in a whole tiny-preset training step on CPU the math path is about as fast (it
-        does the minimal FLOPs but materialises the T x T maps, which the fused path never does).
+        median of 40): 4-call 31.7 ms; 2 calls over nh heads, each v half repeated per pair, 33.1 ms; 2-call
+        FlashDiff1 form (v of 2 hs) 38.0 ms; one call over nh heads with v repeated per pair 36.6 ms; math 46.3 ms
+        (the last two SDPA forms have unequal q/k and v head sizes, which sends SDPA to its unfused math kernel on
+        CPU). Equal head sizes are also what PyTorch's flash kernels need on GPU. Cost: every score map is computed
+        twice (once per value half), so the attention core does twice the work of `standard`'s; in a whole
+        tiny-preset training step on CPU the math path is about as fast (it does the minimal FLOPs but materialises
+        the T x T maps, which the fused path never does).
     "math": the naive path and test oracle: both maps materialised with masked softmax in fp32 (fp64 for fp64
         inputs), subtracted, then multiplied by v.
 
@@ -59,7 +60,8 @@ Invariants checked by `tests/attention/test_differential.py`: causality; finite 
 fp64 (outputs, input and parameter gradients); the module equals an independent per-position loop of the equations
 above; lambda = 0 reduces each head to standard softmax attention (`causal_attention`), and q2 = q1, k2 = k1 gives
 (1 - lambda) x standard; parameter count == standard + n_layer * 6 hs; lambda_init 0.2, 0.356, 0.471 at depths
-0, 1, 2; lambda stays fp32 under bf16 autocast; odd n_head is refused; a tiny GPT learns.
+0, 1, 2; lambda stays fp32 under bf16 autocast; odd n_head is refused; both paths compile with fullgraph=True
+(no graph breaks, no host syncs); a tiny GPT learns.
 """
 
 from __future__ import annotations

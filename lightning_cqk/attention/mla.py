@@ -69,7 +69,7 @@ per-position loop of the equations above; without RoPE and latent norms it equal
 product weights (W_Q^h = [W_uq^h; W_qr^h] W_dq, W_K^h = [W_uk^h W_dkv; W_kr], W_V = W_uv W_dkv); attention computed
 from the (c_kv, k_rope) cache with absorbed weights equals the module; one rope key for all heads; the sub-sampled
 rotary tables equal d_rope-wide tables; parameter count equals the hand count (and standard's 4 C^2 + C hs at the
-defaults); impossible options are refused; a tiny GPT learns.
+defaults); impossible options are refused; both paths compile with fullgraph=True; a tiny GPT learns.
 """
 
 from __future__ import annotations

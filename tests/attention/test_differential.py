@@ -187,7 +187,7 @@ def test_lambda_stays_fp32_under_bf16_autocast():
         y = m(x, rope_ctx(dtype=torch.float32))
         stats = m.dynamics_stats()
     assert lam.dtype == torch.float32 and lam.dim() == 0
-    assert stats["lambda"].dtype == torch.float32 and not stats["lambda"].requires_grad
+    assert set(stats) == {"lambda"} and stats["lambda"].dtype == torch.float32 and not stats["lambda"].requires_grad
     assert all(p.dtype == torch.float32 for p in (m.lambda_q1, m.lambda_k1, m.lambda_q2, m.lambda_k2))
     assert y.dtype == torch.bfloat16 and torch.isfinite(y.float()).all()
     y.float().sum().backward()
