@@ -78,8 +78,9 @@ Invariants checked by `tests/attention/test_deconstructed.py`: causality (fp64, 
 unchanged); forward and backward finite; fast path == reference path in fp64, forward and gradients of the input
 and every parameter, with several chunks (and several recursion levels for the scan); the chunked functions equal
 independent loops over positions; the scan is finite for scores of size 1e4; joint normalisation equals a Taylor
-kernel attention written out; parameter counts (mlp within 1% of 4 C^2; the others 4 C^2 like standard); analytic
-FLOPs equal a FLOP counter on the fast path; a tiny GPT of each variant trains on real text.
+kernel attention written out; the auto chunk is quadratic below the crossover; parameter counts (mlp within 1% of
+4 C^2; the others 4 C^2 like standard); analytic FLOPs equal a FLOP counter on the fast path; the fast paths compile
+with fullgraph=True (no graph breaks, no host syncs); a tiny GPT of each variant trains on real text.
 """
 
 from __future__ import annotations

@@ -21,8 +21,10 @@ and passes each block's attention input on that stream (its `norm_1` applied) to
 `ctx.reference[l]`. The backend slices it to the batch's T and projects q and k from it, once for the batch. On the
 stream itself a reading layer sees its own input as reference, i.e. it is ordinary attention there. The pass costs
 one forward (and backward) of L tokens per training step through those blocks, independent of the batch size: at
-the `60m` preset with L = T = 1024 and 32 sequences per step, about 3% of the step (1/32 of the blocks it
-crosses). At inference the per-layer q and k could be cached; that is not implemented.
+the `60m` preset with uniform rnd_emb_qk and L = T = 1024 it is the forward work of 0.64 standard sequences (9 of
+10 blocks, plus the stream's q and k projections in all 10): it adds about 2% to a step of 32 sequences, 32% to a
+step of 2. `forward_flops_per_token` leaves it out (it has no batch size); see there. At inference the per-layer q
+and k could be cached; that is not implemented.
 
 Options (defaults in brackets; [NS] = not stated in the paper, our choice and why):
     all: impl ["sdpa"]: `scaled_dot_product_attention` (q and k broadcast over the batch), or "math" (the softmax
