@@ -111,7 +111,10 @@ def test_print_config_round_trip_trains_the_same_run(tmp_path: Path, tiny_corpus
     args = tiny_overrides(tmp_path, tiny_corpus, steps=3)
     printed = subprocess.run(
         [sys.executable, "-m", "lightning_cqk", "fit", "--config", str(QUICKSTART), *args, "--print_config"],
-        capture_output=True, text=True, check=True, cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
     ).stdout
     saved = tmp_path / "printed.yaml"
     saved.write_text(printed)

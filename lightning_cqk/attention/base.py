@@ -124,6 +124,11 @@ class AttentionBackend(nn.Module):
     def reset_backend_parameters(self) -> None:
         """Initialise parameters that the generic GPT-2 init must not touch. Default: nothing."""
 
+    @classmethod
+    def reference_length(cls, config: ModelConfig, options: AttentionOptions) -> int:
+        """Length L of the fixed reference stream (only for backends that set `uses_reference_stream`)."""
+        raise NotImplementedError(f"{cls.__name__} has no reference stream")
+
     def reference_input(self, embed: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """The fixed input (1, L, C) that the model runs through its blocks when `uses_reference_stream` is set.
 

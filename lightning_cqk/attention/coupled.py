@@ -149,6 +149,8 @@ class HeadMLPBank(nn.Module):
         self.b1 = nn.Parameter(torch.empty(n_head, hidden))
         self.w2 = nn.Parameter(torch.empty(n_head, hidden, head_size))
         self.b2 = nn.Parameter(torch.empty(n_head, head_size))
+        # Per-head bias banks are 2-D but are biases: exempt from weight decay (read by optim.weight_decay_groups).
+        self.b1._no_weight_decay = self.b2._no_weight_decay = True
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -178,6 +180,7 @@ class HeadPotentialBank(nn.Module):
         self.w1 = nn.Parameter(torch.empty(n_head, head_size, hidden))
         self.b1 = nn.Parameter(torch.empty(n_head, hidden))
         self.w2 = nn.Parameter(torch.empty(n_head, hidden))
+        self.b1._no_weight_decay = True  # a per-head bias bank: exempt from weight decay
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

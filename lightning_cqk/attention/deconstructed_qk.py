@@ -183,6 +183,10 @@ class FixedInputQKAttention(ProjectedAttention):
     Options = FixedInputQKOptions
     uses_reference_stream = True
 
+    @classmethod
+    def reference_length(cls, config: ModelConfig, options: FixedInputQKOptions) -> int:
+        return stream_length(config, options)
+
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         B, T, _ = x.shape
         if ctx.reference is None:

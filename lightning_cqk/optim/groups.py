@@ -8,13 +8,15 @@ from torch import nn
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Two AdamW groups: parameters with >= 2 dimensions decayed, all others (gains, biases, scalars) not.
 
-    Tied parameters appear once (named_parameters de-duplicates them).
+    A matrix-shaped parameter that is really a bank of biases (e.g. per-head biases, (nh, hidden)) opts out by
+    carrying the attribute `_no_weight_decay = True`. Tied parameters appear once (named_parameters de-duplicates).
     """
     decay, no_decay = [], []
     for _, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        (decay if param.dim() >= 2 else no_decay).append(param)
+        matrix = param.dim() >= 2 and not getattr(param, "_no_weight_decay", False)
+        (decay if matrix else no_decay).append(param)
     return [
         {"params": decay, "weight_decay": weight_decay, "name": "decay"},
         {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},

@@ -36,3 +36,13 @@ def test_bad_optim_values():
         OptimConfig(lr=0)
     with pytest.raises(ValueError, match="min_lr_ratio"):
         OptimConfig(min_lr_ratio=2)
+
+
+def test_bias_banks_opt_out_of_weight_decay():
+    model = GPT(ModelConfig(vocab_size=50, n_layer=2, attention="coupled"))
+    decay, no_decay = weight_decay_groups(model, 0.1)
+    bank = model.blocks[0].attn
+    biases = [p for n, p in bank.named_parameters() if n.rsplit(".", 1)[-1] in ("b1", "b2")]
+    assert biases and all(p.dim() == 2 for p in biases)
+    assert all(any(p is q for q in no_decay["params"]) for p in biases)
+    assert not any(any(p is q for q in decay["params"]) for p in biases)
