@@ -1,73 +1,141 @@
 """Built-in offline corpora: human-written English that every Python installation carries.
 
-`python_docs` (source string `builtin:python_docs`):
-- the interactive help topics of `pydoc_data.topics` (one document per topic), and
-- the docstrings of the standard library's pure-Python modules (one document per module: the module docstring and
-  its class and function docstrings, in source order), read with `ast` from the source files, never imported.
+``python_docs`` (source string ``builtin:python_docs``):
 
-Nothing is committed or downloaded: the documents are gathered when `prepare` runs. The exact size depends on the
-Python version (CPython 3.11: about 570 documents, 2.0 MB of text); the manifest records what was used.
+* the interactive help topics of ``pydoc_data.topics`` (one document per topic, sorted by topic name), then
+* the docstrings of the standard library's pure-Python modules, one document per module (the module docstring and
+  its class, method and function docstrings in source order, joined by blank lines), in sorted path order. The
+  files under ``sysconfig.get_paths()["stdlib"]`` are parsed with ``ast``; no module is imported.
+
+Skipped: tests, IDLE, turtle demos, vendored or installed packages (``site-packages``), ``lib2to3`` and
+``ensurepip``, and ``encodings`` (a hundred generated codec modules with near-identical docstrings).
+
+Nothing is committed or downloaded: documents are gathered when ``prepare`` runs, and their number depends on the
+Python version. On CPython 3.11.7 (measured): 577 documents, 2.29 MB of UTF-8 text (79 topics, 0.47 MB; 498
+modules, 1.82 MB). Every ``BUILTIN_CORPORA`` value is a function returning an iterator of documents.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from lightning_cqk.data.sources import Document
+from lightning_cqk.data.sources import BUILTIN_PREFIX, Document
 
-BUILTIN_PREFIX = "builtin:"
+# Folders that hold tests, tools, demos, vendored code or generated boilerplate rather than documented modules.
+_SKIP_DIRS = frozenset(
+    {
+        "test",
+        "tests",
+        "idlelib",
+        "turtledemo",
+        "site-packages",
+        "dist-packages",
+        "lib2to3",
+        "ensurepip",
+        "encodings",
+        "pydoc_data",
+        "lib-dynload",
+        "__pycache__",
+    }
+)
+_DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
-# Standard-library folders that are tests, tools, vendored code or GUI demos rather than documented modules.
-_SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "turtledemo", "__pycache__",
-              "ensurepip", "tkinter", "pydoc_data", "config-3"}
+
+def stdlib_root() -> Path:
+    """The standard library folder of the running interpreter (the base one, also inside a virtualenv)."""
+    return Path(sysconfig.get_paths()["stdlib"])
 
 
-def iter_python_docs() -> Iterator[Document]:
-    """The `python_docs` corpus, in a deterministic order."""
-    from pydoc_data.topics import topics
+def stdlib_modules() -> list[Path]:
+    """Pure-Python standard-library files that ``python_docs`` reads, in sorted relative-path order."""
+    root = stdlib_root()
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        # Prune while walking: site-packages can hold many thousand files we would only throw away.
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith((".", "config-")))
+        found.extend(Path(dirpath) / name for name in filenames if name.endswith(".py"))
+    return sorted(found, key=lambda p: p.relative_to(root).parts)
 
-    for name in sorted(topics):
-        text = topics[name].strip()
+
+def iter_python_docs(part: int = 0, num_parts: int = 1) -> Iterator[Document]:
+    """The ``python_docs`` corpus, in a deterministic order (topics, then modules).
+
+    Args:
+        part: which contiguous slice of the corpus to yield (for parallel gathering).
+        num_parts: number of slices; reading parts ``0 .. num_parts - 1`` in order gives the whole corpus.
+    """
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions strip pydoc_data; the docstrings alone still make a corpus
+        topics = {}
+    root = stdlib_root()
+    items: list[str | Path] = [*sorted(topics), *stdlib_modules()]
+    for item in items[part * len(items) // num_parts : (part + 1) * len(items) // num_parts]:
+        if isinstance(item, str):
+            text, origin = topics[item].strip(), f"pydoc_data.topics:{item}"
+        else:
+            text, origin = module_docstrings(item), f"stdlib:{item.relative_to(root).as_posix()}"
         if text:
-            yield Document(text, f"pydoc_data.topics:{name}")
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    for path in sorted(stdlib.rglob("*.py")):
-        rel = path.relative_to(stdlib)
-        if any(part in _SKIP_DIRS or part.startswith("config-") for part in rel.parts[:-1]):
-            continue
-        text = _module_docstrings(path)
-        if text:
-            yield Document(text, f"stdlib:{rel.as_posix()}")
+            yield Document(text, origin)
 
 
-def _module_docstrings(path: Path) -> str:
+def module_docstrings(path: Path) -> str:
+    """A module's docstrings (module, classes, functions, methods) in source order, joined by blank lines.
+
+    Returns an empty string for files that do not parse with this interpreter's grammar.
+    """
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError):
         return ""
-    docs = []
-    for node in [tree, *ast.walk(tree)]:
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            doc = ast.get_docstring(node)
-            if doc and doc.strip() and doc.strip() not in docs:
+    docs: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, _DOCUMENTED):
+            doc = ast.get_docstring(node, clean=True)
+            if doc and doc.strip():
                 docs.append(doc.strip())
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
     return "\n\n".join(docs)
 
 
-BUILTIN_CORPORA: dict[str, Callable[[], Iterator[Document]]] = {"python_docs": iter_python_docs}
+def python_docs_files() -> list[Path]:
+    """The files ``python_docs`` is gathered from (for manifests): the topics module and the stdlib modules."""
+    topics_file = stdlib_root() / "pydoc_data" / "topics.py"
+    return ([topics_file] if topics_file.is_file() else []) + stdlib_modules()
+
+
+BUILTIN_CORPORA: dict[str, Callable[..., Iterator[Document]]] = {"python_docs": iter_python_docs}
+"""Built-in corpora by name; select one with the source string ``builtin:<name>``. Each is called as
+``fn()`` for the whole corpus or ``fn(part=i, num_parts=n)`` for the i-th of n contiguous slices."""
+
+_BUILTIN_FILES: dict[str, Callable[[], list[Path]]] = {"python_docs": python_docs_files}
 
 
 def builtin_name(source: object) -> str | None:
-    """The corpus name if `source` is a `builtin:<name>` string, else None (unknown names raise)."""
+    """The corpus name if ``source`` is a ``builtin:<name>`` string, else None.
+
+    Raises:
+        ValueError: the name after ``builtin:`` is not a known corpus (the message lists them).
+    """
     if isinstance(source, str) and source.startswith(BUILTIN_PREFIX):
         name = source[len(BUILTIN_PREFIX) :]
         if name not in BUILTIN_CORPORA:
-            raise ValueError(
-                f"Unknown built-in corpus {name!r}. Choices: "
-                f"{', '.join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_CORPORA))}."
-            )
+            choices = ", ".join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_CORPORA))
+            raise ValueError(f"Unknown built-in corpus {name!r}. Choices: {choices}.")
         return name
     return None
+
+
+def builtin_files(name: str | None) -> list[Path]:
+    """The files a built-in corpus is gathered from."""
+    if name not in _BUILTIN_FILES:
+        raise ValueError(f"Unknown built-in corpus {name!r}. Choices: {sorted(BUILTIN_CORPORA)}.")
+    return _BUILTIN_FILES[name]()

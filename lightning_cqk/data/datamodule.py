@@ -1,14 +1,16 @@
-"""Streaming DataModule over prepared token shards (litdata `StreamingDataset` + `TokensLoader`).
+"""Streaming DataModule over prepared token shards (litdata ``StreamingDataset`` + ``TokensLoader``).
 
-Each sample is a window of `seq_len + 1` consecutive tokens (inputs and next-token targets), cut from the token
-stream without overlap; litdata drops the tail of every chunk that does not fill a whole window. Training windows
-are shuffled (seeded); validation windows are read in order, so every run of an ablation sees the same validation
-set. The DataLoader state (position in the stream) is checkpointed by Lightning, so resumed runs continue where
-they stopped.
+Each sample is a window of ``seq_len + 1`` consecutive tokens (inputs and next-token targets: the LightningModule
+takes ``batch[:, :-1]`` and ``batch[:, 1:]``), cut from the token stream without overlap. litdata cuts windows
+inside each chunk and drops the tail of every chunk that does not fill a whole window. Training windows are
+shuffled with a seed; validation windows are read in order, so every run of an ablation sees the same validation
+set. Lightning checkpoints the ``StreamingDataLoader`` state, so resumed runs continue where they stopped (with the
+same ``num_workers``, devices and seed; litdata refuses other combinations).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -18,33 +20,42 @@ import torch
 
 from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.prepare import prepare
-from lightning_cqk.data.tokenizers import eos_id_of, get_tokenizer, vocab_size_of
+from lightning_cqk.data.tokenizers import can_load_offline, eos_id_of, get_tokenizer, vocab_size_of
 
-os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
+os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata pings PyPI on import otherwise
 
 
 def collate_tokens(items: list) -> torch.Tensor:
-    """Stack token windows (numpy arrays or tensors, possibly uint16) into a (B, seq_len + 1) int64 batch."""
+    """Stack token windows (numpy arrays or tensors, possibly uint16) into a ``(B, seq_len + 1)`` int64 batch.
+
+    Converting here, once per batch, is cheaper than per window, and torch has few kernels for uint16.
+    """
     return torch.from_numpy(np.stack([np.asarray(item) for item in items]).astype(np.int64))
 
 
+def count_windows(split_dir: str | Path, window: int) -> int:
+    """Windows of ``window`` tokens litdata's ``TokensLoader`` cuts from a split (per-chunk tails dropped)."""
+    index = json.loads((Path(split_dir) / "index.json").read_text())
+    return sum(chunk["dim"] // window for chunk in index["chunks"])
+
+
 class TokenDataModule(L.LightningDataModule):
-    """Token windows for next-token prediction, streamed from `data_dir` (prepared from `source` if missing).
+    """Token windows for next-token prediction, streamed from ``data_dir`` (prepared from ``source`` if missing).
 
     Args:
-        data_dir: directory with `train/`, `val/` and `manifest.json` (see `lightning_cqk prepare`).
-        source: text to prepare from when `data_dir` has no finished shards (file, directory, glob, list, or
-            `builtin:python_docs`); None means the shards must already exist.
-        tokenizer: `bytes` or `gpt2`; must match the tokenizer the shards were made with.
-        bpe_file: local GPT-2 `.tiktoken` file for offline use (or set LIGHTNING_CQK_GPT2_BPE).
+        data_dir: directory with ``train/``, ``val/`` and ``manifest.json`` (see ``lightning_cqk prepare``).
+        source: text to prepare from when ``data_dir`` has no finished shards (file, directory, glob, list, or
+            ``builtin:python_docs``); None means the shards must already exist.
+        tokenizer: ``bytes`` or ``gpt2``; must match the tokenizer the shards were made with.
+        bpe_file: local GPT-2 ``.tiktoken`` file for offline use (default: $LIGHTNING_CQK_GPT2_BPE).
         seq_len: tokens per training sequence (the model's block_size is linked to it).
         batch_size: sequences per training batch (per device).
         val_batch_size: sequences per validation batch (default: batch_size).
         num_workers: DataLoader worker processes.
         val_fraction: fraction of documents for validation when preparing.
         val_source: separate validation text when preparing.
-        documents: what a document is in plain-text sources: `file`, `paragraph` or `line`.
-        text_field: JSON-lines field holding the text.
+        documents: what a document is in plain-text sources when preparing: ``file``, ``paragraph`` or ``line``.
+        text_field: JSON-lines field holding the text when preparing.
         shuffle: shuffle training windows.
         seed: shuffle seed of the training stream.
         prepare_workers: processes used by prepare.
@@ -69,8 +80,10 @@ class TokenDataModule(L.LightningDataModule):
         prepare_workers: int = 1,
     ) -> None:
         super().__init__()
-        if seq_len < 1 or batch_size < 1:
-            raise ValueError(f"seq_len and batch_size must be positive, got {seq_len} and {batch_size}.")
+        if seq_len < 1 or batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
+            raise ValueError(
+                f"seq_len and batch sizes must be positive, got {seq_len}, {batch_size}, {val_batch_size}."
+            )
         self.save_hyperparameters()
         self.data_dir = data_dir
         self.source = source
@@ -84,7 +97,8 @@ class TokenDataModule(L.LightningDataModule):
         self.seed = seed
         self._vocab_size = vocab_size_of(tokenizer)  # validates the name now, without loading anything
         self.manifest: Manifest | None = None
-        self.train_dataset = self.val_dataset = None
+        self.train_dataset = None
+        self.val_dataset = None
 
     @property
     def vocab_size(self) -> int:
@@ -93,57 +107,64 @@ class TokenDataModule(L.LightningDataModule):
 
     @property
     def eos_id(self) -> int:
+        """End-of-document id of the configured tokenizer (no I/O)."""
         return eos_id_of(self.tokenizer)
 
     @property
     def bytes_per_token(self) -> float | None:
-        """UTF-8 bytes per token of the validation text (None before `setup`)."""
+        """UTF-8 bytes per token of the validation text, for bits per byte (None while no shards exist)."""
+        if self.manifest is None and Manifest.exists(self.data_dir):
+            self.manifest = Manifest.load(self.data_dir)
         return self.manifest.bytes_per_token("val") if self.manifest else None
 
     def prepare_data(self) -> None:
+        """Build the shards from ``source`` unless ``data_dir`` already holds finished ones."""
         if Manifest.exists(self.data_dir):
             return
         if self.source is None:
             raise FileNotFoundError(
-                f"No token shards at {self.data_dir} and no data.source to prepare them from. Run "
-                f"`lightning_cqk prepare --source <text> --output_dir {self.data_dir} --tokenizer {self.tokenizer}` "
+                f"No token shards at {self.data_dir} (no manifest.json) and no data.source to prepare them from. Run "
+                f"`lightning_cqk prepare --source <text> --output_dir {self.data_dir} --tokenizer {self.tokenizer}`, "
                 "or set data.source."
             )
         hp = self.hparams
         prepare(
-            hp.source, self.data_dir, tokenizer=self.tokenizer, bpe_file=self.bpe_file, val_fraction=hp.val_fraction,
-            val_source=hp.val_source, text_field=hp.text_field, documents=hp.documents,
+            hp.source,
+            self.data_dir,
+            tokenizer=self.tokenizer,
+            bpe_file=self.bpe_file,
+            val_fraction=hp.val_fraction,
+            val_source=hp.val_source,
+            text_field=hp.text_field,
+            documents=hp.documents,
             num_workers=hp.prepare_workers,
         )
 
     def setup(self, stage: str | None = None) -> None:
+        """Check the shards against this configuration and build the streaming datasets."""
         from litdata import StreamingDataset, TokensLoader
 
         manifest = Manifest.load(self.data_dir)
-        if manifest.tokenizer != self.tokenizer:
-            raise ValueError(
-                f"The shards at {self.data_dir} were made with tokenizer {manifest.tokenizer!r} (vocab "
-                f"{manifest.vocab_size}), but data.tokenizer is {self.tokenizer!r} (vocab {self.vocab_size}). Use "
-                "the matching tokenizer, or prepare the text into another data_dir with this tokenizer."
-            )
-        fingerprint = get_tokenizer(self.tokenizer, self.bpe_file).fingerprint
-        if manifest.tokenizer_fingerprint != fingerprint:
-            raise ValueError(
-                f"The shards at {self.data_dir} were made with a different {self.tokenizer!r} vocabulary "
-                f"(fingerprint {manifest.tokenizer_fingerprint[:12]} vs {fingerprint[:12]}). Check data.bpe_file, "
-                "or re-run prepare into another data_dir."
-            )
+        self._check_tokenizer(manifest)
         window = self.seq_len + 1
+        world = self.trainer.world_size if self.trainer is not None else 1
+        root = Path(self.data_dir)
+        need = {"train": self.batch_size * world, "val": world}  # drop_last batches / one window per rank
         for split in ("train", "val"):
-            if manifest.splits[split].tokens < window:
+            tokens, windows = manifest.splits[split].tokens, count_windows(root / split, window)
+            if windows < need[split]:
                 raise ValueError(
-                    f"The {split} split at {self.data_dir} has {manifest.splits[split].tokens} tokens, fewer than "
-                    f"one window of seq_len + 1 = {window}. Use a shorter data.seq_len or more text."
+                    f"The {split} split at {self.data_dir} has {tokens:,} tokens, which give {windows} window(s) of "
+                    f"seq_len + 1 = {window} tokens (litdata drops each chunk's tail); at least {need[split]} "
+                    f"{'(batch_size x devices) ' if split == 'train' else ''}needed. Use a shorter data.seq_len, a "
+                    f"smaller batch, or more text (a larger val_fraction or a val_source for val)."
                 )
         self.manifest = manifest
-        root = Path(self.data_dir)
         self.train_dataset = StreamingDataset(
-            str(root / "train"), item_loader=TokensLoader(block_size=window), shuffle=self.shuffle, seed=self.seed,
+            str(root / "train"),
+            item_loader=TokensLoader(block_size=window),
+            shuffle=self.shuffle,
+            seed=self.seed,
             drop_last=True,
         )
         self.val_dataset = StreamingDataset(
@@ -151,17 +172,46 @@ class TokenDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self):
+        """Shuffled training windows, ``(batch_size, seq_len + 1)`` int64; partial batches dropped."""
         from litdata import StreamingDataLoader
 
         return StreamingDataLoader(
-            self.train_dataset, batch_size=self.batch_size, num_workers=self.num_workers, drop_last=True,
-            pin_memory=torch.cuda.is_available(), collate_fn=collate_tokens,
+            self.train_dataset,
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+            drop_last=True,
+            pin_memory=torch.cuda.is_available(),
+            collate_fn=collate_tokens,
         )
 
     def val_dataloader(self):
+        """All validation windows in order, ``(val_batch_size, seq_len + 1)`` int64; the last batch may be short."""
         from litdata import StreamingDataLoader
 
         return StreamingDataLoader(
-            self.val_dataset, batch_size=self.val_batch_size, num_workers=self.num_workers, drop_last=False,
-            pin_memory=torch.cuda.is_available(), collate_fn=collate_tokens,
+            self.val_dataset,
+            batch_size=self.val_batch_size,
+            num_workers=self.num_workers,
+            drop_last=False,
+            pin_memory=torch.cuda.is_available(),
+            collate_fn=collate_tokens,
         )
+
+    def _check_tokenizer(self, manifest: Manifest) -> None:
+        if manifest.tokenizer != self.tokenizer:
+            raise ValueError(
+                f"The shards at {self.data_dir} were made with tokenizer {manifest.tokenizer!r} (vocab "
+                f"{manifest.vocab_size}), but data.tokenizer is {self.tokenizer!r} (vocab {self.vocab_size}). Use "
+                f"data.tokenizer={manifest.tokenizer!r}, or re-run prepare with {self.tokenizer!r} into another "
+                "data_dir."
+            )
+        # The vocabulary itself is compared only when it loads without network: training needs no tokenizer.
+        if not can_load_offline(self.tokenizer, self.bpe_file):
+            return
+        fingerprint = get_tokenizer(self.tokenizer, self.bpe_file).fingerprint
+        if manifest.tokenizer_fingerprint != fingerprint:
+            raise ValueError(
+                f"The shards at {self.data_dir} were made with a different {self.tokenizer!r} vocabulary "
+                f"(fingerprint {manifest.tokenizer_fingerprint[:12]}, this one {fingerprint[:12]}). Check "
+                "data.bpe_file, or re-run prepare into another data_dir."
+            )

@@ -1,25 +1,35 @@
 """The manifest of a prepared token-shard directory: what was tokenized, how, and how much.
 
-`manifest.json` is written last (atomically), so a directory without one is an unfinished prepare and is rebuilt.
-It records the tokenizer's name and vocabulary fingerprint (checked before training), per-split document, token
-and byte counts (bytes give bits-per-byte), the sources and the split rule.
+``<dir>/manifest.json`` is written last and atomically (temp file + ``os.replace``), so a directory without one is
+an unfinished ``prepare`` and is rebuilt, never trusted. It records the tokenizer (name and vocabulary
+fingerprint, checked before training), per-split document/token/byte counts (bytes give bits per byte), the
+sources with their files and sizes, and the split rule.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+import uuid
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
+SPLITS = ("train", "val")
 
 
 @dataclass
 class SplitStats:
-    """Counts for one split. `tokens` include the EOS after every document; `bytes` are UTF-8 bytes of text."""
+    """Counts for one split.
+
+    Attributes:
+        documents: documents written.
+        tokens: tokens written, including the EOS after every document.
+        bytes: UTF-8 bytes of the documents' text (EOS has none).
+        replaced_bytes: undecodable input bytes that were replaced with U+FFFD.
+    """
 
     documents: int = 0
     tokens: int = 0
@@ -27,6 +37,7 @@ class SplitStats:
     replaced_bytes: int = 0
 
     def add(self, other: SplitStats) -> None:
+        """Accumulate another set of counts into this one."""
         self.documents += other.documents
         self.tokens += other.tokens
         self.bytes += other.bytes
@@ -35,7 +46,29 @@ class SplitStats:
 
 @dataclass
 class Manifest:
-    """Description of a token-shard directory (`<dir>/train`, `<dir>/val`, `<dir>/manifest.json`)."""
+    """Description of a token-shard directory (``<dir>/train``, ``<dir>/val``, ``<dir>/manifest.json``).
+
+    Attributes:
+        tokenizer: tokenizer name (a key of ``TOKENIZERS``).
+        tokenizer_fingerprint: sha256 of the exact vocabulary.
+        vocab_size: vocabulary size, EOS included.
+        eos_id: the id that ends every document.
+        dtype: numpy dtype of the stored tokens (``uint16`` or ``int32``).
+        splits: ``SplitStats`` for ``train`` and ``val``.
+        sources: the source strings as given (paths, globs, ``builtin:<name>``).
+        val_sources: the explicit validation sources, or None when val is split off by hash.
+        files: every file read, ``{"path", "bytes", "split"}`` (``split``: ``hash``, ``train`` or ``val``);
+            built-in corpora add one entry with their name, Python version and document count.
+        val_fraction: fraction of documents sent to val by the hash rule.
+        split_rule: the rule in words.
+        documents_mode: ``file``, ``paragraph`` or ``line``.
+        text_field: JSON field read from JSON lines.
+        litdata_version: litdata that wrote the shards.
+        created: UTC time, ISO 8601.
+        seconds: wall time of the prepare run.
+        format_version: version of this file's layout.
+        extra: free-form additions (ignored by readers that do not know them).
+    """
 
     tokenizer: str
     tokenizer_fingerprint: str
@@ -57,41 +90,55 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def bytes_per_token(self, split: str = "val") -> float:
-        """UTF-8 bytes of text per token in a split (for bits per byte)."""
-        s = self.splits[split]
-        return s.bytes / max(s.tokens, 1)
+        """UTF-8 bytes of text per stored token in a split (EOS tokens included), for bits per byte."""
+        stats = self.splits[split]
+        return stats.bytes / max(stats.tokens, 1)
 
     def save(self, directory: str | Path) -> Path:
-        """Write `manifest.json` atomically (temp file + rename)."""
+        """Write ``manifest.json`` atomically: readers see the old file, the new one, or none, never half."""
         path = Path(directory) / MANIFEST_NAME
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
-        os.replace(tmp, path)
+        tmp = path.with_name(f".{MANIFEST_NAME}.{uuid.uuid4().hex}.tmp")
+        try:
+            tmp.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
-    @classmethod
-    def exists(cls, directory: str | Path) -> bool:
+    @staticmethod
+    def exists(directory: str | Path) -> bool:
+        """Whether ``directory`` holds a manifest (that is, a finished prepare)."""
         return (Path(directory) / MANIFEST_NAME).is_file()
 
     @classmethod
     def load(cls, directory: str | Path) -> Manifest:
-        """Read a manifest, with an error that says how to rebuild when it is missing or corrupt."""
+        """Read ``<directory>/manifest.json``.
+
+        Raises:
+            FileNotFoundError: there is no manifest (shards missing or unfinished); the message says how to build.
+            ValueError: the manifest is corrupt or from an incompatible version; the message says how to rebuild.
+        """
         path = Path(directory) / MANIFEST_NAME
         rebuild = (
-            f"Run `lightning_cqk prepare --source <text> --output_dir {directory}` (or let the DataModule prepare it "
-            f"from `data.source`), or delete {directory} to start over."
+            f"Rebuild with `lightning_cqk prepare --source <text> --output_dir {directory} --overwrite true` (or let "
+            f"the DataModule prepare it from data.source after deleting {directory})."
         )
         if not path.is_file():
-            raise FileNotFoundError(f"No token shards at {directory}: {path} is missing. {rebuild}")
+            raise FileNotFoundError(f"No finished token shards at {directory}: {path} is missing. {rebuild}")
         try:
             raw = json.loads(path.read_text())
+            known = {f.name for f in fields(cls)}
+            raw = {k: v for k, v in raw.items() if k in known}  # tolerate keys added by newer versions
             raw["splits"] = {k: SplitStats(**v) for k, v in raw["splits"].items()}
             manifest = cls(**raw)
-        except (json.JSONDecodeError, TypeError, KeyError, AttributeError) as err:
+        except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError, AttributeError) as err:
             raise ValueError(f"Corrupt shard manifest {path} ({type(err).__name__}: {err}). {rebuild}") from None
         if manifest.format_version != FORMAT_VERSION:
             raise ValueError(
-                f"{path} has format version {manifest.format_version}; this version of lightning_cqk reads "
+                f"{path} has format version {manifest.format_version}; this lightning_cqk reads version "
                 f"{FORMAT_VERSION}. {rebuild}"
             )
+        missing = [s for s in SPLITS if s not in manifest.splits]
+        if missing:
+            raise ValueError(f"Corrupt shard manifest {path}: no counts for split(s) {missing}. {rebuild}")
         return manifest

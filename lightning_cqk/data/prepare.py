@@ -1,50 +1,82 @@
-"""Text -> litdata token shards: `lightning_cqk prepare` and the DataModule's `prepare_data`.
+"""Text -> litdata token shards: ``lightning_cqk prepare`` and the DataModule's ``prepare_data``.
 
 Layout of an output directory::
 
-    <output_dir>/train/   litdata chunks + index.json (TokensLoader format: one flat token array per chunk)
+    <output_dir>/train/          litdata chunks + index.json (TokensLoader format: one flat token array per chunk)
     <output_dir>/val/
-    <output_dir>/manifest.json   written last; its presence means "finished"
+    <output_dir>/manifest.json   written last, atomically; its presence means "finished"
 
-Every document's tokens are followed by EOS. The train/val split is by document and deterministic: a document is in
-val when the first 64 bits of blake2b(text) / 2^64 < val_fraction, so it depends only on the text (identical
-documents land in the same split, order and worker count do not matter). With `val_source`, `source` is all train
-and `val_source` all val. Work is split into file-sized items that `num_workers` processes tokenize in parallel.
-A finished directory is reused when asked for again with the same tokenizer and sources; an unfinished one (no
-manifest) is rebuilt from scratch, so a directory is never half-valid.
+Every document's tokens are followed by EOS. Tokens are stored as uint16 when every id fits (bytes, GPT-2), else
+int32; litdata records the dtype in ``index.json`` and ``TokensLoader`` reads it back as written.
+
+**Split.** By document and deterministic: a document is in val when
+``int(blake2b(utf8(text)).hexdigest()[:15], 16) / 16**15 < val_fraction``. It depends only on the text, so identical
+documents share a split and neither file order nor worker count matters. With ``val_source``, all of ``source`` is
+train and all of ``val_source`` is val.
+
+**Parallelism.** Files are cut into work units (whole files, or byte ranges of big files at document boundaries)
+that ``num_workers`` processes tokenize. litdata keeps the units in order (``keep_data_ordered``), so the token
+stream of a split is the same for any worker count; only chunk boundaries move. Each unit writes its counts to a
+small JSON file that the parent adds up and checks against the token counts in litdata's ``index.json``.
+
+**Reuse.** A finished directory is reused when asked for again with the same tokenizer, sources, files and
+settings; asked for with different ones it raises (pass ``overwrite=True`` to rebuild). A directory without a
+manifest (an interrupted run) is rebuilt from scratch.
+
+**litdata side effects we undo.** ``optimize`` sets the process-wide multiprocessing start method, replaces the
+SIGINT handler, sets ``DATA_OPTIMIZER_NUM_WORKERS`` and deletes ``$TMPDIR/chunks`` and ``$TMPDIR/data`` (shared by
+every concurrent ``optimize``); each call here runs with private cache folders and restores the rest. A worker that
+raises leaves orphaned grandchild processes and a wrapped traceback, so workers never raise: they record the error
+and stop, and the parent raises it with its original type.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
+import platform
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from lightning_cqk.data.builtin import BUILTIN_CORPORA, builtin_name
-from lightning_cqk.data.manifest import Manifest, SplitStats
-from lightning_cqk.data.sources import DOCUMENT_MODES, iter_file_documents, list_source_files
-from lightning_cqk.data.tokenizers import get_tokenizer
+from lightning_cqk.data.builtin import BUILTIN_CORPORA, builtin_name, stdlib_root
+from lightning_cqk.data.manifest import MANIFEST_NAME, Manifest, SplitStats
+from lightning_cqk.data.sources import (
+    WorkUnit,
+    as_source_list,
+    check_documents_mode,
+    iter_unit_documents,
+    list_source_files,
+    plan_work_units,
+)
+from lightning_cqk.data.tokenizers import get_tokenizer, token_dtype
 
-os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
+os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata pings PyPI on import otherwise
 
-SPLIT_RULE = "blake2b-64(text) / 2^64 < val_fraction -> val"
-_BUILTIN_DOCS_PER_FILE = 64
+SPLIT_RULE = "int(blake2b(utf8(text)).hexdigest()[:15], 16) / 16**15 < val_fraction -> val"
+VAL_SOURCE_RULE = "source -> train, val_source -> val"
+_FLUSH_TOKENS = 1 << 20  # tokens per array handed to litdata: per-item overhead is ~10 us, so batch documents
+_MIN_UNIT_BYTES = 256 << 10
+_MAX_UNIT_BYTES = 64 << 20
 
 
 def in_val(text: str, val_fraction: float) -> bool:
-    """The deterministic document-level split rule."""
-    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64 < val_fraction
+    """The deterministic document-level split rule (True: the document belongs to val)."""
+    digest = hashlib.blake2b(text.encode("utf-8")).hexdigest()
+    return int(digest[:15], 16) / 16**15 < val_fraction
 
 
 def prepare(
@@ -63,82 +95,121 @@ def prepare(
     """Tokenize text into litdata token shards with a train/val split and a manifest.
 
     Args:
-        source: text file, directory, glob (or a list of them) of .txt/.md/.raw or .jsonl files, or a built-in
-            corpus such as `builtin:python_docs`.
-        output_dir: directory that receives `train/`, `val/` and `manifest.json`.
-        tokenizer: `bytes` or `gpt2`.
-        bpe_file: local GPT-2 `.tiktoken` file for offline use (or set LIGHTNING_CQK_GPT2_BPE).
-        val_fraction: fraction of documents (by content hash) that go to the validation split.
-        val_source: optional separate validation text; then all of `source` is train.
-        text_field: field of the text in JSON lines.
-        documents: what one document is in plain-text files: `file`, `paragraph` (blank-line separated) or `line`.
-        num_workers: tokenizer processes.
-        chunk_bytes: litdata chunk size.
-        overwrite: rebuild even if a finished manifest exists (also allows another tokenizer or source).
+        source: text file, directory (recursive), glob, or a list of them, of .txt/.md/.raw/.text (plain text) or
+            .jsonl/.json (JSON lines) files, or a built-in corpus such as ``builtin:python_docs``.
+        output_dir: directory that receives ``train/``, ``val/`` and ``manifest.json``.
+        tokenizer: ``bytes`` or ``gpt2``.
+        bpe_file: local GPT-2 ``.tiktoken`` file for offline use (default: $LIGHTNING_CQK_GPT2_BPE).
+        val_fraction: fraction of documents (chosen by a hash of their text) that go to the validation split.
+        val_source: separate validation text (same forms as ``source``); then all of ``source`` is train.
+        text_field: JSON field that holds the text in JSON-lines files.
+        documents: what one document is in plain-text files: ``file``, ``paragraph`` (blank-line separated) or
+            ``line``. JSON lines always give one document per line.
+        num_workers: processes that tokenize in parallel.
+        chunk_bytes: size of a litdata chunk, e.g. ``64MB``.
+        overwrite: rebuild even when finished shards exist (also allows another tokenizer, source or setting).
 
     Returns:
-        The manifest of the (new or reused) shards.
+        The manifest of the new or reused shards.
+
+    Raises:
+        FileNotFoundError: a source path does not exist.
+        ValueError: bad settings, a mismatching existing directory, or a split that would be empty.
     """
-    if documents not in DOCUMENT_MODES:
-        raise ValueError(f"Unknown documents mode {documents!r}; choose one of {', '.join(DOCUMENT_MODES)}.")
+    check_documents_mode(documents)
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
+    if val_source is None and val_fraction == 0.0:
+        raise ValueError("val_fraction=0 leaves the validation split empty; give val_source or a fraction > 0.")
+    num_workers = max(1, int(num_workers))
     out = Path(output_dir).expanduser()
-    tok = get_tokenizer(tokenizer, bpe_file)
-    fingerprint = tok.fingerprint  # loads the vocabulary now, so a missing BPE file fails before any work
-    sources, val_sources = _as_list(source), (_as_list(val_source) if val_source is not None else None)
+    tok = get_tokenizer(tokenizer, bpe_file)  # loads the vocabulary now: a missing BPE file fails before any work
+    sources = as_source_list(source)
+    val_sources = as_source_list(val_source) if val_source is not None else None
+    train_files = _resolve(sources, "train" if val_sources is not None else "hash")
+    val_files = _resolve(val_sources, "val") if val_sources is not None else []
+    _check_disjoint(train_files, val_files)
+    request = {
+        "tokenizer": tokenizer,
+        "tokenizer_fingerprint": tok.fingerprint,
+        "sources": sources,
+        "val_sources": val_sources,
+        "val_fraction": val_fraction,
+        "split_rule": SPLIT_RULE if val_sources is None else VAL_SOURCE_RULE,
+        "documents_mode": documents,
+        "text_field": text_field,
+        "files": _signature(train_files + val_files),
+    }
 
     if Manifest.exists(out) and not overwrite:
         manifest = Manifest.load(out)
-        _check_reusable(manifest, out, tokenizer, fingerprint, sources, val_sources, val_fraction)
-        print(f"Reusing prepared shards at {out} ({manifest.splits['train'].tokens:,} train tokens).")
+        _check_reusable(manifest, request, out)
+        print(f"prepare: reusing finished shards at {out} ({manifest.splits['train'].tokens:,} train tokens).")
         return manifest
-
-    start = time.perf_counter()
-    for stale in (out / "train", out / "val", out / "manifest.json"):
+    if (out / "train").exists() or (out / "val").exists():
+        why = "overwrite=True" if Manifest.exists(out) else "no manifest.json, so an earlier run did not finish"
+        print(f"prepare: rebuilding {out} ({why}).")
+    for stale in (out / MANIFEST_NAME, out / "train", out / "val"):
         if stale.is_dir():
             shutil.rmtree(stale)
-        elif stale.exists():
-            stale.unlink()
+        else:
+            stale.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    dtype = np.uint16 if tok.vocab_size <= 2**16 else np.int32
 
-    with tempfile.TemporaryDirectory(prefix="lightning_cqk_prepare_") as tmp:
-        train_files = _materialise(sources, Path(tmp) / "src")
-        val_files = _materialise(val_sources, Path(tmp) / "val_src") if val_sources is not None else None
-        plan = {
-            "train": [(f, "all" if val_files is not None else "train") for f in train_files],
-            "val": [(f, "all") for f in val_files] if val_files is not None else [(f, "val") for f in train_files],
-        }
-        stats: dict[str, SplitStats] = {}
-        for split, work in plan.items():
-            stats_dir = Path(tmp) / "stats" / split
-            stats_dir.mkdir(parents=True)
-            if val_fraction == 0.0 and val_files is None and split == "val":
-                raise ValueError("val_fraction=0 leaves the validation split empty; give val_source or a fraction > 0.")
-            stats[split] = _write_split(
-                work, out / split, stats_dir, tokenizer, bpe_file, val_fraction, text_field, documents, dtype,
-                num_workers, chunk_bytes,
+    start = time.perf_counter()
+    dtype = token_dtype(tok.vocab_size)
+    with tempfile.TemporaryDirectory(prefix="lightning_cqk_prepare_") as tmp_name:
+        tmp = Path(tmp_name)
+        train_paths = _materialise(train_files, tmp / "train_src", num_workers)
+        val_paths = _materialise(val_files, tmp / "val_src", num_workers)
+        gathered = time.perf_counter()
+        total = sum(p.stat().st_size for p in train_paths + val_paths)
+        target = min(max(total // (num_workers * 4), _MIN_UNIT_BYTES), _MAX_UNIT_BYTES)
+        train_units = plan_work_units(train_paths, documents, target)
+        val_units = plan_work_units(val_paths, documents, target)
+        print(
+            f"prepare: {len(train_files) + len(val_files)} source(s), {total / 1e6:.2f} MB -> "
+            f"{len(train_units) + len(val_units)} work units on {num_workers} worker(s), tokenizer {tokenizer!r}."
+        )
+        settings = _Settings(tokenizer, bpe_file, val_fraction, text_field, documents, dtype.name)
+        # val first: it is small, so a split that comes out empty fails fast instead of after tokenizing train.
+        if val_sources is None:
+            jobs = {"val": [(u, "val") for u in train_units], "train": [(u, "train") for u in train_units]}
+        else:
+            jobs = {"val": [(u, "all") for u in val_units], "train": [(u, "all") for u in train_units]}
+        stats = {
+            split: _write_split(
+                split,
+                jobs[split],
+                out / split,
+                tmp / "reports" / split,
+                settings,
+                num_workers,
+                chunk_bytes,
+                tmp / "litdata",
+                val_fraction,
+                val_sources is not None,
             )
-        files = [{"path": str(p), "bytes": p.stat().st_size} for p in train_files + (val_files or [])]
-        if any(builtin_name(s) for s in sources + (val_sources or [])):
-            files = [f for f in files if not f["path"].startswith(tmp)]
+            for split in ("val", "train")
+        }
+        files = _file_entries(train_files + val_files, {"train": stats["train"], "val": stats["val"]})
 
     seconds = time.perf_counter() - start
+    tokenize_seconds = time.perf_counter() - gathered
     import litdata
 
     manifest = Manifest(
         tokenizer=tokenizer,
-        tokenizer_fingerprint=fingerprint,
+        tokenizer_fingerprint=tok.fingerprint,
         vocab_size=tok.vocab_size,
         eos_id=tok.eos_id,
-        dtype=np.dtype(dtype).name,
-        splits=stats,
+        dtype=dtype.name,
+        splits={"train": stats["train"], "val": stats["val"]},
         sources=sources,
         val_sources=val_sources,
         files=files,
         val_fraction=val_fraction,
-        split_rule=SPLIT_RULE if val_sources is None else "source -> train, val_source -> val",
+        split_rule=request["split_rule"],
         documents_mode=documents,
         text_field=text_field,
         litdata_version=litdata.__version__,
@@ -146,93 +217,187 @@ def prepare(
         seconds=round(seconds, 3),
     )
     manifest.save(out)
-    text_mb = sum(s.bytes for s in stats.values()) / 1e6
-    n_tokens = sum(s.tokens for s in stats.values())
-    print(
-        f"Prepared {out}: train {stats['train'].documents:,} docs / {stats['train'].tokens:,} tokens, "
-        f"val {stats['val'].documents:,} docs / {stats['val'].tokens:,} tokens; {text_mb:.2f} MB of text in "
-        f"{seconds:.1f} s = {text_mb / seconds:.2f} MB/s, {n_tokens / seconds:,.0f} tokens/s "
-        f"({num_workers} worker{'s' if num_workers > 1 else ''})."
-    )
-    if any(s.replaced_bytes for s in stats.values()):
-        print(f"Note: {sum(s.replaced_bytes for s in stats.values()):,} non-UTF-8 bytes were replaced with U+FFFD.")
+    _report(out, manifest, seconds, tokenize_seconds, num_workers)
     return manifest
 
 
-def _as_list(source: str | list[str]) -> list[str]:
-    return [str(source)] if isinstance(source, (str, os.PathLike)) else [str(s) for s in source]
+@dataclass(frozen=True)
+class _Settings:
+    """What every worker needs besides its unit (pickled once per work item; small)."""
+
+    tokenizer: str
+    bpe_file: str | None
+    val_fraction: float
+    text_field: str
+    documents: str
+    dtype: str
 
 
-def _check_reusable(manifest, out, tokenizer, fingerprint, sources, val_sources, val_fraction) -> None:
-    if manifest.tokenizer != tokenizer or manifest.tokenizer_fingerprint != fingerprint:
-        raise ValueError(
-            f"{out} holds shards made with tokenizer {manifest.tokenizer!r} (fingerprint "
-            f"{manifest.tokenizer_fingerprint[:12]}), not {tokenizer!r} ({fingerprint[:12]}). Prepare into another "
-            "output_dir, or pass overwrite=True (--overwrite true) to rebuild it."
-        )
-    if manifest.sources != sources or manifest.val_sources != val_sources or manifest.val_fraction != val_fraction:
-        raise ValueError(
-            f"{out} was prepared from sources={manifest.sources}, val_sources={manifest.val_sources}, "
-            f"val_fraction={manifest.val_fraction}, not sources={sources}, val_sources={val_sources}, "
-            f"val_fraction={val_fraction}. Prepare into another output_dir, or pass overwrite=True to rebuild it."
-        )
+@dataclass(frozen=True)
+class _SourceFile:
+    """A file to read and which split its documents may go to (``hash``, ``train`` or ``val``)."""
+
+    path: Path
+    split: str
+    builtin: str | None = None
 
 
-def _materialise(sources: list[str], tmp: Path) -> list[Path]:
-    """Source files; built-in corpora are first written as JSON lines (several files, for parallel workers)."""
-    files: list[Path] = []
+def _resolve(sources: list[str], split: str) -> list[_SourceFile]:
+    files: list[_SourceFile] = []
     for spec in sources:
         name = builtin_name(spec)
-        if name is None:
-            files.extend(list_source_files(spec))
-            continue
-        tmp.mkdir(parents=True, exist_ok=True)
-        docs = list(BUILTIN_CORPORA[name]())
-        for i in range(0, len(docs), _BUILTIN_DOCS_PER_FILE):
-            path = tmp / f"{name}-{i // _BUILTIN_DOCS_PER_FILE:05d}.jsonl"
-            with path.open("w", encoding="utf-8") as f:
-                for doc in docs[i : i + _BUILTIN_DOCS_PER_FILE]:
-                    f.write(json.dumps({"text": doc.text}) + "\n")
-            files.append(path)
+        if name is not None:
+            files.append(_SourceFile(Path(spec), split, builtin=name))
+        else:
+            files.extend(_SourceFile(p.resolve(), split) for p in list_source_files(spec))
     return files
 
 
+def _check_disjoint(train: list[_SourceFile], val: list[_SourceFile]) -> None:
+    shared = {f.path for f in train} & {f.path for f in val}
+    if shared:
+        raise ValueError(
+            f"{len(shared)} file(s) are in both source and val_source (e.g. {sorted(shared)[0]}); their documents "
+            "would be in both splits. Make the two sources disjoint."
+        )
+
+
+def _signature(files: list[_SourceFile]) -> list[list]:
+    """What must match for a finished directory to be reused: each file's path, split and size (or Python)."""
+    return [[str(f.path), f.split, platform.python_version() if f.builtin else f.path.stat().st_size] for f in files]
+
+
+def _file_entries(files: list[_SourceFile], stats: dict[str, SplitStats]) -> list[dict]:
+    entries = []
+    for f, (path, split, size) in zip(files, _signature(files)):
+        entry = {"path": path, "split": split}
+        if f.builtin:
+            entry.update(python=size, stdlib=str(stdlib_root()))
+        else:
+            entry["bytes"] = size
+        entries.append(entry)
+    return entries
+
+
+def _check_reusable(manifest: Manifest, request: dict, out: Path) -> None:
+    if manifest.tokenizer != request["tokenizer"] or manifest.tokenizer_fingerprint != request["tokenizer_fingerprint"]:
+        raise ValueError(
+            f"{out} holds shards made with tokenizer {manifest.tokenizer!r} (fingerprint "
+            f"{manifest.tokenizer_fingerprint[:12]}), not {request['tokenizer']!r} "
+            f"({request['tokenizer_fingerprint'][:12]}). Prepare into another output_dir, or pass overwrite=True "
+            "(CLI: --overwrite true) to rebuild it."
+        )
+    found = {k: getattr(manifest, k) for k in request if k != "files"}
+    found["files"] = [
+        [f.get("path"), f.get("split"), f.get("python") if "python" in f else f.get("bytes")] for f in manifest.files
+    ]
+    differ = [k for k in request if found[k] != request[k]]
+    if manifest.val_sources is not None and request["val_sources"] is not None and differ == ["val_fraction"]:
+        return  # val_fraction is unused when val_source is given
+    if differ:
+        detail = "; ".join(f"{k}: prepared {_short(found[k])}, asked {_short(request[k])}" for k in differ)
+        raise ValueError(
+            f"{out} was prepared with other settings ({detail}). Prepare into another output_dir, or pass "
+            "overwrite=True (CLI: --overwrite true) to rebuild it."
+        )
+
+
+def _short(value: object, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _materialise(files: list[_SourceFile], tmp: Path, num_workers: int) -> list[Path]:
+    """Paths to read; built-in corpora are first gathered (in parallel) into several small JSON-lines files."""
+    paths: list[Path] = []
+    for f in files:
+        if f.builtin is None:
+            paths.append(f.path)
+            continue
+        tmp.mkdir(parents=True, exist_ok=True)
+        parts = [(f.builtin, i, num_workers * 4) for i in range(num_workers * 4)]
+        if num_workers == 1:
+            texts = [_gather_builtin(part) for part in parts]
+        else:  # parsing the standard library with ast takes seconds: spread it over the workers
+            with multiprocessing.get_context(_start_method()).Pool(num_workers) as pool:
+                texts = pool.map(_gather_builtin, parts)
+        for i, part_texts in enumerate(texts):
+            path = tmp / f"{f.builtin}-{i:05d}.jsonl"
+            path.write_text("".join(json.dumps({"text": text}) + "\n" for text in part_texts), encoding="utf-8")
+            paths.append(path)
+    return paths
+
+
+def _gather_builtin(part: tuple[str, int, int]) -> list[str]:
+    name, index, count = part
+    return [doc.text for doc in BUILTIN_CORPORA[name](part=index, num_parts=count)]
+
+
 def _write_split(
-    work, split_dir, stats_dir, tokenizer, bpe_file, val_fraction, text_field, documents, dtype, num_workers,
-    chunk_bytes,
+    split: str,
+    jobs: list[tuple[WorkUnit, str]],
+    split_dir: Path,
+    report_dir: Path,
+    settings: _Settings,
+    num_workers: int,
+    chunk_bytes: str,
+    litdata_tmp: Path,
+    val_fraction: float,
+    explicit_val: bool,
 ) -> SplitStats:
     from litdata import TokensLoader, optimize
 
-    items = [(i, str(path), keep) for i, (path, keep) in enumerate(work)]
-    fn = partial(
-        _tokenize_item, tokenizer=tokenizer, bpe_file=bpe_file, val_fraction=val_fraction, text_field=text_field,
-        documents=documents, dtype=dtype, stats_dir=str(stats_dir),
-    )
-    optimize(
-        fn=fn,
-        inputs=items,
-        output_dir=str(split_dir),
-        chunk_bytes=chunk_bytes,
-        item_loader=TokensLoader(),
-        num_workers=max(1, min(num_workers, len(items))),
-        mode="overwrite",
-        reorder_files=False,
-        # litdata defaults to "spawn", which re-imports torch in every worker (seconds each) and re-runs a calling
-        # script that lacks an `if __name__ == "__main__":` guard. Workers only tokenize, so fork is safe on Linux.
-        start_method="fork" if sys.platform.startswith("linux") else None,
-    )
-    stats = SplitStats()
-    for item_stats in sorted(stats_dir.glob("*.json")):
-        stats.add(SplitStats(**json.loads(item_stats.read_text())))
-    if stats.documents == 0:
-        raise ValueError(
-            f"The {split_dir.name} split received no documents. With a small corpus, raise val_fraction, split "
-            "plain text into more documents (documents='paragraph' or 'line'), or give val_source explicitly."
+    report_dir.mkdir(parents=True)
+    t0 = time.perf_counter()
+    items = [(i, unit, keep) for i, (unit, keep) in enumerate(jobs)]
+    fn = partial(_tokenize_unit, settings=settings, report_dir=str(report_dir))
+    with _litdata_sandbox(litdata_tmp / split):
+        optimize(
+            fn=fn,
+            inputs=items,
+            output_dir=str(split_dir),
+            chunk_bytes=chunk_bytes,
+            item_loader=TokensLoader(),
+            num_workers=min(num_workers, len(items)),
+            mode="overwrite",
+            reorder_files=False,
+            keep_data_ordered=True,  # static in-order slices per worker: the same stream for any worker count
+            start_method=_start_method(),
+            verbose=False,
         )
+    _raise_worker_error(report_dir)
+    stats, seen = SplitStats(), 0
+    reports = sorted(report_dir.glob("stats-*.json"))
+    if len(reports) != len(items):
+        raise RuntimeError(f"{split_dir}: {len(items)} work units were given to litdata but {len(reports)} reported.")
+    for report in reports:
+        data = json.loads(report.read_text())
+        stats.add(SplitStats(**data["stats"]))
+        seen += data["seen"]
+    if stats.documents == 0:
+        raise ValueError(_empty_split_message(split, seen, val_fraction, explicit_val))
     written = _tokens_in_index(split_dir)
     if written != stats.tokens:
-        raise RuntimeError(f"{split_dir}: litdata wrote {written} tokens but {stats.tokens} were produced.")
+        raise RuntimeError(f"{split_dir}: litdata's index.json holds {written} tokens but {stats.tokens} were written.")
+    print(
+        f"prepare: {split}: {stats.documents:,} documents, {stats.tokens:,} tokens, {stats.bytes / 1e6:.2f} MB "
+        f"({time.perf_counter() - t0:.1f} s)."
+    )
     return stats
+
+
+def _empty_split_message(split: str, seen: int, val_fraction: float, explicit_val: bool) -> str:
+    if explicit_val:
+        which = "val_source" if split == "val" else "source"
+        return f"The {split} split would be empty: {which} holds no documents (empty files or blank text)."
+    if seen == 0:
+        return "The source holds no documents (empty files or blank text)."
+    fixes = (
+        "Give more documents, split plain text into smaller documents (documents='paragraph' or 'line'), "
+        f"{'raise' if split == 'val' else 'lower'} val_fraction, or give the validation text as val_source."
+    )
+    which = f"none of the {seen:,} documents" if split == "val" else f"all {seen:,} documents"
+    return f"The {split} split would be empty: {which} hashed below val_fraction={val_fraction}. {fixes}"
 
 
 def _tokens_in_index(split_dir: Path) -> int:
@@ -240,22 +405,101 @@ def _tokens_in_index(split_dir: Path) -> int:
     return sum(chunk["dim"] for chunk in index["chunks"])
 
 
-def _tokenize_item(
-    item: tuple[int, str, str], tokenizer: str, bpe_file: str | None, val_fraction: float, text_field: str,
-    documents: str, dtype: type, stats_dir: str,
-) -> Iterator[np.ndarray]:
-    """litdata worker function: tokenize the documents of one file that belong to this split."""
-    index, path, keep = item
-    tok = get_tokenizer(tokenizer, bpe_file)
-    eos = np.array([tok.eos_id], dtype=dtype)
-    stats = SplitStats()
-    for doc, replaced in iter_file_documents(Path(path), text_field, documents):
-        if keep != "all" and in_val(doc.text, val_fraction) != (keep == "val"):
-            continue
-        ids = tok.encode_array(doc.text).astype(dtype, copy=False)
-        stats.documents += 1
-        stats.tokens += len(ids) + 1
-        stats.bytes += len(doc.text.encode("utf-8"))
-        stats.replaced_bytes += replaced
-        yield np.concatenate([ids, eos])
-    (Path(stats_dir) / f"{index:06d}.json").write_text(json.dumps(stats.__dict__))
+def _tokenize_unit(item: tuple[int, WorkUnit, str], settings: _Settings, report_dir: str) -> Iterator[np.ndarray]:
+    """litdata worker function: yield the tokens of one unit's documents that belong to this split.
+
+    Never raises (see the module docstring): errors are written to ``error-<index>.json`` for the parent.
+    """
+    index, unit, keep = item
+    reports = Path(report_dir)
+    if any(reports.glob("error-*.json")):
+        return  # another unit failed; the run will be aborted, so stop spending time
+    stats, seen = SplitStats(), 0
+    pending: list[np.ndarray] = []
+    n_pending = 0
+    try:
+        tok = get_tokenizer(settings.tokenizer, settings.bpe_file)
+        dtype = np.dtype(settings.dtype)
+        eos = np.array([tok.eos_id], dtype=dtype)
+        for doc in iter_unit_documents(unit, settings.text_field, settings.documents):
+            seen += 1
+            if keep != "all" and in_val(doc.text, settings.val_fraction) != (keep == "val"):
+                continue
+            ids = tok.encode_array(doc.text).astype(dtype, copy=False)
+            stats.add(SplitStats(1, len(ids) + 1, len(doc.text.encode("utf-8")), doc.replaced))
+            pending += [ids, eos]
+            n_pending += len(ids) + 1
+            if n_pending >= _FLUSH_TOKENS:
+                yield np.concatenate(pending)
+                pending, n_pending = [], 0
+        if pending:
+            yield np.concatenate(pending)
+    except Exception as err:  # reported to the parent, which raises it with its original type
+        _write_json(reports / f"error-{index:06d}.json", {"type": type(err).__name__, "message": str(err)})
+        return
+    _write_json(reports / f"stats-{index:06d}.json", {"stats": asdict(stats), "seen": seen})
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+_RERAISABLE = {cls.__name__: cls for cls in (ValueError, FileNotFoundError, PermissionError, OSError, RuntimeError)}
+
+
+def _raise_worker_error(report_dir: Path) -> None:
+    errors = sorted(report_dir.glob("error-*.json"))
+    if errors:
+        error = json.loads(errors[0].read_text())
+        raise _RERAISABLE.get(error["type"], RuntimeError)(error["message"])
+
+
+def _start_method() -> str:
+    """fork on Linux: litdata's default, spawn, re-imports torch in every worker (seconds each) and re-runs a
+    calling script that lacks an ``if __name__ == "__main__":`` guard. The workers only read files and tokenize,
+    so forking is safe there. Elsewhere (macOS, Windows) fork is unsafe or missing, so keep spawn."""
+    return "fork" if sys.platform.startswith("linux") else "spawn"
+
+
+@contextmanager
+def _litdata_sandbox(tmp: Path) -> Iterator[None]:
+    """Run one ``optimize`` with private cache folders, then restore what it changes process-wide."""
+    env_keys = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER", "DATA_OPTIMIZER_NUM_WORKERS")
+    saved_env = {k: os.environ.get(k) for k in env_keys}
+    saved_method = multiprocessing.get_start_method(allow_none=True)
+    main_thread = threading.current_thread() is threading.main_thread()
+    saved_sigint = signal.getsignal(signal.SIGINT) if main_thread else None
+    os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] = str(tmp / "chunks")
+    os.environ["DATA_OPTIMIZER_DATA_CACHE_FOLDER"] = str(tmp / "data")
+    try:
+        yield
+    finally:
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        multiprocessing.set_start_method(saved_method, force=True)
+        if main_thread and saved_sigint is not None:
+            signal.signal(signal.SIGINT, saved_sigint)
+
+
+def _report(out: Path, manifest: Manifest, seconds: float, tokenize_seconds: float, num_workers: int) -> None:
+    train, val = manifest.splits["train"], manifest.splits["val"]
+    text_mb = (train.bytes + val.bytes) / 1e6
+    tokens = train.tokens + val.tokens
+    print(
+        f"prepare: wrote {out}: train {train.documents:,} docs / {train.tokens:,} tokens, val {val.documents:,} docs "
+        f"/ {val.tokens:,} tokens, {text_mb:.2f} MB of text."
+    )
+    # Reading, splitting, tokenizing and writing; gathering a built-in corpus (parsing sources) is reported apart.
+    print(
+        f"prepare: tokenized at {text_mb / tokenize_seconds:.2f} MB/s, {tokens / tokenize_seconds:,.0f} tokens/s "
+        f"({tokenize_seconds:.1f} s, {num_workers} worker{'s' if num_workers > 1 else ''}); "
+        f"{seconds:.1f} s in all."
+    )
+    replaced = train.replaced_bytes + val.replaced_bytes
+    if replaced:
+        print(f"prepare: {replaced:,} bytes that were not UTF-8 were replaced with U+FFFD.")
