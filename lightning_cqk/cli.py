@@ -121,15 +121,20 @@ def _prepare_command(argv: list[str]) -> None:
 
 
 def _attention_command(argv: list[str]) -> None:
+    import textwrap
+
     from lightning_cqk import attention
 
+    print("Attention backends (model.config.attention) and their options (model.config.attention_options):\n")
     for name in attention.available():
         cls = attention.get_attention(name)
-        doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
+        doc = (cls.__doc__ or "").strip().splitlines()[0].replace(f"`{name}`: ", "")
         print(f"{name:<16} {doc}")
+        options = []
         for f in dataclasses.fields(cls.Options):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            print(f"{'':<18}{f.name} = {default!r}")
+            options.append(f"{f.name}={default!r}")
+        print(textwrap.fill(", ".join(options), width=116, initial_indent=" " * 17, subsequent_indent=" " * 17))
 
 
 EXTRA_COMMANDS = {"prepare": _prepare_command, "attention": _attention_command}
