@@ -22,6 +22,9 @@ Conventions the model relies on:
 - `impl="math"` selects the explicit reference path (the test oracle), `impl="sdpa"` the fused fast path.
 - a backend that sets `uses_reference_stream` gives the model a fixed input (`reference_input`); the model runs it
   through its own blocks before the batch and hands each layer's state to attention as `ctx.reference`.
+- instruments read a backend through `attention_logits(x, ctx)` (the pre-softmax logits of its softmax maps, explicit
+  math; None without a softmax map) and `probe(x, ctx)` (per-layer statistics: max |logit|, entropy, sink mass, plus
+  `dynamics_stats()` where a backend defines it); neither is on the training path.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import nn
+
+from lightning_cqk.attention.functional import softmax_map_stats
 
 if TYPE_CHECKING:
     from lightning_cqk.config import ModelConfig
@@ -137,6 +142,30 @@ class AttentionBackend(nn.Module):
         that uses one (all such layers must be one backend class, which keeps them consistent).
         """
         raise NotImplementedError(f"{type(self).__name__} sets uses_reference_stream but has no reference_input")
+
+    def attention_logits(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor | None:
+        """Logits of the softmax maps this layer computes on x (B, T, C), for instruments; None if it has none.
+
+        Returns (B or 1, n_maps, T, T) in fp32 (fp64 for fp64 input), scaled exactly as the softmax sees them, masked
+        (future) entries -inf (`functional.causal_logits`). Computed with the explicit math path whatever `impl` is;
+        used by `probe` (AttentionStats) and by QK-clip, never by training. Default: None (no softmax map).
+        """
+        return None
+
+    def probe(self, x: torch.Tensor, ctx: AttentionContext) -> dict[str, torch.Tensor]:
+        """Per-layer statistics on the input x (B, T, C): tensors on the device, no host sync.
+
+        Keys: "max_logit", "entropy", "sink" (`functional.softmax_map_stats` of `attention_logits`) when the backend
+        has softmax maps, plus whatever `dynamics_stats()` returns when the backend defines it (e.g. "dt", "lambda").
+        """
+        stats: dict[str, torch.Tensor] = {}
+        logits = self.attention_logits(x, ctx)
+        if logits is not None:
+            stats.update(softmax_map_stats(logits))
+        dynamics_stats = getattr(self, "dynamics_stats", None)
+        if callable(dynamics_stats):
+            stats.update(dynamics_stats())
+        return stats
 
     @classmethod
     def parse_options(cls, options: dict[str, Any] | AttentionOptions | None) -> AttentionOptions:

@@ -502,6 +502,14 @@ class NonApproximateAttention(ProjectedAttention):
         s = (F.silu(q) * k).sum(-1) / math.sqrt(self.head_size)  # (B, nh, T)
         return s, v
 
+    def attention_logits(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """The pooling's softmax logits: row i holds s_1..s_i (future -inf), (B, nh, T, T) in fp32 (fp64 for fp64)."""
+        s, _ = self.scores(x)  # (B, nh, T)
+        T = s.size(-1)
+        s = s.to(torch.promote_types(s.dtype, torch.float32))
+        rows = s.unsqueeze(-2).expand(*s.shape[:-1], T, T)  # (B, nh, T, T): row i holds s_1..s_T
+        return rows.masked_fill(~causal_mask(T, T, s.device), float("-inf"))
+
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         s, v = self.scores(x)  # (B, nh, T), (B, nh, T, hs)
         if self.options.impl == "math":

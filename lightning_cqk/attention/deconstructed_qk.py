@@ -88,7 +88,7 @@ import torch.nn.functional as F
 
 from lightning_cqk.attention.base import AttentionContext
 from lightning_cqk.attention.deconstructed_mixing import DeconstructedOptions, ProjectedAttention
-from lightning_cqk.attention.functional import attention_probs, causal_attention
+from lightning_cqk.attention.functional import attention_probs, causal_attention, causal_logits
 from lightning_cqk.attention.rope import apply_rope
 
 if TYPE_CHECKING:
@@ -119,7 +119,8 @@ class StaticEmbQKAttention(ProjectedAttention):
     name = "static_emb_qk"
     Options = StaticEmbQKOptions
 
-    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    def query_key(self, ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (B, nh, T, hs) from the token embeddings in the context (normed, projected, QK-normed, rotated)."""
         if ctx.embeddings is None:
             raise ValueError("static_emb_qk needs the token embeddings in the context (AttentionContext.embeddings).")
         e = ctx.embeddings  # (B, T, C)
@@ -127,9 +128,16 @@ class StaticEmbQKAttention(ProjectedAttention):
             e = _plain_norm(e, self.config)  # (B, T, C)
         q = self.split_heads(self.q_proj(e))  # (B, nh, T, hs)
         k = self.split_heads(self.k_proj(e))  # (B, nh, T, hs)
-        v = self.split_heads(self.v_proj(x))  # (B, nh, T, hs)
         q, k = self.norm_qk(q, k)
-        q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)  # (B, nh, T, hs) each
+        return apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)  # (B, nh, T, hs) each
+
+    def attention_logits(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """q k^T / sqrt(hs) from the embeddings, (B, nh, T, T) fp32."""
+        return causal_logits(*self.query_key(ctx))  # (B, nh, T, T)
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        q, k = self.query_key(ctx)  # (B, nh, T, hs) each
+        v = self.split_heads(self.v_proj(x))  # (B, nh, T, hs)
         dropout_p = self.config.dropout if self.training else 0.0
         y = causal_attention(q, k, v, impl=self.options.impl, dropout_p=dropout_p)  # (B, nh, T, hs)
         return self.output(y)  # (B, T, C)
@@ -187,8 +195,13 @@ class FixedInputQKAttention(ProjectedAttention):
     def reference_length(cls, config: ModelConfig, options: FixedInputQKOptions) -> int:
         return stream_length(config, options)
 
-    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        B, T, _ = x.shape
+    def attention_logits(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """The fixed map's logits q k^T / sqrt(hs) from the reference stream, (1, nh, T, T) fp32 (one map for all)."""
+        q, k = self.query_key(x.size(1), ctx)  # (1, nh, T, hs) each
+        return causal_logits(q, k)  # (1, nh, T, T)
+
+    def query_key(self, T: int, ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (1, nh, T, hs) from the leading T positions of this layer's reference state."""
         if ctx.reference is None:
             raise ValueError(
                 f"{self.name} takes q and k from the model's fixed reference stream (AttentionContext.reference), "
@@ -206,9 +219,13 @@ class FixedInputQKAttention(ProjectedAttention):
             r = r.detach()
         q = self.split_heads(self.q_proj(r))  # (1, nh, T, hs)
         k = self.split_heads(self.k_proj(r))  # (1, nh, T, hs)
-        v = self.split_heads(self.v_proj(x))  # (B, nh, T, hs)
         q, k = self.norm_qk(q, k)
-        q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)  # (1, nh, T, hs) each
+        return apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)  # (1, nh, T, hs) each
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k = self.query_key(T, ctx)  # (1, nh, T, hs) each
+        v = self.split_heads(self.v_proj(x))  # (B, nh, T, hs)
         dropout_p = self.config.dropout if self.training else 0.0
         if self.options.impl == "math":
             probs = attention_probs(q, k)  # (1, nh, T, T): one map for the whole batch

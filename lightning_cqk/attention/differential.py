@@ -75,7 +75,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
-from lightning_cqk.attention.functional import attention_probs
+from lightning_cqk.attention.functional import attention_probs, causal_logits
 from lightning_cqk.attention.rope import apply_rope
 
 if TYPE_CHECKING:
@@ -228,6 +228,13 @@ class DifferentialAttention(AttentionBackend):
         y = self.attend(q, k, v)  # (B, nh/2, T, 2hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.out_proj(y))  # (B, T, C)
+
+    def attention_logits(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """Logits of the nh half-head softmax maps (q1 k1^T and q2 k2^T of every differential head, interleaved as
+        heads (2i, 2i+1)), / sqrt(hs): (B, nh, T, T) fp32. Each is a proper softmax map; their difference is not."""
+        q, k, _ = self.project(x)  # (B, nh, T, hs) each
+        q, k = self.transform_qk(q, k, ctx)
+        return causal_logits(q, k)  # (B, nh, T, T)
 
     @classmethod
     def check_config(cls, config: ModelConfig, layer_idx: int, options: DifferentialOptions) -> None:

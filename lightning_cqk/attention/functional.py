@@ -25,14 +25,38 @@ def causal_mask(t_q: int, t_k: int, device: torch.device) -> torch.Tensor:
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
 
 
-def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """Causal softmax attention weights (B, nh, T, T), computed in fp32 (or fp64 when the input is fp64)."""
+def causal_logits(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Scaled scores q k^T * scale (B, nh, T, T) in fp32 (fp64 for fp64 input); masked (future) entries are -inf.
+
+    These are the logits the softmax sees (scale defaults to 1 / sqrt(hs)); k may have fewer (grouped) heads.
+    """
     k = repeat_kv(k, q.size(1) // k.size(1))
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     scores = (q.to(compute_dtype) @ k.to(compute_dtype).transpose(-2, -1)) * scale  # (B, nh, T, T)
-    scores = scores.masked_fill(~causal_mask(q.size(-2), k.size(-2), q.device), float("-inf"))
-    return scores.softmax(dim=-1)
+    return scores.masked_fill(~causal_mask(q.size(-2), k.size(-2), q.device), float("-inf"))
+
+
+def attention_probs(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Causal softmax attention weights (B, nh, T, T), computed in fp32 (or fp64 when the input is fp64)."""
+    return causal_logits(q, k, scale).softmax(dim=-1)
+
+
+def softmax_map_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Statistics of causal softmax maps given their logits (..., T, T), masked entries -inf (`causal_logits`).
+
+    Returns 0-dim tensors on the logits' device (no host sync):
+        max_logit: the largest |logit| over the unmasked entries (the quantity QK-clip and QuacK control).
+        entropy: -sum_j p_ij ln p_ij (nats), averaged over every map and every query row i (row 0 included: it
+            attends to one key, entropy 0).
+        sink: the weight p_i0 on the first key (the "attention sink"), averaged the same way (row 0 has 1).
+    """
+    t_q, t_k = logits.shape[-2:]
+    allowed = causal_mask(t_q, t_k, logits.device)  # (T, T)
+    max_logit = torch.where(allowed, logits.abs(), torch.zeros((), dtype=logits.dtype, device=logits.device)).amax()
+    probs = logits.softmax(dim=-1)  # (..., T, T), zeros where masked
+    entropy = torch.special.entr(probs).sum(-1).mean()  # entr(0) = 0
+    return {"max_logit": max_logit, "entropy": entropy, "sink": probs[..., 0].mean()}
 
 
 def causal_attention(

@@ -83,7 +83,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
-from lightning_cqk.attention.functional import causal_attention
+from lightning_cqk.attention.functional import causal_attention, causal_logits
 from lightning_cqk.attention.rope import apply_rope, build_rope_cache
 
 if TYPE_CHECKING:
@@ -251,6 +251,11 @@ class MultiHeadLatentAttention(AttentionBackend):
             y = causal_attention(q, k, v, impl=self.options.impl, scale=self.scale, dropout_p=dropout_p)  # (B,nh,T,d_v)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.dims.d_v)  # (B, T, nh d_v)
         return self.resid_dropout(self.out_proj(y))  # (B, T, C)
+
+    def attention_logits(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """q^h k^h^T / sqrt(d_nope + d_rope) for every head, (B, nh, T, T) fp32."""
+        q, k, _ = self.project(x, ctx)  # (B, nh, T, d_nope + d_rope) each
+        return causal_logits(q, k, self.scale)  # (B, nh, T, T)
 
     @classmethod
     def check_config(cls, config: ModelConfig, layer_idx: int, options: MLAOptions) -> None:

@@ -74,7 +74,7 @@ import torch
 from torch import nn
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
-from lightning_cqk.attention.functional import causal_attention
+from lightning_cqk.attention.functional import causal_attention, causal_logits
 from lightning_cqk.attention.rope import apply_rope
 
 if TYPE_CHECKING:
@@ -210,6 +210,12 @@ class StandardAttention(AttentionBackend):
         q, k = self.transform_qk(q, k, ctx)  # q (B, nh, T, hs); k (B, nkv, T, hs)
         y = self.attend(q, k, v)  # (B, nh, T, hs)
         return self.resid_dropout(self.out_proj(self.merge_heads(y)))  # (B, T, C)
+
+    def attention_logits(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """q k^T / sqrt(hs) of every query head after `transform_qk` (norm, RoPE, dynamics), (B, nh, T, T) fp32."""
+        q, k, _ = self.project(x)  # q (B, nh, T, hs); k (B, nkv, T, hs)
+        q, k = self.transform_qk(q, k, ctx)
+        return causal_logits(q, k)  # (B, nh, T, T)
 
     @classmethod
     def check_config(cls, config: ModelConfig, layer_idx: int, options: StandardOptions) -> None:
