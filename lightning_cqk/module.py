@@ -5,6 +5,13 @@ This is the only Lightning-aware model file; the network itself is `lightning_cq
 Metrics (TensorBoard names):
     train/loss         next-token cross-entropy of the current batch (nats/token)
     train/tokens_seen  target tokens trained on so far, all ranks together
+    optim/quack/...    with model.optim.logit_control.method quack: mean per-head factor per role and layer
+                       (`optim/quack/q/layer_03`, ...) and their min/max, every `log_every_n_steps`
+    optim/qk_clip/...  with qk_clip: per layer the max logit measured at the last step and the heads clipped
+
+`flops_seen` (analytic training FLOPs, `lightning_cqk.model.flops.training_flops_per_batch` of every batch trained,
+all ranks together) is counted beside `tokens_seen` and saved in checkpoints; the TokenBudget and Throughput callbacks
+log it.
     val/loss           token-weighted mean NLL over the whole validation set (nats/token)
     val/ppl            exp(val/loss)
     val/bpb            bits per byte of the validation text: val/loss / ln 2 * tokens / bytes, with the byte
@@ -24,7 +31,8 @@ from torchmetrics.aggregation import SumMetric
 
 from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
-from lightning_cqk.optim import OptimConfig, warmup_cosine, weight_decay_groups
+from lightning_cqk.model.flops import training_flops_per_batch
+from lightning_cqk.optim import OptimConfig, build_logit_control, warmup_cosine, weight_decay_groups
 
 
 class LitLM(L.LightningModule):
@@ -50,9 +58,13 @@ class LitLM(L.LightningModule):
         self.save_hyperparameters({"config": config.to_dict(), "optim": asdict(optim), "compile": compile})
         self.config, self.optim, self.compile_blocks = config, optim, compile
         self.model = GPT(config)
+        # QuacK / fixed factor / QK-clip (None when off, so nothing changes): built on the initial weights.
+        self.logit_control = build_logit_control(self.model, optim.logit_control)
         self.val_nll = SumMetric()
         self.val_tokens = SumMetric()
         self.tokens_seen = 0
+        self.flops_seen = 0
+        self._flops_per_batch: dict[tuple[int, int], int] = {}
 
     # ----------------------------------------------------------------------------------------------- model
     def configure_model(self) -> None:
@@ -75,9 +87,17 @@ class LitLM(L.LightningModule):
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss, n_tokens = self.loss(batch)
         self.tokens_seen += n_tokens * self.trainer.world_size
+        self.flops_seen += self.flops_per_batch(batch.size(0), batch.size(1) - 1) * self.trainer.world_size
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/tokens_seen", float(self.tokens_seen))
         return loss
+
+    def flops_per_batch(self, batch_size: int, seq_len: int) -> int:
+        """Analytic training FLOPs of one micro-batch on one device (cached per shape; no tensors involved)."""
+        key = (batch_size, seq_len)
+        if key not in self._flops_per_batch:
+            self._flops_per_batch[key] = training_flops_per_batch(self.config, batch_size, seq_len)
+        return self._flops_per_batch[key]
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         nll, n_tokens = self.loss(batch, reduction="sum")
@@ -116,12 +136,32 @@ class LitLM(L.LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """The Lightning step, wrapped by the Q/K update control when `optim.logit_control` is on.
+
+        QuacK / fixed: the Q/K weights are snapshotted before `optimizer.step()` (the closure that runs forward and
+        backward inside it changes no weight) and each head's update is rescaled after it. QK-clip: the heads whose
+        logits exceeded the cap are rescaled after the step.
+        """
+        control = self.logit_control
+        if control is None:
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        control.before_step(optimizer)
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        control.after_step(optimizer)
+        step = self.trainer.fit_loop.epoch_loop._batches_that_stepped  # this step's index, as Lightning logs it
+        if (step + 1) % max(1, self.trainer.log_every_n_steps) == 0:
+            self.log_dict(control.stats())
+        return None
+
     # ------------------------------------------------------------------------------------- checkpointing
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["tokens_seen"] = self.tokens_seen
+        checkpoint["flops_seen"] = self.flops_seen
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.tokens_seen = int(checkpoint.get("tokens_seen", 0))
+        self.flops_seen = int(checkpoint.get("flops_seen", 0))
 
     def on_fit_start(self) -> None:
         if self.logger is not None:  # hyper-parameters are logged by Lightning; sizes go beside them as scalars

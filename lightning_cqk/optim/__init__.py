@@ -1,7 +1,20 @@
-"""Optimisation: AdamW settings, parameter groups and the learning-rate schedule. Torch only."""
+"""Optimisation: AdamW settings, parameter groups, the learning-rate schedule and Q/K update control. Torch only."""
 
-from lightning_cqk.optim.config import OptimConfig
+from lightning_cqk.optim.config import LogitControl, OptimConfig
 from lightning_cqk.optim.groups import weight_decay_groups
+from lightning_cqk.optim.logit_control import build_logit_control
+from lightning_cqk.optim.qk_clip import QKClip
+from lightning_cqk.optim.quack import FixedQKFactor, QuacK, UpdateScaler
 from lightning_cqk.optim.schedule import warmup_cosine
 
-__all__ = ["OptimConfig", "warmup_cosine", "weight_decay_groups"]
+__all__ = [
+    "FixedQKFactor",
+    "LogitControl",
+    "OptimConfig",
+    "QKClip",
+    "QuacK",
+    "UpdateScaler",
+    "build_logit_control",
+    "warmup_cosine",
+    "weight_decay_groups",
+]
