@@ -1,5 +1,13 @@
-"""Callbacks that watch training from the side (Lightning-aware)."""
+"""Callbacks that watch training from the side (Lightning-aware): instruments, budgets and the run summary.
 
+Ready-made stacks of them for configs live in the top-level `callbacks/` folder (see the README, "Instruments").
+"""
+
+from lightning_cqk.callbacks.attention_stats import AttentionStats
+from lightning_cqk.callbacks.budget import TokenBudget
+from lightning_cqk.callbacks.grad_norm import GradNormMonitor
+from lightning_cqk.callbacks.loss_spike import LossSpikeMonitor
 from lightning_cqk.callbacks.summary import RunSummary
+from lightning_cqk.callbacks.throughput import Throughput
 
-__all__ = ["RunSummary"]
+__all__ = ["AttentionStats", "GradNormMonitor", "LossSpikeMonitor", "RunSummary", "Throughput", "TokenBudget"]

@@ -7,9 +7,15 @@ import time
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
+from lightning_cqk.callbacks.budget import BUDGET_FILE, TokenBudget, budget_record
+from lightning_cqk.callbacks.common import run_dir, write_json
+
 
 class RunSummary(L.Callback):
     """Times training (excluding validation) and prints a short summary when fit ends.
+
+    Also writes `budget.json` (tokens, FLOPs, training seconds, steps; what `TokenBudget(match_to=...)` reads) into
+    the run directory when no TokenBudget callback does it.
 
     Printed: final validation loss / perplexity / bits per byte, tokens seen, training tokens per second, the
     run directory, the last checkpoint and the TensorBoard command.
@@ -49,8 +55,14 @@ class RunSummary(L.Callback):
             "last_checkpoint": getattr(ckpt, "last_model_path", "") or getattr(ckpt, "best_model_path", ""),
         }
 
-    @rank_zero_only
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not any(isinstance(cb, TokenBudget) for cb in trainer.callbacks):  # TokenBudget writes a richer one
+            seconds = max(time.perf_counter() - self._start - self._val_time, 0.0) if self._start else 0.0
+            write_json(run_dir(trainer) / BUDGET_FILE, budget_record(trainer, pl_module, seconds))
+        self._print(trainer, pl_module)
+
+    @rank_zero_only
+    def _print(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         s = self.summary(trainer, pl_module)
         lines = ["", "=" * 72, "Run summary"]
         if "val/loss" in s:

@@ -1,0 +1,208 @@
+"""GradNormMonitor: the pre-clip gradient norm, in total, per parameter group and per block.
+
+Metrics (every `every_n_steps`, default `trainer.log_every_n_steps`):
+    train/grad_norm/total        L2 norm of every gradient together, before clipping
+    train/grad_norm/<group>      q, k, v, out (attention projections), mlp, embeddings (token/position embeddings
+                                 and an untied output head), norms (block, final, QK and latent norms), backend
+                                 (everything else a backend owns: coupled dynamics and dt, differential lambda,
+                                 the `mlp` backend's matrices, ...); groups with no parameter are not logged
+    train/grad_norm/block_03     L2 norm of block 3's gradients
+
+Groups by parameter name (`param_group`): attention projections are named as in `standard` (q_proj, k_proj, v_proj,
+out_proj); MLA's query matrices dq/uq/qr count as q, dkv/uk/kr as k (W_dkv feeds keys and values; it is counted
+once, under k), uv as v. A module shared by several layers (e.g. coupled's one dynamics bank) is counted once, in
+the block where it is registered first.
+
+When: `on_before_optimizer_step`, which Lightning runs after the backward (and after AMP unscaling; bf16 needs none)
+and before gradient clipping, so these are pre-clip norms, once per optimizer step (after the last accumulated
+micro-batch). Put GradNormMonitor before a LossSpikeMonitor that skips updates in the callbacks list: a skipped
+update drops the gradients in the same hook.
+
+Cost: nothing on other steps; on a logging step one `torch._foreach_norm` over all gradients (fp32), two
+`index_add_` to sum squares per group and block, and one host read for all values. Distributed: under DDP the
+gradients are already averaged and identical on every rank, so the local norm is the global one; under sharded
+strategies (FSDP, model parallel, DeepSpeed; `sharded=None` detects them) each rank holds a shard, so the squared
+sums are all-reduced (SUM) across ranks before the square root, one collective for every value. FSDP1 needs
+`use_orig_params=True` for the per-group and per-block names; DTensor gradients (FSDP2) are read through
+`to_local()`.
+
+Tests (`tests/callbacks/test_grad_norm.py`): total, per-group and per-block values equal a manual computation from the
+gradients seen before clipping (with a clip value far below the norm), every parameter is in exactly one group,
+bf16-mixed values are finite, the logging interval holds.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lightning_cqk.callbacks.common import is_log_step, is_sharded, log_metrics, step_index
+
+#: Attention sub-module name -> group. Anything else inside a block's `attn` is "backend".
+ATTENTION_GROUPS = {
+    "q_proj": "q",
+    "k_proj": "k",
+    "v_proj": "v",
+    "out_proj": "out",
+    "dq_proj": "q",
+    "uq_proj": "q",
+    "qr_proj": "q",
+    "dkv_proj": "k",
+    "uk_proj": "k",
+    "kr_proj": "k",
+    "uv_proj": "v",
+    "q_norm": "norms",
+    "k_norm": "norms",
+    "subln": "norms",
+    "q_latent_norm": "norms",
+    "kv_latent_norm": "norms",
+}
+GROUPS = ("q", "k", "v", "out", "mlp", "embeddings", "norms", "backend", "other")
+#: Name parts added by wrappers (LightningModule attribute, DDP/FSDP/compile/checkpoint wrappers), dropped.
+_WRAPPER_PARTS = {"model", "module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
+
+
+def _parts(name: str) -> list[str]:
+    return [p for p in name.split(".") if p not in _WRAPPER_PARTS]
+
+
+def param_group(name: str) -> str:
+    """Group of a parameter of a `GPT` (or of a LightningModule holding it as `model`), by its name."""
+    parts = _parts(name)
+    if not parts:
+        return "other"
+    head = parts[0]
+    if head in ("wte", "wpe", "lm_head"):
+        return "embeddings"
+    if head == "norm_f":
+        return "norms"
+    if head == "blocks" and len(parts) >= 3:
+        sub = parts[2]
+        if sub in ("norm_1", "norm_2"):
+            return "norms"
+        if sub == "mlp":
+            return "mlp"
+        if sub == "attn" and len(parts) >= 4:
+            return ATTENTION_GROUPS.get(parts[3], "backend")
+    return "other"
+
+
+def param_block(name: str) -> int | None:
+    """Block index of a parameter (None outside the blocks)."""
+    parts = _parts(name)
+    if len(parts) >= 2 and parts[0] == "blocks" and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor gradient, the gradient itself otherwise."""
+    return grad.to_local() if hasattr(grad, "to_local") else grad
+
+
+class GradNormComputer:
+    """Squared gradient norms per group and per block of a module, on the device, with cached index tensors."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.names: list[str] = []
+        self.params: list[nn.Parameter] = []
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                self.names.append(name)
+                self.params.append(p)
+        self.groups = [param_group(n) for n in self.names]
+        self.group_names = [g for g in GROUPS if g in set(self.groups)]
+        blocks = [param_block(n) for n in self.names]
+        self.block_ids = sorted({b for b in blocks if b is not None})
+        self._group_of = [self.group_names.index(g) for g in self.groups]
+        # Parameters outside every block go to an extra slot that is not logged.
+        self._block_of = [self.block_ids.index(b) if b is not None else len(self.block_ids) for b in blocks]
+        self._index: dict[tuple[torch.device, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def squared(self, sharded: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(per-group squared norms (G,), per-block squared norms (NB + 1,)) in fp32, or None without gradients."""
+        present = tuple(i for i, p in enumerate(self.params) if p.grad is not None)
+        if not present:
+            return None
+        grads = [_local(self.params[i].grad) for i in present]
+        device = grads[0].device
+        key = (device, present)
+        if key not in self._index:
+            self._index[key] = (
+                torch.tensor([self._group_of[i] for i in present], device=device),
+                torch.tensor([self._block_of[i] for i in present], device=device),
+            )
+        group_idx, block_idx = self._index[key]
+        norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g for g in grads])
+        sq = torch.stack(norms).square()  # (P,)
+        group_sq = torch.zeros(len(self.group_names), device=device).index_add_(0, group_idx, sq)
+        block_sq = torch.zeros(len(self.block_ids) + 1, device=device).index_add_(0, block_idx, sq)
+        if sharded and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            both = torch.cat((group_sq, block_sq))
+            dist.all_reduce(both, op=dist.ReduceOp.SUM)  # shards: the global square is the sum of the local ones
+            group_sq, block_sq = both[: len(group_sq)], both[len(group_sq) :]
+        return group_sq, block_sq
+
+    def total(self, sharded: bool = False) -> torch.Tensor | None:
+        """The global pre-clip gradient norm (0-dim fp32 tensor on the device), None without gradients."""
+        squared = self.squared(sharded)
+        return None if squared is None else squared[0].sum().sqrt()
+
+    def norms(self, sharded: bool = False, per_group: bool = True, per_block: bool = True) -> dict[str, torch.Tensor]:
+        """{"total": ..., "<group>": ..., "block_03": ...} as 0-dim device tensors ({} without gradients)."""
+        squared = self.squared(sharded)
+        if squared is None:
+            return {}
+        group_sq, block_sq = squared
+        out = {"total": group_sq.sum().sqrt()}
+        if per_group:
+            out.update({g: group_sq[i].sqrt() for i, g in enumerate(self.group_names) if g != "other"})
+        if per_block:
+            out.update({f"block_{b:02d}": block_sq[i].sqrt() for i, b in enumerate(self.block_ids)})
+        return out
+
+
+class GradNormMonitor(L.Callback):
+    """Log pre-clip gradient norms (total, per group, per block) every `every_n_steps` optimizer steps.
+
+    Args:
+        every_n_steps: logging interval in optimizer steps; None uses `trainer.log_every_n_steps`.
+        per_group: log `train/grad_norm/<group>` (q, k, v, out, mlp, embeddings, norms, backend).
+        per_block: log `train/grad_norm/block_NN`.
+        sharded: all-reduce squared norms across ranks (sharded gradients); None detects FSDP/model parallel/DeepSpeed.
+        prefix: metric name prefix.
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int | None = None,
+        per_group: bool = True,
+        per_block: bool = True,
+        sharded: bool | None = None,
+        prefix: str = "train/grad_norm",
+    ) -> None:
+        self.every_n_steps = every_n_steps
+        self.per_group = per_group
+        self.per_block = per_block
+        self.sharded = sharded
+        self.prefix = prefix
+        self.latest: dict[str, float] = {}
+        self._computer: GradNormComputer | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._computer = None  # parameters may be re-wrapped between fits
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        step = step_index(trainer)
+        if not is_log_step(trainer, self.every_n_steps, step):
+            return
+        if self._computer is None:
+            self._computer = GradNormComputer(pl_module)
+        sharded = is_sharded(trainer) if self.sharded is None else self.sharded
+        norms = self._computer.norms(sharded, self.per_group, self.per_block)
+        if norms:
+            self.latest = log_metrics(trainer, {f"{self.prefix}/{k}": v for k, v in norms.items()}, step)
