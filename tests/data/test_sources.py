@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lightning_cqk.data import BUILTIN_CORPORA, iter_documents, list_source_files
-from lightning_cqk.data.builtin import iter_python_docs, stdlib_modules, stdlib_root
+from lightning_cqk.data.builtin import iter_python_docs, module_docstrings, stdlib_modules, stdlib_root
 from lightning_cqk.data.sources import WorkUnit, iter_unit_documents, plan_work_units
 
 BOOK = "Title line\r\n\r\nFirst paragraph,\r\nstill first.\r\n   \r\n\r\nSecond one.\r\nThird line\r\n"
@@ -130,3 +130,23 @@ def test_builtin_corpus_is_english_deterministic_and_sliceable():
     assert all(p.is_relative_to(stdlib_root()) for p in islice(stdlib_modules(), 50))
     with pytest.raises(ValueError, match="builtin:python_docs"):
         list(iter_documents("builtin:nope"))
+
+
+def test_module_docstrings_in_source_order(tmp_path: Path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        '"""Module."""\n'
+        "class A:\n"
+        '    """Class A."""\n'
+        "    def f(self):\n"
+        '        """Method f."""\n'
+        "def g():\n"
+        '    """Function g."""\n'
+        "    def inner():\n"
+        '        """Inner."""\n'
+        "def undocumented():\n"
+        "    return 1\n"
+    )
+    assert module_docstrings(module) == "Module.\n\nClass A.\n\nMethod f.\n\nFunction g.\n\nInner."
+    (tmp_path / "py2.py").write_text("print 'python 2'\n")
+    assert module_docstrings(tmp_path / "py2.py") == "", "files this Python cannot parse are skipped"

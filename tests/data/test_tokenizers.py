@@ -88,7 +88,10 @@ def test_gpt2_ids_equal_canonical_tiktoken(gpt2_bpe_dir, wikitext_lines, tmp_pat
     ours = GPT2Tokenizer(bpe_file=str(gpt2_bpe_dir / "gpt2.tiktoken"))
     reference = _canonical_gpt2(gpt2_bpe_dir, tmp_path, monkeypatch)
     tricky = ["<|endoftext|>", " <|endoftext|> x", "don't  stop\t\n\n  ", "1234567 3.14", "🚀 émigré 注意力", " " * 9]
-    lines = wikitext_lines[:1500] + tricky
+    tricky += ["a   b\n\n\n  c", "    def f(x):\n        return x  # two  spaces", "tab\t\tsep\r\nCRLF"]
+    # Whole multi-line documents as well as single lines: runs of spaces and newlines are where regexes differ.
+    documents = ["\n".join(wikitext_lines[i : i + 10]) for i in range(0, 400, 10)]
+    lines = wikitext_lines[:1500] + documents + tricky
     n_tokens = 0
     for line in lines:
         ids = ours.encode(line)
