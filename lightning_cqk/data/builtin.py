@@ -11,8 +11,9 @@ Skipped: tests, IDLE, turtle demos, vendored or installed packages (``site-packa
 ``ensurepip``, and ``encodings`` (a hundred generated codec modules with near-identical docstrings).
 
 Nothing is committed or downloaded: documents are gathered when ``prepare`` runs, and their number depends on the
-Python version. On CPython 3.11.7 (measured): 577 documents, 2.29 MB of UTF-8 text (79 topics, 0.47 MB; 498
-modules, 1.82 MB). Every ``BUILTIN_CORPORA`` value is a function returning an iterator of documents.
+Python version. Measured on CPython 3.11.7: 486 documents, 2.09 MB of UTF-8 text (79 topics, 0.47 MB; 407 modules,
+1.62 MB); 2.09 M byte tokens or 0.59 M GPT-2 tokens. Gathering parses ~450 files and takes 2-4 s on one core.
+Every ``BUILTIN_CORPORA`` value is a function returning an iterator of documents.
 """
 
 from __future__ import annotations

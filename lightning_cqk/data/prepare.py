@@ -149,50 +149,49 @@ def prepare(
     if (out / "train").exists() or (out / "val").exists():
         why = "overwrite=True" if Manifest.exists(out) else "no manifest.json, so an earlier run did not finish"
         print(f"prepare: rebuilding {out} ({why}).")
-    for stale in (out / MANIFEST_NAME, out / "train", out / "val"):
-        if stale.is_dir():
-            shutil.rmtree(stale)
-        else:
-            stale.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    for leftover in out.glob(".prepare-*"):  # from a run that was killed; prepares into one directory do not overlap
+        shutil.rmtree(leftover, ignore_errors=True)
 
     start = time.perf_counter()
     dtype = token_dtype(tok.vocab_size)
-    with tempfile.TemporaryDirectory(prefix="lightning_cqk_prepare_") as tmp_name:
-        tmp = Path(tmp_name)
-        train_paths = _materialise(train_files, tmp / "train_src", num_workers)
-        val_paths = _materialise(val_files, tmp / "val_src", num_workers)
-        gathered = time.perf_counter()
-        total = sum(p.stat().st_size for p in train_paths + val_paths)
-        target = min(max(total // (num_workers * 4), _MIN_UNIT_BYTES), _MAX_UNIT_BYTES)
-        train_units = plan_work_units(train_paths, documents, target)
-        val_units = plan_work_units(val_paths, documents, target)
-        print(
-            f"prepare: {len(train_files) + len(val_files)} source(s), {total / 1e6:.2f} MB -> "
-            f"{len(train_units) + len(val_units)} work units on {num_workers} worker(s), tokenizer {tokenizer!r}."
-        )
-        settings = _Settings(tokenizer, bpe_file, val_fraction, text_field, documents, dtype.name)
-        # val first: it is small, so a split that comes out empty fails fast instead of after tokenizing train.
-        if val_sources is None:
-            jobs = {"val": [(u, "val") for u in train_units], "train": [(u, "train") for u in train_units]}
-        else:
-            jobs = {"val": [(u, "all") for u in val_units], "train": [(u, "all") for u in train_units]}
-        stats = {
-            split: _write_split(
-                split,
-                jobs[split],
-                out / split,
-                tmp / "reports" / split,
-                settings,
-                num_workers,
-                chunk_bytes,
-                tmp / "litdata",
-                val_fraction,
-                val_sources is not None,
+    # Build beside the old shards and swap at the end, so a failed rebuild leaves a finished directory intact.
+    build = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
+    try:
+        with tempfile.TemporaryDirectory(prefix="lightning_cqk_prepare_") as tmp_name:
+            tmp = Path(tmp_name)
+            train_paths = _materialise(train_files, tmp / "train_src", num_workers)
+            val_paths = _materialise(val_files, tmp / "val_src", num_workers)
+            gathered = time.perf_counter()
+            total = sum(p.stat().st_size for p in train_paths + val_paths)
+            target = min(max(total // (num_workers * 4), _MIN_UNIT_BYTES), _MAX_UNIT_BYTES)
+            train_units = plan_work_units(train_paths, documents, target)
+            val_units = plan_work_units(val_paths, documents, target)
+            print(
+                f"prepare: {len(train_files) + len(val_files)} source(s), {total / 1e6:.2f} MB -> "
+                f"{len(train_units) + len(val_units)} work units on {num_workers} worker(s), tokenizer {tokenizer!r}."
             )
-            for split in ("val", "train")
-        }
-        files = _file_entries(train_files + val_files, {"train": stats["train"], "val": stats["val"]})
+            settings = _Settings(tokenizer, bpe_file, val_fraction, text_field, documents, dtype.name)
+            # val first: it is small, so a split that comes out empty fails fast, not after tokenizing train.
+            if val_sources is None:
+                jobs = {"val": [(u, "val") for u in train_units], "train": [(u, "train") for u in train_units]}
+            else:
+                jobs = {"val": [(u, "all") for u in val_units], "train": [(u, "all") for u in train_units]}
+            stats = {
+                split: _write_split(
+                    split, jobs[split], build / split, tmp, settings, num_workers, chunk_bytes, val_sources is not None
+                )
+                for split in ("val", "train")
+            }
+        for stale in (out / MANIFEST_NAME, out / "train", out / "val"):
+            if stale.is_dir():
+                shutil.rmtree(stale)
+            else:
+                stale.unlink(missing_ok=True)
+        for split in ("train", "val"):
+            os.replace(build / split, out / split)  # index.json names its chunks relative to its folder
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
 
     seconds = time.perf_counter() - start
     tokenize_seconds = time.perf_counter() - gathered
@@ -207,7 +206,7 @@ def prepare(
         splits={"train": stats["train"], "val": stats["val"]},
         sources=sources,
         val_sources=val_sources,
-        files=files,
+        files=_file_entries(train_files + val_files),
         val_fraction=val_fraction,
         split_rule=request["split_rule"],
         documents_mode=documents,
@@ -267,7 +266,7 @@ def _signature(files: list[_SourceFile]) -> list[list]:
     return [[str(f.path), f.split, platform.python_version() if f.builtin else f.path.stat().st_size] for f in files]
 
 
-def _file_entries(files: list[_SourceFile], stats: dict[str, SplitStats]) -> list[dict]:
+def _file_entries(files: list[_SourceFile]) -> list[dict]:
     entries = []
     for f, (path, split, size) in zip(files, _signature(files)):
         entry = {"path": path, "split": split}
@@ -337,21 +336,21 @@ def _write_split(
     split: str,
     jobs: list[tuple[WorkUnit, str]],
     split_dir: Path,
-    report_dir: Path,
+    tmp: Path,
     settings: _Settings,
     num_workers: int,
     chunk_bytes: str,
-    litdata_tmp: Path,
-    val_fraction: float,
     explicit_val: bool,
 ) -> SplitStats:
+    """Tokenize one split's work units into ``split_dir`` with litdata and return its checked counts."""
     from litdata import TokensLoader, optimize
 
+    report_dir = tmp / "reports" / split
     report_dir.mkdir(parents=True)
     t0 = time.perf_counter()
     items = [(i, unit, keep) for i, (unit, keep) in enumerate(jobs)]
     fn = partial(_tokenize_unit, settings=settings, report_dir=str(report_dir))
-    with _litdata_sandbox(litdata_tmp / split):
+    with _litdata_sandbox(tmp / "litdata" / split):
         optimize(
             fn=fn,
             inputs=items,
@@ -375,7 +374,7 @@ def _write_split(
         stats.add(SplitStats(**data["stats"]))
         seen += data["seen"]
     if stats.documents == 0:
-        raise ValueError(_empty_split_message(split, seen, val_fraction, explicit_val))
+        raise ValueError(_empty_split_message(split, seen, settings.val_fraction, explicit_val))
     written = _tokens_in_index(split_dir)
     if written != stats.tokens:
         raise RuntimeError(f"{split_dir}: litdata's index.json holds {written} tokens but {stats.tokens} were written.")

@@ -103,6 +103,14 @@ def test_reuse_mismatch_overwrite_and_interrupted(corpus: Path, tmp_path: Path, 
     bpe_file = str(gpt2_bpe_dir / "gpt2.tiktoken")
     gpt2 = prepare(str(corpus), str(out), tokenizer="gpt2", bpe_file=bpe_file, val_fraction=0.25, overwrite=True)
     assert gpt2.tokenizer == "gpt2" and gpt2.vocab_size == 50257 and gpt2.dtype == "uint16"
+    with pytest.raises(ValueError, match="val split would be empty"):
+        prepare(str(corpus), str(out), val_fraction=1e-9, overwrite=True)
+    assert Manifest.load(out).tokenizer == "gpt2", "a failed rebuild leaves the finished shards as they were"
+    assert not list(out.glob(".prepare-*")) and sorted(p.name for p in out.iterdir()) == [
+        "manifest.json",
+        "train",
+        "val",
+    ]
 
     # A crash after the shards but before the manifest: the directory is rebuilt, never trusted.
     manifest_file.unlink()
