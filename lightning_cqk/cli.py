@@ -13,6 +13,11 @@ run's logs. Two values are linked so that model and data cannot disagree: `model
 Defaults chosen here (all overridable): TensorBoard logs under `runs/<experiment>/<run name>/` where the run name
 is `{attention}-{preset}-s{seed}` (a `-2`, `-3`, ... suffix keeps a new run from writing into an old one), and
 `trainer.precision: null` meaning bf16-mixed on a bf16-capable GPU, fp32 elsewhere.
+
+Budgets: a `budget:` group (top-level key, `lightning_cqk.callbacks.TokenBudget`) is always present and does nothing
+unless set: `--budget.tokens 2e6`, `--budget.flops 1e15`, `--budget.wallclock 600`, or
+`--budget.match_to runs/<experiment>/<run> --budget.ratio 2.4 [--budget.match_on tokens]`. Every run writes
+`budget.json` (tokens, flops, wallclock, steps) into its run directory.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from lightning.pytorch import LightningDataModule, Trainer  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
 
-from lightning_cqk.callbacks import RunSummary  # noqa: E402
+from lightning_cqk.callbacks import RunSummary, TokenBudget  # noqa: E402
 from lightning_cqk.module import LitLM  # noqa: E402
 
 
@@ -64,6 +69,8 @@ class CQKCLI(LightningCLI):
                 }
             }
         )
+        # Always present, a no-op unless a budget is set: `--budget.tokens 1e6`, `--budget.match_to <run dir>`.
+        parser.add_lightning_class_args(TokenBudget, "budget")
         parser.link_arguments("data.init_args.seq_len", "model.config.block_size", apply_on="parse")
         parser.link_arguments("data", "model.config.vocab_size", compute_fn=_vocab_size_of, apply_on="instantiate")
 

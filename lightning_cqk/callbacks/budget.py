@@ -113,9 +113,9 @@ class TokenBudget(L.Callback):
 
     def __init__(
         self,
-        tokens: int | None = None,
-        flops: float | None = None,
-        wallclock: float | None = None,
+        tokens: int | float | None = None,
+        flops: int | float | None = None,
+        wallclock: int | float | None = None,
         match_to: str | None = None,
         ratio: float = 1.0,
         match_on: Literal["tokens", "flops", "wallclock", "steps"] = "tokens",

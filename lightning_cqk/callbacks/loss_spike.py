@@ -4,7 +4,8 @@ Detection, once per optimizer step (the loss of a step is the mean over its accu
 ranks under DDP, so every rank takes the same decision). With m the running statistic of past non-spike losses:
     mode="ratio"   spike if loss > threshold * m                     (default threshold 1.5: papers.md §6 item 15)
     mode="zscore"  spike if (loss - m) / s > threshold               (default threshold 6; s the running std)
-    statistic="ema"     m, s: exponential moving mean/variance of the losses (decay `ema_decay`)
+    statistic="ema"     m, s: exponential moving mean/variance of the losses (decay `ema_decay`; the mean starts at the
+                        first loss, the variance is bias-corrected by 1 - decay^(n - 1) like Adam's moments)
     statistic="window"  m, s: mean/std of the last `window` non-spike losses
 A non-finite loss is always a spike. Spikes never enter the statistic (one spike does not hide the next). No spike is
 flagged during the first `warmup_steps` steps (the statistic needs data; the loss falls fast early on).
@@ -123,7 +124,9 @@ class LossSpikeMonitor(L.Callback):
     def _reference(self, s: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std) of the statistic so far (device tensors)."""
         if self.statistic == "ema":
-            return s["mean"], s["var"].clamp_min(0).sqrt()
+            # The EW variance starts at 0 after the first loss; divide by 1 - d^(n-1), as Adam's bias correction.
+            correction = 1 - torch.pow(torch.as_tensor(self.ema_decay, dtype=s["count"].dtype), s["count"] - 1)
+            return s["mean"], (s["var"] / correction.clamp_min(1e-12)).clamp_min(0).sqrt()
         n = s["count"].clamp(max=self.window)
         filled = torch.arange(self.window, device=n.device) < n
         buf = s["buffer"]
