@@ -1,0 +1,80 @@
+"""The callback stacks in callbacks/*.yaml parse and build with the CLI; budgets work from the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+
+from lightning_cqk.callbacks import TokenBudget
+from lightning_cqk.cli import CQKCLI, main
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+STACKS = sorted((REPO / "callbacks").glob("*.yaml"))
+TEXT = "Instruments watch training from the side. The quick brown fox jumps over the lazy dog. "
+
+
+@pytest.fixture(autouse=True)
+def _plain_argv(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("stack_corpus") / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": f"Doc {i}. " + TEXT * (3 + i % 4)}) + "\n" for i in range(40)))
+    return path
+
+
+def overrides(tmp_path: Path, corpus: Path, steps: int = 50) -> list[str]:
+    return [
+        f"--data.source={corpus}",
+        f"--data.data_dir={corpus.parent / 'shards'}",
+        "--data.seq_len=16",
+        "--data.batch_size=4",
+        "--data.val_fraction=0.2",
+        f"--trainer.max_steps={steps}",
+        "--trainer.val_check_interval=1000",
+        "--trainer.limit_val_batches=1",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        "--model.optim.warmup_steps=1",
+    ]
+
+
+def test_there_are_stacks():
+    assert {p.name for p in STACKS} >= {"stability.yaml", "compute_matched.yaml"}
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=lambda p: p.name)
+def test_stack_builds_with_the_cli(stack: Path, tmp_path: Path, corpus: Path):
+    cli = CQKCLI(args=["--config", str(QUICKSTART), "--config", str(stack), *overrides(tmp_path, corpus)], run=False)
+    listed = [c["class_path"].rsplit(".", 1)[-1] for c in yaml.safe_load(stack.read_text())["trainer"]["callbacks"]]
+    built = [type(c).__name__ for c in cli.trainer.callbacks]
+    assert all(name in built for name in listed), (listed, built)
+    assert any(isinstance(c, ModelCheckpoint) for c in cli.trainer.callbacks), "a stack is a complete list"
+    assert any(isinstance(c, LearningRateMonitor) for c in cli.trainer.callbacks)
+    assert sum(isinstance(c, TokenBudget) for c in cli.trainer.callbacks) == 1, "the always-present budget group"
+
+
+def test_stability_config_uses_the_stability_stack():
+    config = yaml.safe_load((REPO / "configs" / "stability.yaml").read_text())
+    stack = yaml.safe_load((REPO / "callbacks" / "stability.yaml").read_text())
+    assert config["trainer"]["callbacks"] == stack["trainer"]["callbacks"]
+
+
+def test_budget_from_the_command_line_and_match_to(tmp_path: Path, corpus: Path):
+    stack = str(REPO / "callbacks" / "compute_matched.yaml")
+    base = ["fit", "--config", str(QUICKSTART), "--config", stack, *overrides(tmp_path, corpus)]
+    main([*base, "--trainer.logger.init_args.name=ref", "--budget.tokens=200"])  # 64 tokens per step: 3 steps
+    ref = tmp_path / "runs" / "ref" / "standard-tiny-s1337"
+    recorded = json.loads((ref / "budget.json").read_text())
+    assert (recorded["steps"], recorded["tokens"]) == (3, 192)
+    main([*base, "--trainer.logger.init_args.name=matched", f"--budget.match_to={ref}", "--budget.ratio=2"])
+    matched = json.loads((tmp_path / "runs" / "matched" / "standard-tiny-s1337" / "budget.json").read_text())
+    assert (matched["steps"], matched["tokens"]) == (6, 384)
