@@ -15,8 +15,9 @@ Actions:
     "skip"   skip this step's optimizer update: every gradient is set to None in `on_before_optimizer_step` (after the
              backward, before clipping and `optimizer.step()`), and `torch.optim` optimizers leave a parameter without
              a gradient untouched (no moment update, no weight decay, no step count). Works with automatic
-             optimization under fp32 and bf16-mixed; not with "16-mixed" (the fp16 GradScaler asserts on a step
-             without gradients). The learning-rate schedule and `trainer.global_step` still advance.
+             optimization under fp32 and bf16-mixed; refused under "16-mixed" (the fp16 GradScaler asserts on a step
+             without gradients; "log" works there, unscaling the loss). The learning-rate schedule and
+             `trainer.global_step` still advance.
     "stop"   skip the update (as "skip"), then at the end of the batch save `checkpoints/spike-step{k}.ckpt` in the run
              directory (the weights before the spike) and stop training.
     "skip" and "stop" need the decision on the host before the update: one scalar read per step.
@@ -110,6 +111,7 @@ class LossSpikeMonitor(L.Callback):
         self._state: dict[str, torch.Tensor] | None = None  # the running statistic, on the device
         self._pending: list[tuple[int, torch.Tensor]] = []  # (step, stacked [flag, loss, reference, score]) unread
         self._stop_at: int | None = None
+        self._scaler = None
         self._dirty = False
         self._grad_norms: GradNormComputer | None = None
 
@@ -125,7 +127,7 @@ class LossSpikeMonitor(L.Callback):
         """(mean, std) of the statistic so far (device tensors)."""
         if self.statistic == "ema":
             # The EW variance starts at 0 after the first loss; divide by 1 - d^(n-1), as Adam's bias correction.
-            correction = 1 - torch.pow(torch.as_tensor(self.ema_decay, dtype=s["count"].dtype), s["count"] - 1)
+            correction = 1 - torch.pow(self.ema_decay, s["count"] - 1)
             return s["mean"], (s["var"] / correction.clamp_min(1e-12)).clamp_min(0).sqrt()
         n = s["count"].clamp(max=self.window)
         filled = torch.arange(self.window, device=n.device) < n
@@ -164,10 +166,18 @@ class LossSpikeMonitor(L.Callback):
     # ------------------------------------------------------------------------------------------- hooks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._grad_norms = None
+        self._scaler = getattr(trainer.precision_plugin, "scaler", None)  # fp16 ("16-mixed") only
+        if self._scaler is not None and self.action != "log":
+            raise ValueError(
+                f"LossSpikeMonitor(action={self.action!r}) cannot skip updates under fp16 mixed precision (the "
+                "GradScaler refuses a step without gradients); use precision bf16-mixed or 32-true, or action='log'."
+            )
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         # Lightning passes the micro-batch loss divided by accumulate_grad_batches: the sum is the step's mean loss.
         value = loss.detach().to(torch.float64)
+        if self._scaler is not None and getattr(self._scaler, "_scale", None) is not None:
+            value = value / self._scaler._scale.to(value)  # fp16: the hook sees the scaled loss (device tensor)
         self._acc = value if self._acc is None else self._acc + value
 
     def on_before_optimizer_step(
