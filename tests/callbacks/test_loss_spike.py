@@ -63,6 +63,14 @@ def test_planted_spike_found_once_at_its_step(kwargs, make_module, make_trainer,
     assert [s["step"] for s in record["spikes"]] == [SPIKE_STEP] and record["skipped"] == []
 
 
+def test_planted_spike_under_bf16_mixed(make_module, make_trainer, token_loader):
+    monitor = LossSpikeMonitor(warmup_steps=3, action="skip")
+    trainer, _ = make_trainer([monitor], max_steps=10, precision="bf16-mixed")
+    trainer.fit(make_module(module_class=PlantedSpike), token_loader())
+    assert [s["step"] for s in monitor.spikes] == [SPIKE_STEP] and len(monitor.skipped) == 1
+    assert all(torch.isfinite(p).all() for p in trainer.lightning_module.parameters())
+
+
 def test_no_spike_without_one(make_module, make_trainer, token_loader):
     monitor = LossSpikeMonitor(warmup_steps=3, mode="zscore")
     trainer, _ = make_trainer([monitor], max_steps=14)
