@@ -207,3 +207,27 @@ def test_lightning_run_bf16_checkpoint_and_off_is_unchanged(tmp_path):
     assert not any(k.startswith("logit_control") for k in off.state_dict())
     assert build_logit_control(off.model, OptimConfig().logit_control) is None
     assert math.isclose(optim.logit_control.tau, 0.5)
+
+
+def test_lightning_applies_the_factor_to_qk_weights_only(tmp_path):
+    """Through LitLM.optimizer_step (a LightningOptimizer): a tiny fixed factor freezes W_Q, W_K and nothing else."""
+    L.seed_everything(0, verbose=False)
+    config = ModelConfig(vocab_size=64, n_layer=2, n_embd=32, n_head=4, block_size=16)
+    module = LitLM(config, OptimConfig(lr=1e-2, warmup_steps=1, logit_control={"method": "fixed", "tau": 1e-9}))
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    trainer = L.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, DataLoader(torch.randint(0, 64, (12, 17)), batch_size=4))
+    for name, p in module.named_parameters():
+        change = (p.detach() - before[name]).abs().max().item()
+        if ".q_proj." in name or ".k_proj." in name:
+            assert change < 1e-9, name
+        elif name.endswith("weight") and p.dim() == 2:
+            assert change > 1e-4, name
