@@ -59,6 +59,10 @@ class TokenDataModule(L.LightningDataModule):
         shuffle: shuffle training windows.
         seed: shuffle seed of the training stream.
         prepare_workers: processes used by prepare.
+        corpus: a named corpus (``wikitext103``, ``wikitext2``, ``pubmed``, ``openwebtext``, ``c4``, ``slimpajama``,
+            ``text``; see ``lightning_cqk.data.corpora``): ``source`` is then a local copy in that corpus's format,
+            its own train/valid files are kept as splits, and with ``source: null`` it is downloaded when preparing.
+        max_documents: when a corpus is downloaded, at most this many rows of each online split.
     """
 
     def __init__(
@@ -78,6 +82,8 @@ class TokenDataModule(L.LightningDataModule):
         shuffle: bool = True,
         seed: int = 42,
         prepare_workers: int = 1,
+        corpus: str | None = None,
+        max_documents: int | None = None,
     ) -> None:
         super().__init__()
         if seq_len < 1 or batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
@@ -96,6 +102,21 @@ class TokenDataModule(L.LightningDataModule):
         self.shuffle = shuffle
         self.seed = seed
         self._vocab_size = vocab_size_of(tokenizer)  # validates the name now, without loading anything
+        if corpus is not None:
+            from lightning_cqk.data.corpora import get_corpus
+
+            get_corpus(corpus)  # an unknown name fails at parse time, listing the known ones
+        self.corpus = corpus
+        # Explicit copies (not self.hparams): a TokenDataModule built inside another DataModule's __init__ (a
+        # mixture) would get the outer one's arguments from save_hyperparameters' frame inspection.
+        self.prepare_kwargs = dict(
+            val_fraction=val_fraction,
+            val_source=val_source,
+            text_field=text_field,
+            documents=documents,
+            num_workers=prepare_workers,
+            max_documents=max_documents,
+        )
         self.manifest: Manifest | None = None
         self.train_dataset = None
         self.val_dataset = None
@@ -121,23 +142,19 @@ class TokenDataModule(L.LightningDataModule):
         """Build the shards from ``source`` unless ``data_dir`` already holds finished ones."""
         if Manifest.exists(self.data_dir):
             return
-        if self.source is None:
+        if self.source is None and self.corpus is None:
             raise FileNotFoundError(
                 f"No token shards at {self.data_dir} (no manifest.json) and no data.source to prepare them from. Run "
                 f"`lightning_cqk prepare --source <text> --output_dir {self.data_dir} --tokenizer {self.tokenizer}`, "
                 "or set data.source."
             )
-        hp = self.hparams
         prepare(
-            hp.source,
+            self.source,
             self.data_dir,
             tokenizer=self.tokenizer,
             bpe_file=self.bpe_file,
-            val_fraction=hp.val_fraction,
-            val_source=hp.val_source,
-            text_field=hp.text_field,
-            documents=hp.documents,
-            num_workers=hp.prepare_workers,
+            corpus=self.corpus,
+            **self.prepare_kwargs,
         )
 
     def setup(self, stage: str | None = None) -> None:

@@ -80,7 +80,7 @@ def in_val(text: str, val_fraction: float) -> bool:
 
 
 def prepare(
-    source: str | list[str],
+    source: str | list[str] | None,
     output_dir: str,
     tokenizer: str = "bytes",
     bpe_file: str | None = None,
@@ -91,6 +91,8 @@ def prepare(
     num_workers: int = 1,
     chunk_bytes: str = "64MB",
     overwrite: bool = False,
+    corpus: str | None = None,
+    max_documents: int | None = None,
 ) -> Manifest:
     """Tokenize text into litdata token shards with a train/val split and a manifest.
 
@@ -108,6 +110,11 @@ def prepare(
         num_workers: processes that tokenize in parallel.
         chunk_bytes: size of a litdata chunk, e.g. ``64MB``.
         overwrite: rebuild even when finished shards exist (also allows another tokenizer, source or setting).
+        corpus: a named corpus (``corpora.CORPORA``: ``wikitext103``, ``pubmed``, ``c4``, ...). Then ``source`` is a
+            local copy in the corpus's own format (its train/valid files become the splits, see ``corpora.py``) and
+            ``documents``/``text_field`` come from the corpus; with ``source`` None it is downloaded into
+            ``<output_dir>/raw/`` (needs the ``datasets`` package and a network).
+        max_documents: with a download, keep at most this many rows of each online split.
 
     Returns:
         The manifest of the new or reused shards.
@@ -116,6 +123,21 @@ def prepare(
         FileNotFoundError: a source path does not exist.
         ValueError: bad settings, a mismatching existing directory, or a split that would be empty.
     """
+    if corpus is not None:
+        from lightning_cqk.data.corpora import resolve_corpus
+
+        if val_source is not None:
+            raise ValueError(f"corpus={corpus!r} takes its validation split from its own files; drop val_source.")
+        raw = Path(output_dir).expanduser() / "raw"
+        resolved = resolve_corpus(corpus, source, download_dir=raw, max_documents=max_documents)
+        source, val_source = resolved.source, resolved.val_source
+        documents, text_field = resolved.documents, resolved.text_field
+        if resolved.held_out:
+            print(
+                f"prepare: corpus {corpus!r}: left out (test split or no split named): {', '.join(resolved.held_out)}."
+            )
+    elif source is None:
+        raise ValueError("prepare needs a source (text files) or a corpus name (see lightning_cqk.data.corpora).")
     check_documents_mode(documents)
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")

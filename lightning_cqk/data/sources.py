@@ -6,6 +6,10 @@ corpus named ``builtin:<name>`` (see ``builtin.py``).
 * Plain text (``.txt``, ``.md``, ``.raw``, ``.text``): ``documents`` says what one document is: the whole ``file``
   (default), a ``paragraph`` (lines up to the next blank line), or a non-blank ``line``. Line terminators (``\\n``
   or ``\\r\\n``) are not part of line and paragraph documents; paragraph lines are joined with ``\\n``.
+  Two corpus formats are modes too: ``wikitext`` (WikiText's ``wiki.*.raw``: an article runs from one top-level
+  `` = Title = `` heading line to the next; `` = = Section = = `` lines stay inside) and ``pubtator`` (blank-line
+  separated blocks; a PubTator block ``pmid|t|title`` / ``pmid|a|abstract`` / tab-separated annotations gives
+  ``title\\nabstract``, any other block is kept as a plain paragraph).
 * JSON lines (``.jsonl``, ``.json``): one document per line, the string in ``text_field`` (a line that is a bare
   JSON string is accepted too). A ``.json`` file that starts with ``[`` is read as one array of such records.
   Records whose text is null or blank are skipped.
@@ -24,6 +28,7 @@ import codecs
 import glob
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,8 +37,11 @@ from typing import BinaryIO
 
 TEXT_SUFFIXES = (".txt", ".md", ".raw", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json")
-DOCUMENT_MODES = ("file", "paragraph", "line")
+DOCUMENT_MODES = ("file", "paragraph", "line", "wikitext", "pubtator")
 BUILTIN_PREFIX = "builtin:"
+# A WikiText article heading: " = Title = " (one "=" each side; " = = Section = = " is a sub-heading).
+_WIKI_HEADING = re.compile(rb"^ = [^=].*[^=] = $|^ = [^=] = $")
+_PUBTATOR_TEXT = re.compile(rb"^\d+\|[ta]\|")
 
 
 @dataclass(frozen=True)
@@ -195,6 +203,13 @@ def iter_unit_documents(unit: WorkUnit, text_field: str = "text", documents: str
 
 
 def _text_documents(data: bytes, unit: WorkUnit, documents: str) -> Iterator[Document]:
+    if documents == "wikitext":
+        yield from _wikitext_documents(data, unit)
+        return
+    if documents == "pubtator":
+        for doc in _text_documents(data, unit, "paragraph"):
+            yield _pubtator_document(doc)
+        return
     paragraph: list[bytes] = []
     first_line = 0
     lines = data.split(b"\n")
@@ -213,6 +228,34 @@ def _text_documents(data: bytes, unit: WorkUnit, documents: str) -> Iterator[Doc
             paragraph.append(line)
     if paragraph:
         yield _document(b"\n".join(paragraph), unit, first_line)
+
+
+def _wikitext_documents(data: bytes, unit: WorkUnit) -> Iterator[Document]:
+    """Articles of a ``wiki.*.raw`` file: each starts at a top-level heading line (kept as its first line)."""
+    article: list[bytes] = []
+    first_line = 1
+    for lineno, line in enumerate(data.split(b"\n"), start=1):
+        line = line.removesuffix(b"\r")
+        if _WIKI_HEADING.match(line) and article:
+            yield from _wikitext_article(article, unit, first_line)
+            article, first_line = [], lineno
+        article.append(line)
+    yield from _wikitext_article(article, unit, first_line)
+
+
+def _wikitext_article(lines: list[bytes], unit: WorkUnit, lineno: int) -> Iterator[Document]:
+    raw = b"\n".join(line for line in lines if line.strip())
+    if raw.strip():
+        yield _document(raw, unit, lineno)
+
+
+def _pubtator_document(doc: Document) -> Document:
+    """``title\\nabstract`` of a PubTator block (annotation lines dropped); any other block unchanged."""
+    lines = doc.text.split("\n")
+    if not _PUBTATOR_TEXT.match(lines[0].encode("utf-8")):
+        return doc
+    parts = [line.split("|", 2)[2] for line in lines if _PUBTATOR_TEXT.match(line.encode("utf-8"))]
+    return Document("\n".join(p for p in parts if p.strip()), doc.source, doc.replaced)
 
 
 def _jsonl_documents(data: bytes, unit: WorkUnit, text_field: str) -> Iterator[Document]:
@@ -280,7 +323,7 @@ def _boundary_mode(path: Path, documents: str) -> str | None:
     if suffix == ".json":
         with path.open("rb") as f:
             return None if f.read(4096).lstrip()[:1] == b"[" else "line"
-    return {"line": "line", "paragraph": "paragraph"}.get(documents)
+    return {"line": "line", "paragraph": "paragraph", "pubtator": "paragraph", "wikitext": "wikitext"}.get(documents)
 
 
 def _next_boundary(f: BinaryIO, offset: int, mode: str) -> int:
@@ -289,6 +332,12 @@ def _next_boundary(f: BinaryIO, offset: int, mode: str) -> int:
     f.readline()  # finish the line ``offset`` falls in; the next line start is a boundary for line mode
     if mode == "line":
         return f.tell()
+    if mode == "wikitext":  # cut just before an article heading
+        while True:
+            start = f.tell()
+            line = f.readline()
+            if not line or _WIKI_HEADING.match(line.rstrip(b"\r\n")):
+                return start
     while line := f.readline():
         if not line.strip():  # a blank line ends a paragraph, so the line after it starts a new one
             return f.tell()

@@ -22,6 +22,15 @@ def _shared_data_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The shared data folder (``../shared/data``); skips when absent."""
+    path = _shared_data_dir()
+    if not (path / "gpt2_bpe" / "gpt2.tiktoken").is_file():
+        pytest.skip(f"shared data folder {path} is absent (set LIGHTNING_CQK_SHARED_DATA to it)")
+    return path
+
+
+@pytest.fixture(scope="session")
 def gpt2_bpe_dir() -> Path:
     """The shared GPT-2 vocabulary folder (gpt2.tiktoken, vocab.json, merges.txt); skips when absent."""
     path = _shared_data_dir() / "gpt2_bpe"

@@ -1,0 +1,161 @@
+"""A weighted mixture of corpora (litdata ``CombinedStreamingDataset``) for the domain-coherent vs heterogeneous
+comparison: each component is a named corpus prepared into its own shard directory with the same tokenizer.
+
+Training draws each window from component ``i`` with probability ``weight_i / sum(weights)`` (litdata samples the
+component per window with a seeded generator, so the stream is reproducible and its state resumes exactly).
+Validation reads every component's val split once (``iterate_over_all``), so ``val/loss`` is the token-weighted
+loss over the union of the val splits, and ``bytes_per_token`` is that union's bytes over its tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+
+from lightning_cqk.data.datamodule import TokenDataModule, collate_tokens
+from lightning_cqk.data.manifest import Manifest
+from lightning_cqk.data.tokenizers import eos_id_of, vocab_size_of
+
+
+@dataclass
+class MixtureComponent:
+    """One corpus of a mixture.
+
+    Attributes:
+        corpus: a named corpus (``lightning_cqk.data.corpora``), e.g. ``pubmed`` or ``c4``.
+        data_dir: where its shards are (prepared there from ``source`` when missing).
+        source: local copy in the corpus's format; None: download when preparing.
+        weight: relative sampling weight in training.
+    """
+
+    corpus: str
+    data_dir: str
+    source: str | list[str] | None = None
+    weight: float = 1.0
+
+
+class MixtureDataModule(L.LightningDataModule):
+    """Token windows drawn from several corpora by weight (training) and from all their val splits (validation).
+
+    Args:
+        components: the corpora and their weights.
+        tokenizer, bpe_file, seq_len, batch_size, val_batch_size, num_workers, val_fraction, shuffle, seed,
+            prepare_workers, max_documents: as for ``TokenDataModule`` (shared by every component).
+    """
+
+    def __init__(
+        self,
+        components: list[MixtureComponent],
+        tokenizer: str = "gpt2",
+        bpe_file: str | None = None,
+        seq_len: int = 1024,
+        batch_size: int = 32,
+        val_batch_size: int | None = None,
+        num_workers: int = 0,
+        val_fraction: float = 0.05,
+        shuffle: bool = True,
+        seed: int = 42,
+        prepare_workers: int = 1,
+        max_documents: int | None = None,
+    ) -> None:
+        super().__init__()
+        if len(components) < 1:
+            raise ValueError("A mixture needs at least one component.")
+        components = [c if isinstance(c, MixtureComponent) else MixtureComponent(**c) for c in components]
+        if any(not c.weight > 0 for c in components):
+            raise ValueError(f"Mixture weights must be positive, got {[c.weight for c in components]}.")
+        self.save_hyperparameters()
+        self.components = components
+        self.tokenizer = tokenizer
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.val_batch_size = val_batch_size or batch_size
+        self.num_workers = num_workers
+        self.seed = seed
+        self._vocab_size = vocab_size_of(tokenizer)
+        # One TokenDataModule per component does the preparing, checking and dataset building.
+        self.parts = [
+            TokenDataModule(
+                data_dir=c.data_dir,
+                source=c.source,
+                corpus=c.corpus,
+                tokenizer=tokenizer,
+                bpe_file=bpe_file,
+                seq_len=seq_len,
+                batch_size=batch_size,
+                val_batch_size=val_batch_size,
+                num_workers=num_workers,
+                val_fraction=val_fraction,
+                shuffle=shuffle,
+                seed=seed,
+                prepare_workers=prepare_workers,
+                max_documents=max_documents,
+            )
+            for c in components
+        ]
+        self.train_dataset = None
+        self.val_dataset = None
+
+    @property
+    def vocab_size(self) -> int:
+        """Vocabulary size of the shared tokenizer (no I/O)."""
+        return self._vocab_size
+
+    @property
+    def eos_id(self) -> int:
+        """End-of-document id of the shared tokenizer."""
+        return eos_id_of(self.tokenizer)
+
+    @property
+    def bytes_per_token(self) -> float | None:
+        """UTF-8 bytes per token over the union of the components' val splits (None while any is missing)."""
+        if not all(Manifest.exists(c.data_dir) for c in self.components):
+            return None
+        splits = [Manifest.load(c.data_dir).splits["val"] for c in self.components]
+        return sum(s.bytes for s in splits) / max(1, sum(s.tokens for s in splits))
+
+    def prepare_data(self) -> None:
+        """Prepare every component that has no finished shards."""
+        for part in self.parts:
+            part.prepare_data()
+
+    def setup(self, stage: str | None = None) -> None:
+        """Build each component's datasets, then the weighted (train) and exhaustive (val) combinations."""
+        from litdata import CombinedStreamingDataset
+
+        for part in self.parts:
+            part.trainer = self.trainer
+            part.setup(stage)
+        weights = [c.weight / sum(c.weight for c in self.components) for c in self.components]
+        self.train_dataset = CombinedStreamingDataset(
+            [p.train_dataset for p in self.parts], seed=self.seed, weights=weights, iterate_over_all=False
+        )
+        self.val_dataset = CombinedStreamingDataset([p.val_dataset for p in self.parts], iterate_over_all=True)
+
+    def train_dataloader(self):
+        """Weighted training windows, ``(batch_size, seq_len + 1)`` int64."""
+        from litdata import StreamingDataLoader
+
+        return StreamingDataLoader(
+            self.train_dataset,
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+            drop_last=True,
+            pin_memory=torch.cuda.is_available(),
+            collate_fn=collate_tokens,
+        )
+
+    def val_dataloader(self):
+        """Every component's val windows, ``(val_batch_size, seq_len + 1)`` int64."""
+        from litdata import StreamingDataLoader
+
+        return StreamingDataLoader(
+            self.val_dataset,
+            batch_size=self.val_batch_size,
+            num_workers=self.num_workers,
+            drop_last=False,
+            pin_memory=torch.cuda.is_available(),
+            collate_fn=collate_tokens,
+        )
