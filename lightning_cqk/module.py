@@ -16,6 +16,10 @@ log it.
     val/ppl            exp(val/loss)
     val/bpb            bits per byte of the validation text: val/loss / ln 2 * tokens / bytes, with the byte
                        count recorded by `prepare` (comparable across tokenizers)
+    val/ctx<c>/loss    with `eval_contexts`: token-weighted NLL when every token of each validation window is scored
+    val/ctx<c>/ppl     with at most c tokens of context (sliding window, `sliding_window_nll`; stride `eval_stride`,
+                       default c: non-overlapping). Longer validation windows: `data.val_seq_len` (then val/loss
+                       scores them in non-overlapping block_size chunks).
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ class LitLM(L.LightningModule):
         optim: optimiser and learning-rate schedule.
         compile: compile each transformer block with `torch.compile` (regional compilation: state-dict keys are
             unchanged, so checkpoints load into eager models).
+        eval_contexts: context lengths (each at most block_size) at which validation also reports perplexity,
+            e.g. [128, 256, 512, 1024] (arXiv 2510.11602 Table 4); None: only the plain val/loss.
+        eval_stride: sliding-window stride for `eval_contexts` (tokens newly scored per window); None: the context.
     """
 
     def __init__(
@@ -50,6 +57,8 @@ class LitLM(L.LightningModule):
         config: ModelConfig = ModelConfig(),  # noqa: B008 - a dataclass default gives the CLI its field defaults
         optim: OptimConfig = OptimConfig(),  # noqa: B008
         compile: bool = False,
+        eval_contexts: list[int] | None = None,
+        eval_stride: int | None = None,
     ) -> None:
         super().__init__()
         # Accept plain dicts too: that is how checkpoints store hyper-parameters (weights_only-loadable).
@@ -62,6 +71,17 @@ class LitLM(L.LightningModule):
         self.logit_control = build_logit_control(self.model, optim.logit_control)
         self.val_nll = SumMetric()
         self.val_tokens = SumMetric()
+        self.eval_contexts, self.eval_stride = list(eval_contexts or []), eval_stride
+        if any(c < 1 or c > config.block_size for c in self.eval_contexts) or not (
+            0 < (eval_stride or 1) <= min(self.eval_contexts, default=1 << 62)
+        ):
+            raise ValueError(
+                f"eval_contexts must lie in [1, block_size={config.block_size}] and eval_stride in [1, the smallest "
+                "context], got "
+                f"{self.eval_contexts} and {eval_stride}."
+            )
+        self.ctx_nll = torch.nn.ModuleDict({str(c): SumMetric() for c in self.eval_contexts})
+        self.ctx_tokens = torch.nn.ModuleDict({str(c): SumMetric() for c in self.eval_contexts})
         self.tokens_seen = 0
         self.flops_seen = 0
         self._flops_per_batch: dict[tuple[int, int], int] = {}
@@ -100,9 +120,17 @@ class LitLM(L.LightningModule):
         return self._flops_per_batch[key]
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        nll, n_tokens = self.loss(batch, reduction="sum")
+        if batch.size(1) - 1 > self.config.block_size:  # long windows (data.val_seq_len): block_size chunks
+            size = self.config.block_size
+            nll, n_tokens = sliding_window_nll(self.model, batch, size, size)
+        else:
+            nll, n_tokens = self.loss(batch, reduction="sum")
         self.val_nll.update(nll)
         self.val_tokens.update(torch.tensor(float(n_tokens), device=nll.device))
+        for c in self.eval_contexts:
+            nll_c, n_c = sliding_window_nll(self.model, batch, c, self.eval_stride or c)
+            self.ctx_nll[str(c)].update(nll_c)
+            self.ctx_tokens[str(c)].update(torch.tensor(float(n_c), device=nll.device))
 
     def on_validation_epoch_end(self) -> None:
         n_tokens = self.val_tokens.compute()
@@ -115,6 +143,12 @@ class LitLM(L.LightningModule):
         bytes_per_token = getattr(self.trainer.datamodule, "bytes_per_token", None) if self._trainer else None
         if bytes_per_token:
             self.log("val/bpb", loss / math.log(2) / bytes_per_token)
+        for c in self.eval_contexts:
+            loss_c = self.ctx_nll[str(c)].compute() / self.ctx_tokens[str(c)].compute().clamp_min(1.0)
+            self.ctx_nll[str(c)].reset()
+            self.ctx_tokens[str(c)].reset()
+            self.log(f"val/ctx{c}/loss", loss_c)
+            self.log(f"val/ctx{c}/ppl", loss_c.exp())
 
     # ------------------------------------------------------------------------------------------ optimiser
     def configure_optimizers(self) -> dict[str, Any]:
@@ -167,3 +201,30 @@ class LitLM(L.LightningModule):
         if self.logger is not None:  # hyper-parameters are logged by Lightning; sizes go beside them as scalars
             counts = self.model.num_parameters()
             self.logger.log_metrics({f"params/{k}": float(v) for k, v in counts.items()}, step=0)
+
+
+def sliding_window_nll(
+    model: torch.nn.Module, batch: torch.Tensor, context: int, stride: int
+) -> tuple[torch.Tensor, int]:
+    """Summed next-token NLL of a (B, L + 1) token batch, every target scored once with at most ``context`` tokens.
+
+    Windows of ``context`` tokens start every ``stride`` tokens; each scores only its targets that no earlier window
+    scored (the first window scores all of its own), so a target's context is between ``context - stride + 1`` and
+    ``context`` tokens once the first window is passed. ``stride == context``: non-overlapping windows.
+
+    Returns:
+        The summed NLL (fp32 scalar) and the number of targets scored (B * L).
+    """
+    x, y = batch[:, :-1], batch[:, 1:]  # (B, L) each
+    length = x.size(1)
+    total = torch.zeros((), device=batch.device, dtype=torch.float32)
+    scored = 0
+    begin = 0
+    while scored < length:
+        end = min(begin + context, length)
+        new = end - scored  # targets [scored, end) are scored by this window
+        logits = model(x[:, begin:end])[:, -new:]  # (B, new, vocab)
+        total = total + F.cross_entropy(logits.flatten(0, 1).float(), y[:, end - new : end].flatten(), reduction="sum")
+        scored = end
+        begin = min(begin + stride, max(0, length - context)) if end < length else length
+    return total, y.numel()

@@ -63,6 +63,9 @@ class TokenDataModule(L.LightningDataModule):
             ``text``; see ``lightning_cqk.data.corpora``): ``source`` is then a local copy in that corpus's format,
             its own train/valid files are kept as splits, and with ``source: null`` it is downloaded when preparing.
         max_documents: when a corpus is downloaded, at most this many rows of each online split.
+        val_seq_len: tokens per validation sequence (default: seq_len); longer than seq_len for evaluation at several
+            context lengths with a sliding window (``model.eval_contexts``), which never feeds the model more than
+            its block_size at once.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class TokenDataModule(L.LightningDataModule):
         prepare_workers: int = 1,
         corpus: str | None = None,
         max_documents: int | None = None,
+        val_seq_len: int | None = None,
     ) -> None:
         super().__init__()
         if seq_len < 1 or batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
@@ -96,6 +100,7 @@ class TokenDataModule(L.LightningDataModule):
         self.tokenizer = tokenizer
         self.bpe_file = bpe_file
         self.seq_len = seq_len
+        self.val_seq_len = val_seq_len or seq_len
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
         self.num_workers = num_workers
@@ -163,16 +168,17 @@ class TokenDataModule(L.LightningDataModule):
 
         manifest = Manifest.load(self.data_dir)
         self._check_tokenizer(manifest)
-        window = self.seq_len + 1
+        window, val_window = self.seq_len + 1, self.val_seq_len + 1
         world = self.trainer.world_size if self.trainer is not None else 1
         root = Path(self.data_dir)
         need = {"train": self.batch_size * world, "val": world}  # drop_last batches / one window per rank
         for split in ("train", "val"):
-            tokens, windows = manifest.splits[split].tokens, count_windows(root / split, window)
+            size = window if split == "train" else val_window
+            tokens, windows = manifest.splits[split].tokens, count_windows(root / split, size)
             if windows < need[split]:
                 raise ValueError(
                     f"The {split} split at {self.data_dir} has {tokens:,} tokens, which give {windows} window(s) of "
-                    f"seq_len + 1 = {window} tokens (litdata drops each chunk's tail); at least {need[split]} "
+                    f"seq_len + 1 = {size} tokens (litdata drops each chunk's tail); at least {need[split]} "
                     f"{'(batch_size x devices) ' if split == 'train' else ''}needed. Use a shorter data.seq_len, a "
                     f"smaller batch, or more text (a larger val_fraction or a val_source for val)."
                 )
@@ -185,7 +191,7 @@ class TokenDataModule(L.LightningDataModule):
             drop_last=True,
         )
         self.val_dataset = StreamingDataset(
-            str(root / "val"), item_loader=TokensLoader(block_size=window), shuffle=False, drop_last=False
+            str(root / "val"), item_loader=TokensLoader(block_size=val_window), shuffle=False, drop_last=False
         )
 
     def train_dataloader(self):
