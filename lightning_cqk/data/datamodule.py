@@ -18,6 +18,7 @@ import lightning as L
 import numpy as np
 import torch
 
+from lightning_cqk.data import remote
 from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.prepare import prepare
 from lightning_cqk.data.tokenizers import can_load_offline, eos_id_of, get_tokenizer, vocab_size_of
@@ -35,8 +36,14 @@ def collate_tokens(items: list) -> torch.Tensor:
 
 def count_windows(split_dir: str | Path, window: int) -> int:
     """Windows of ``window`` tokens litdata's ``TokensLoader`` cuts from a split (per-chunk tails dropped)."""
-    index = json.loads((Path(split_dir) / "index.json").read_text())
+    index_path = remote.join(split_dir, "index.json")
+    index = json.loads(remote.read_text(index_path) if remote.is_remote(split_dir) else Path(index_path).read_text())
     return sum(chunk["dim"] // window for chunk in index["chunks"])
+
+
+def _split_cache(cache_dir: str | None, split: str) -> str | None:
+    """One cache folder per split: litdata keys a cache by folder, and two splits must not share one."""
+    return None if cache_dir is None else str(Path(cache_dir) / split)
 
 
 class TokenDataModule(L.LightningDataModule):
@@ -66,6 +73,8 @@ class TokenDataModule(L.LightningDataModule):
         val_seq_len: tokens per validation sequence (default: seq_len); longer than seq_len for evaluation at several
             context lengths with a sliding window (``model.eval_contexts``), which never feeds the model more than
             its block_size at once.
+        cache_dir: where litdata caches chunks streamed from an ``s3://`` data_dir (default: litdata's, under
+            ``~/.lightning/chunks``); put it on fast local disk on clusters.
     """
 
     def __init__(
@@ -88,6 +97,7 @@ class TokenDataModule(L.LightningDataModule):
         corpus: str | None = None,
         max_documents: int | None = None,
         val_seq_len: int | None = None,
+        cache_dir: str | None = None,
     ) -> None:
         super().__init__()
         if seq_len < 1 or batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
@@ -101,6 +111,7 @@ class TokenDataModule(L.LightningDataModule):
         self.bpe_file = bpe_file
         self.seq_len = seq_len
         self.val_seq_len = val_seq_len or seq_len
+        self.cache_dir = cache_dir
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
         self.num_workers = num_workers
@@ -166,15 +177,16 @@ class TokenDataModule(L.LightningDataModule):
         """Check the shards against this configuration and build the streaming datasets."""
         from litdata import StreamingDataset, TokensLoader
 
+        if remote.is_remote(self.data_dir):
+            remote.allow_http_endpoints()  # before litdata builds its S3 stores (inherited by forked workers)
         manifest = Manifest.load(self.data_dir)
         self._check_tokenizer(manifest)
         window, val_window = self.seq_len + 1, self.val_seq_len + 1
         world = self.trainer.world_size if self.trainer is not None else 1
-        root = Path(self.data_dir)
         need = {"train": self.batch_size * world, "val": world}  # drop_last batches / one window per rank
         for split in ("train", "val"):
             size = window if split == "train" else val_window
-            tokens, windows = manifest.splits[split].tokens, count_windows(root / split, size)
+            tokens, windows = manifest.splits[split].tokens, count_windows(remote.join(self.data_dir, split), size)
             if windows < need[split]:
                 raise ValueError(
                     f"The {split} split at {self.data_dir} has {tokens:,} tokens, which give {windows} window(s) of "
@@ -184,14 +196,19 @@ class TokenDataModule(L.LightningDataModule):
                 )
         self.manifest = manifest
         self.train_dataset = StreamingDataset(
-            str(root / "train"),
+            remote.join(self.data_dir, "train"),
+            cache_dir=_split_cache(self.cache_dir, "train"),
             item_loader=TokensLoader(block_size=window),
             shuffle=self.shuffle,
             seed=self.seed,
             drop_last=True,
         )
         self.val_dataset = StreamingDataset(
-            str(root / "val"), item_loader=TokensLoader(block_size=val_window), shuffle=False, drop_last=False
+            remote.join(self.data_dir, "val"),
+            cache_dir=_split_cache(self.cache_dir, "val"),
+            item_loader=TokensLoader(block_size=val_window),
+            shuffle=False,
+            drop_last=False,
         )
 
     def train_dataloader(self):

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.data import remote
+
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
@@ -107,7 +109,9 @@ class Manifest:
 
     @staticmethod
     def exists(directory: str | Path) -> bool:
-        """Whether ``directory`` holds a manifest (that is, a finished prepare)."""
+        """Whether ``directory`` (a path or an ``s3://`` prefix) holds a manifest (that is, a finished prepare)."""
+        if remote.is_remote(directory):
+            return remote.exists(remote.join(directory, MANIFEST_NAME))
         return (Path(directory) / MANIFEST_NAME).is_file()
 
     @classmethod
@@ -118,15 +122,15 @@ class Manifest:
             FileNotFoundError: there is no manifest (shards missing or unfinished); the message says how to build.
             ValueError: the manifest is corrupt or from an incompatible version; the message says how to rebuild.
         """
-        path = Path(directory) / MANIFEST_NAME
+        path = remote.join(directory, MANIFEST_NAME) if remote.is_remote(directory) else Path(directory) / MANIFEST_NAME
         rebuild = (
             f"Rebuild with `lightning_cqk prepare --source <text> --output_dir {directory} --overwrite true` (or let "
             f"the DataModule prepare it from data.source after deleting {directory})."
         )
-        if not path.is_file():
+        if not Manifest.exists(directory):
             raise FileNotFoundError(f"No finished token shards at {directory}: {path} is missing. {rebuild}")
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(remote.read_text(path) if remote.is_remote(directory) else path.read_text())
             known = {f.name for f in fields(cls)}
             raw = {k: v for k, v in raw.items() if k in known}  # tolerate keys added by newer versions
             raw["splits"] = {k: SplitStats(**v) for k, v in raw["splits"].items()}

@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lightning_cqk.data import remote
 from lightning_cqk.data.builtin import BUILTIN_CORPORA, builtin_name, stdlib_root
 from lightning_cqk.data.manifest import MANIFEST_NAME, Manifest, SplitStats
 from lightning_cqk.data.sources import (
@@ -99,7 +100,8 @@ def prepare(
     Args:
         source: text file, directory (recursive), glob, or a list of them, of .txt/.md/.raw/.text (plain text) or
             .jsonl/.json (JSON lines) files, or a built-in corpus such as ``builtin:python_docs``.
-        output_dir: directory that receives ``train/``, ``val/`` and ``manifest.json``.
+        output_dir: directory that receives ``train/``, ``val/`` and ``manifest.json``; an ``s3://bucket/prefix`` is
+            prepared locally and uploaded (manifest last; see ``remote.py``).
         tokenizer: ``bytes`` or ``gpt2``.
         bpe_file: local GPT-2 ``.tiktoken`` file for offline use (default: $LIGHTNING_CQK_GPT2_BPE).
         val_fraction: fraction of documents (chosen by a hash of their text) that go to the validation split.
@@ -138,6 +140,20 @@ def prepare(
             )
     elif source is None:
         raise ValueError("prepare needs a source (text files) or a corpus name (see lightning_cqk.data.corpora).")
+    if remote.is_remote(output_dir):
+        return _prepare_remote(
+            source,
+            output_dir,
+            tokenizer=tokenizer,
+            bpe_file=bpe_file,
+            val_fraction=val_fraction,
+            val_source=val_source,
+            text_field=text_field,
+            documents=documents,
+            num_workers=num_workers,
+            chunk_bytes=chunk_bytes,
+            overwrite=overwrite,
+        )
     check_documents_mode(documents)
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
@@ -240,6 +256,25 @@ def prepare(
     manifest.save(out)
     _report(out, manifest, seconds, tokenize_seconds, num_workers)
     return manifest
+
+
+def _prepare_remote(source: str | list[str], output_dir: str, overwrite: bool, **kwargs) -> Manifest:
+    """Prepare into a local folder and upload it to ``output_dir`` (``s3://``), the manifest last.
+
+    A finished remote prepare is reused (or refused, if made with other settings) exactly like a local one: its
+    manifest is fetched into the local folder first, so the same reuse check runs.
+    """
+    with tempfile.TemporaryDirectory(prefix="lightning_cqk_upload_") as tmp:
+        local = Path(tmp)
+        if Manifest.exists(output_dir) and not overwrite:
+            (local / MANIFEST_NAME).write_text(remote.read_text(remote.join(output_dir, MANIFEST_NAME)))
+        manifest = prepare(source, str(local), overwrite=overwrite, **kwargs)
+        if (local / "train").is_dir():  # built here, not reused
+            start = time.perf_counter()
+            sent = remote.upload_dir(local, output_dir, last=(MANIFEST_NAME,))
+            seconds = time.perf_counter() - start
+            print(f"prepare: uploaded {sent / 1e6:.2f} MB to {output_dir} in {seconds:.1f} s.")
+        return manifest
 
 
 @dataclass(frozen=True)
