@@ -42,7 +42,8 @@ class MixtureDataModule(L.LightningDataModule):
     Args:
         components: the corpora and their weights.
         tokenizer, bpe_file, seq_len, batch_size, val_batch_size, num_workers, val_fraction, shuffle, seed,
-            prepare_workers, max_documents: as for ``TokenDataModule`` (shared by every component).
+            prepare_workers, max_documents, val_seq_len, cache_dir: as for ``TokenDataModule`` (shared by every
+            component; each component caches under ``cache_dir/<index>``).
     """
 
     def __init__(
@@ -59,6 +60,8 @@ class MixtureDataModule(L.LightningDataModule):
         seed: int = 42,
         prepare_workers: int = 1,
         max_documents: int | None = None,
+        val_seq_len: int | None = None,
+        cache_dir: str | None = None,
     ) -> None:
         super().__init__()
         if len(components) < 1:
@@ -92,8 +95,10 @@ class MixtureDataModule(L.LightningDataModule):
                 seed=seed,
                 prepare_workers=prepare_workers,
                 max_documents=max_documents,
+                val_seq_len=val_seq_len,
+                cache_dir=None if cache_dir is None else f"{cache_dir}/{i}",
             )
-            for c in components
+            for i, c in enumerate(components)
         ]
         self.train_dataset = None
         self.val_dataset = None
