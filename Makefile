@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 export LITDATA_DISABLE_VERSION_CHECK := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install quickstart test test-slow test-all lint format fit print-config tensorboard clean
+.PHONY: help install quickstart test test-fast test-slow lint format fit print-config tensorboard clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -26,14 +26,14 @@ install: $(BIN)/.installed ## create $(VENV) and install the package with its te
 quickstart: install ## train configs/quickstart.yaml (tiny model on the built-in corpus; < 3 min on 2 CPU cores)
 	$(BIN)/lightning_cqk fit --config configs/quickstart.yaml
 
-test: install ## run the test suite (not the slow multi-process tests)
+test: install ## run every CPU test, the multi-process DDP tests included (what CI runs; ~3 min on 2 cores)
+	$(BIN)/python -m pytest -m "not gpu" -q
+
+test-fast: install ## the test suite without the slow multi-process tests
 	$(BIN)/python -m pytest -m "not slow and not gpu" -q
 
-test-slow: install ## run only the slow tests
+test-slow: install ## only the slow multi-process tests
 	$(BIN)/python -m pytest -m "slow and not gpu" -q
-
-test-all: install ## run every CPU test
-	$(BIN)/python -m pytest -m "not gpu" -q
 
 lint: install ## ruff check and format check
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
