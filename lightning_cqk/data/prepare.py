@@ -407,7 +407,7 @@ def _write_split(
     t0 = time.perf_counter()
     items = [(i, unit, keep) for i, (unit, keep) in enumerate(jobs)]
     fn = partial(_tokenize_unit, settings=settings, report_dir=str(report_dir))
-    with _litdata_sandbox(tmp / "litdata" / split):
+    with _litdata_sandbox(tmp / "litdata" / split), watch_progress(report_dir, jobs, f"prepare {split}"):
         optimize(
             fn=fn,
             inputs=items,
@@ -517,6 +517,41 @@ def _start_method() -> str:
     calling script that lacks an ``if __name__ == "__main__":`` guard. The workers only read files and tokenize,
     so forking is safe there. Elsewhere (macOS, Windows) fork is unsafe or missing, so keep spawn."""
     return "fork" if sys.platform.startswith("linux") else "spawn"
+
+
+@contextmanager
+def watch_progress(report_dir: Path, jobs: list[tuple[WorkUnit, str]], desc: str, interval: float = 0.5):
+    """A progress bar (MB of text) on a terminal while litdata tokenizes; silent when stderr is not a TTY.
+
+    Workers write one report per finished work unit (``stats-*`` or ``error-*``); a thread in the parent counts
+    them, so nothing crosses the process boundary and litdata's own (noisy) output stays off.
+    """
+    from tqdm import tqdm
+
+    sizes = {
+        i: ((u.end if u.end is not None else Path(u.path).stat().st_size) - u.start) for i, (u, _) in enumerate(jobs)
+    }
+    bar = tqdm(total=round(sum(sizes.values()) / 1e6, 2), desc=desc, unit="MB", disable=None, leave=False)
+    done: set[int] = set()
+    stop = threading.Event()
+
+    def poll() -> None:
+        while True:
+            finished = {int(p.stem.split("-")[1]) for p in report_dir.glob("*-*.json")} - done
+            if finished:
+                done.update(finished)
+                bar.update(round(sum(sizes[i] for i in finished) / 1e6, 2))
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield done
+    finally:
+        stop.set()
+        thread.join()
+        bar.close()
 
 
 @contextmanager
