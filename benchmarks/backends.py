@@ -76,15 +76,21 @@ def main() -> None:
 
     p0, f0, _ = size["standard"]
     t0 = statistics.median(times["standard"])
-    print(f"device {device}, threads {torch.get_num_threads()}; sizes at {args.size_preset} (GPT-2 vocab, T={args.seq_len}); "
-          f"step times at {args.time_preset} (vocab {args.vocab}, {args.batch}x{args.time_seq_len})")
-    print(f"| backend | params | extra params | fwd FLOPs/token vs standard | per-step GFLOP | step ms | step vs standard |")
+    print(
+        f"device {device}, threads {torch.get_num_threads()}; sizes at {args.size_preset} "
+        f"(GPT-2 vocab, T={args.seq_len}); step times at {args.time_preset} "
+        f"(vocab {args.vocab}, {args.batch}x{args.time_seq_len})"
+    )
+    header = ["backend", "params", "extra params", "fwd FLOPs/token vs standard", "per-step GFLOP", "step ms"]
+    print("| " + " | ".join([*header, "step vs standard"]) + " |")
     print("|---|---|---|---|---|---|---|")
     for name in names:
         p, f, s = size[name]
         t = statistics.median(times[name])
-        print(f"| {name} | {p:,} | {p - p0:+,} ({(p - p0) / p0 * 100:+.3f}%) | {f / f0:.3f} | {s / 1e9:.1f} | "
-              f"{t * 1e3:.1f} | {t / t0:.2f} |")
+        print(
+            f"| {name} | {p:,} | {p - p0:+,} ({(p - p0) / p0 * 100:+.3f}%) | {f / f0:.3f} | {s / 1e9:.1f} | "
+            f"{t * 1e3:.1f} | {t / t0:.2f} |"
+        )
 
 
 if __name__ == "__main__":
