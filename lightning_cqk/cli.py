@@ -161,6 +161,7 @@ Every subcommand takes --help. Trainer subcommands also take --print_config.
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (`lightning_cqk` and `python -m lightning_cqk`)."""
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     torch.set_float32_matmul_precision("high")
     if not argv or argv[0] in ("-h", "--help"):
@@ -169,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     if argv[0] in EXTRA_COMMANDS:
         EXTRA_COMMANDS[argv[0]](argv[1:])
         return
-    CQKCLI(args=argv)
+    # From the shell, LightningCLI reads sys.argv itself (passing it again as `args` makes it warn).
+    CQKCLI(args=None if from_command_line else argv)
 
 
 if __name__ == "__main__":
