@@ -71,6 +71,7 @@ class CQKCLI(LightningCLI):
         )
         # Always present, a no-op unless a budget is set: `--budget.tokens 1e6`, `--budget.match_to <run dir>`.
         parser.add_lightning_class_args(TokenBudget, "budget")
+        _count_or_fraction_first_int(parser)
         parser.link_arguments("data.init_args.seq_len", "model.config.block_size", apply_on="parse")
         parser.link_arguments("data", "model.config.vocab_size", compute_fn=_vocab_size_of, apply_on="instantiate")
 
@@ -88,6 +89,21 @@ class CQKCLI(LightningCLI):
         if not any(isinstance(cb, RunSummary) for cb in trainer.callbacks):
             trainer.callbacks.append(RunSummary())
         return trainer
+
+
+_COUNT_OR_FRACTION = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches")
+
+
+def _count_or_fraction_first_int(parser: LightningArgumentParser) -> None:
+    """Make `--trainer.limit_val_batches 1` mean one batch, as Lightning documents (int = count, float = fraction).
+
+    The Trainer annotates these `Optional[Union[int, float]]`, but `typing` caches unions regardless of order, so the
+    parser may receive `Union[float, int]` and turn 1 into 1.0 (= all batches). A `types.UnionType` is not cached
+    with them and keeps int first.
+    """
+    for action in parser._actions:
+        if action.dest.rsplit(".", 1)[-1] in _COUNT_OR_FRACTION and hasattr(action, "_typehint"):
+            action._typehint = int | float | None
 
 
 def _is_tensorboard(logger: Any) -> bool:

@@ -137,3 +137,12 @@ def test_prepare_and_attention_subcommands(tmp_path: Path, tiny_corpus: Path, ca
     out = capsys.readouterr().out
     for name in attention.available():
         assert name in out
+
+
+@pytest.mark.parametrize("value,expected", [("1", 1), ("3", 3), ("0.5", 0.5), ("1.0", 1.0)])
+def test_limit_batches_int_is_a_count_float_a_fraction(value: str, expected, tmp_path: Path, tiny_corpus: Path):
+    """`limit_val_batches 1` must mean one batch (Lightning: int = count), not 1.0 = every batch."""
+    args = ["--config", str(QUICKSTART), *tiny_overrides(tmp_path, tiny_corpus), f"--trainer.limit_val_batches={value}"]
+    cli = CQKCLI(args=args, run=False)
+    assert cli.trainer.limit_val_batches == expected
+    assert type(cli.trainer.limit_val_batches) is type(expected)
