@@ -419,17 +419,8 @@ def _text_batches(n_steps: int, batch: int, seq: int) -> list[torch.Tensor]:
     return [torch.stack([data[s : s + seq + 1] for s in row.tolist()]) for row in starts]
 
 
-@pytest.fixture
-def one_thread():
-    """Other processes share the 2 cores: one intra-op thread avoids oversubscription stalls (10x slower steps)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("name", NAMES)
-def test_tiny_gpt_trains_on_text(name, one_thread):
+def test_tiny_gpt_trains_on_text(name):
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=257, n_layer=2, n_embd=64, n_head=4, block_size=64, attention=name))
     assert isinstance(model.blocks[0].attn, CoupledAttention if name == "coupled" else UncoupledMLPAttention)
@@ -453,7 +444,7 @@ def test_tiny_gpt_trains_on_text(name, one_thread):
         ("uncoupled_mlp", {"steps": 2}),
     ],
 )
-def test_compiles_without_graph_breaks(name, options, one_thread):
+def test_compiles_without_graph_breaks(name, options):
     torch._dynamo.reset()
     backend, ctx = make(name, **options)
     x = torch.randn(2, T, C, dtype=torch.float64)

@@ -50,15 +50,6 @@ C, NH, T, L = 32, 4, 19, 24
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "attention"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Other processes share the 2 CPU cores; with 2 intra-op threads each step waits on the busy core (~30x slower).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 

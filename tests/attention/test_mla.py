@@ -28,15 +28,6 @@ OPTION_SETS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny shapes: one intra-op thread is faster and avoids oversubscription stalls on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 

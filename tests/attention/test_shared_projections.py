@@ -48,15 +48,6 @@ Q_TIED = {"q_eq_k", "q_eq_k_eq_v"}
 V_TIED = {"k_eq_v", "q_eq_k_eq_v"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny shapes: one intra-op thread is faster and avoids oversubscription stalls on a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
