@@ -34,6 +34,20 @@ def collate_tokens(items: list) -> torch.Tensor:
     return torch.from_numpy(np.stack([np.asarray(item) for item in items]).astype(np.int64))
 
 
+def token_loader(dataset, batch_size: int, num_workers: int, train: bool):
+    """A StreamingDataLoader of int64 token windows: training drops partial batches, validation keeps every window."""
+    from litdata import StreamingDataLoader
+
+    return StreamingDataLoader(
+        dataset,
+        batch_size=batch_size,
+        num_workers=num_workers,
+        drop_last=train,
+        pin_memory=torch.cuda.is_available(),
+        collate_fn=collate_tokens,
+    )
+
+
 def count_windows(split_dir: str | Path, window: int) -> int:
     """Windows of ``window`` tokens litdata's ``TokensLoader`` cuts from a split (per-chunk tails dropped)."""
     index_path = remote.join(split_dir, "index.json")
@@ -213,29 +227,11 @@ class TokenDataModule(L.LightningDataModule):
 
     def train_dataloader(self):
         """Shuffled training windows, ``(batch_size, seq_len + 1)`` int64; partial batches dropped."""
-        from litdata import StreamingDataLoader
-
-        return StreamingDataLoader(
-            self.train_dataset,
-            batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            drop_last=True,
-            pin_memory=torch.cuda.is_available(),
-            collate_fn=collate_tokens,
-        )
+        return token_loader(self.train_dataset, self.batch_size, self.num_workers, train=True)
 
     def val_dataloader(self):
         """All validation windows in order, ``(val_batch_size, seq_len + 1)`` int64; the last batch may be short."""
-        from litdata import StreamingDataLoader
-
-        return StreamingDataLoader(
-            self.val_dataset,
-            batch_size=self.val_batch_size,
-            num_workers=self.num_workers,
-            drop_last=False,
-            pin_memory=torch.cuda.is_available(),
-            collate_fn=collate_tokens,
-        )
+        return token_loader(self.val_dataset, self.val_batch_size, self.num_workers, train=False)
 
     def _check_tokenizer(self, manifest: Manifest) -> None:
         if manifest.tokenizer != self.tokenizer:

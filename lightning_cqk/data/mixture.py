@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import lightning as L
-import torch
 
-from lightning_cqk.data.datamodule import TokenDataModule, collate_tokens
+from lightning_cqk.data.datamodule import TokenDataModule, token_loader
 from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.tokenizers import eos_id_of, vocab_size_of
 
@@ -141,26 +140,8 @@ class MixtureDataModule(L.LightningDataModule):
 
     def train_dataloader(self):
         """Weighted training windows, ``(batch_size, seq_len + 1)`` int64."""
-        from litdata import StreamingDataLoader
-
-        return StreamingDataLoader(
-            self.train_dataset,
-            batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            drop_last=True,
-            pin_memory=torch.cuda.is_available(),
-            collate_fn=collate_tokens,
-        )
+        return token_loader(self.train_dataset, self.batch_size, self.num_workers, train=True)
 
     def val_dataloader(self):
         """Every component's val windows, ``(val_batch_size, seq_len + 1)`` int64."""
-        from litdata import StreamingDataLoader
-
-        return StreamingDataLoader(
-            self.val_dataset,
-            batch_size=self.val_batch_size,
-            num_workers=self.num_workers,
-            drop_last=False,
-            pin_memory=torch.cuda.is_available(),
-            collate_fn=collate_tokens,
-        )
+        return token_loader(self.val_dataset, self.val_batch_size, self.num_workers, train=False)
