@@ -5,9 +5,20 @@ Ready-made stacks of them for configs live in the top-level `callbacks/` folder 
 
 from lightning_cqk.callbacks.attention_stats import AttentionStats
 from lightning_cqk.callbacks.budget import TokenBudget
+from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, RunCheckpoint
 from lightning_cqk.callbacks.grad_norm import GradNormMonitor
 from lightning_cqk.callbacks.loss_spike import LossSpikeMonitor
 from lightning_cqk.callbacks.summary import RunSummary
 from lightning_cqk.callbacks.throughput import Throughput
 
-__all__ = ["AttentionStats", "GradNormMonitor", "LossSpikeMonitor", "RunSummary", "Throughput", "TokenBudget"]
+__all__ = [
+    "AtomicCheckpointIO",
+    "AttentionStats",
+    "CorruptCheckpointError",
+    "GradNormMonitor",
+    "LossSpikeMonitor",
+    "RunCheckpoint",
+    "RunSummary",
+    "Throughput",
+    "TokenBudget",
+]
