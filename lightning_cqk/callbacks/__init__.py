@@ -8,6 +8,7 @@ from lightning_cqk.callbacks.budget import TokenBudget
 from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, RunCheckpoint
 from lightning_cqk.callbacks.grad_norm import GradNormMonitor
 from lightning_cqk.callbacks.loss_spike import LossSpikeMonitor
+from lightning_cqk.callbacks.nonfinite import NonFiniteGuard
 from lightning_cqk.callbacks.summary import RunSummary
 from lightning_cqk.callbacks.throughput import Throughput
 
@@ -17,6 +18,7 @@ __all__ = [
     "CorruptCheckpointError",
     "GradNormMonitor",
     "LossSpikeMonitor",
+    "NonFiniteGuard",
     "RunCheckpoint",
     "RunSummary",
     "Throughput",
