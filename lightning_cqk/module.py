@@ -157,6 +157,11 @@ class LitLM(L.LightningModule):
         optimizer = torch.optim.AdamW(
             weight_decay_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused
         )
+        if self.trainer.max_steps == 0:
+            raise ValueError(
+                "trainer.max_steps is 0: a budget of zero steps trains nothing. Set trainer.max_steps >= 1, or -1 "
+                "with a budget (--budget.tokens / flops / wallclock) that sets it."
+            )
         decay_steps = cfg.decay_steps or self.trainer.max_steps
         if decay_steps is None or decay_steps <= 0:
             raise ValueError(
@@ -194,13 +199,72 @@ class LitLM(L.LightningModule):
         checkpoint["flops_seen"] = self.flops_seen
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning calls this before loading the weights: a checkpoint of another model fails here, readably.
+        path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
+        stage = getattr(getattr(self._trainer, "state", None), "fn", None)
+        check_checkpoint_config(checkpoint, self.config, path, resuming=stage == "fit")
         self.tokens_seen = int(checkpoint.get("tokens_seen", 0))
         self.flops_seen = int(checkpoint.get("flops_seen", 0))
+
+    def setup(self, stage: str) -> None:
+        seq_len = getattr(self.trainer.datamodule, "seq_len", None) if self._trainer is not None else None
+        if seq_len is not None and seq_len > self.config.block_size:  # the CLI links them; a hand-built run may not
+            raise ValueError(
+                f"data.seq_len={seq_len} is longer than the model's block_size={self.config.block_size}, the longest "
+                "sequence it accepts. Use --data.seq_len <= block_size, or build the model with a block_size >= "
+                "seq_len (the CLI links model.config.block_size to data.seq_len)."
+            )
 
     def on_fit_start(self) -> None:
         if self.logger is not None:  # hyper-parameters are logged by Lightning; sizes go beside them as scalars
             counts = self.model.num_parameters()
             self.logger.log_metrics({f"params/{k}": float(v) for k, v in counts.items()}, step=0)
+
+
+# Fields that decide the weights' shapes or meaning: a checkpoint that differs in one of them is another model.
+_ARCHITECTURE = (
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "mlp_hidden",
+    "vocab_size",
+    "norm",
+    "mlp",
+    "position",
+    "bias",
+    "tie_embeddings",
+    "attention",
+    "attention_options",
+    "layer_overrides",
+)
+
+
+def check_checkpoint_config(checkpoint: dict[str, Any], config: ModelConfig, path: Any, resuming: bool) -> None:
+    """Refuse a checkpoint whose model differs from `config` in architecture or vocabulary, before its weights load.
+
+    Fields that change no weight (dropout, init_std, rope_base, norm_eps) may differ; so may block_size with RoPE or
+    no positions, except when resuming a run (fit), where it would silently change the data's seq_len.
+    """
+    saved = (checkpoint.get("hyper_parameters") or {}).get("config")
+    if not isinstance(saved, dict):
+        return  # not a LitLM checkpoint: the weight loading reports what it finds
+    current = config.to_dict()
+    keys = list(_ARCHITECTURE)
+    if resuming or config.position == "learned":
+        keys.append("block_size")
+    differ = [k for k in keys if k in saved and saved[k] != current[k]]
+    if not differ:
+        return
+    detail = "; ".join(f"{k}: checkpoint {saved[k]!r}, this run {current[k]!r}" for k in differ)
+    fix = "Use the configuration the checkpoint was trained with (`--config <its run dir>/config.yaml`)"
+    if "vocab_size" in differ:
+        fix += " (vocab_size follows data.tokenizer: use the tokenizer it was trained with)"
+    if "block_size" in differ:
+        fix += " (block_size follows data.seq_len)"
+    raise ValueError(
+        f"Checkpoint {path or ''} holds another model than this run builds ({detail}). {fix}, or a checkpoint of "
+        "this model; to train this model from scratch, drop --ckpt_path."
+    )
 
 
 def sliding_window_nll(

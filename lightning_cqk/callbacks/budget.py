@@ -134,7 +134,10 @@ class TokenBudget(L.Callback):
             raise ValueError(f"TokenBudget.match_on={match_on!r} is not one of {QUANTITIES}.")
         for name, value in {"tokens": tokens, "flops": flops, "wallclock": wallclock, "ratio": ratio}.items():
             if value is not None and not value > 0:
-                raise ValueError(f"TokenBudget.{name} must be positive, got {value}.")
+                raise ValueError(
+                    f"TokenBudget.{name} must be positive, got {value}: a budget of zero trains nothing. Give a "
+                    f"positive {name} (e.g. --budget.{name} 2e6), or leave it unset (null) for no budget."
+                )
         self.tokens, self.flops, self.wallclock = tokens, flops, wallclock
         self.match_to, self.ratio, self.match_on = match_to, ratio, match_on
         self.batch_size, self.seq_len, self.every_n_steps = batch_size, seq_len, every_n_steps

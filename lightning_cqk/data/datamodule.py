@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from lightning_cqk.data import remote
+from lightning_cqk.data.integrity import check_split, check_token_range
 from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.prepare import prepare
 from lightning_cqk.data.tokenizers import can_load_offline, eos_id_of, get_tokenizer, vocab_size_of
@@ -26,15 +28,19 @@ from lightning_cqk.data.tokenizers import can_load_offline, eos_id_of, get_token
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata pings PyPI on import otherwise
 
 
-def collate_tokens(items: list) -> torch.Tensor:
+def collate_tokens(items: list, vocab_size: int | None = None, where: str = "") -> torch.Tensor:
     """Stack token windows (numpy arrays or tensors, possibly uint16) into a ``(B, seq_len + 1)`` int64 batch.
 
-    Converting here, once per batch, is cheaper than per window, and torch has few kernels for uint16.
+    Converting here, once per batch, is cheaper than per window, and torch has few kernels for uint16. With
+    ``vocab_size``, ids outside the vocabulary (damaged shard bytes) are refused (``integrity.check_token_range``).
     """
-    return torch.from_numpy(np.stack([np.asarray(item) for item in items]).astype(np.int64))
+    batch = np.stack([np.asarray(item) for item in items])
+    if vocab_size is not None:
+        check_token_range(batch, vocab_size, where)
+    return torch.from_numpy(batch.astype(np.int64))
 
 
-def token_loader(dataset, batch_size: int, num_workers: int, train: bool):
+def token_loader(dataset, batch_size: int, num_workers: int, train: bool, vocab_size: int | None = None, where=""):
     """A StreamingDataLoader of int64 token windows: training drops partial batches, validation keeps every window."""
     from litdata import StreamingDataLoader
 
@@ -44,7 +50,7 @@ def token_loader(dataset, batch_size: int, num_workers: int, train: bool):
         num_workers=num_workers,
         drop_last=train,
         pin_memory=torch.cuda.is_available(),
-        collate_fn=collate_tokens,
+        collate_fn=partial(collate_tokens, vocab_size=vocab_size, where=str(where)),
     )
 
 
@@ -199,6 +205,7 @@ class TokenDataModule(L.LightningDataModule):
         world = self.trainer.world_size if self.trainer is not None else 1
         need = {"train": self.batch_size * world, "val": world}  # drop_last batches / one window per rank
         for split in ("train", "val"):
+            check_split(self.data_dir, split)  # a missing, truncated or corrupt shard fails here, by name
             size = window if split == "train" else val_window
             tokens, windows = manifest.splits[split].tokens, count_windows(remote.join(self.data_dir, split), size)
             if windows < need[split]:
@@ -227,11 +234,13 @@ class TokenDataModule(L.LightningDataModule):
 
     def train_dataloader(self):
         """Shuffled training windows, ``(batch_size, seq_len + 1)`` int64; partial batches dropped."""
-        return token_loader(self.train_dataset, self.batch_size, self.num_workers, train=True)
+        return token_loader(self.train_dataset, self.batch_size, self.num_workers, True, self.vocab_size, self.data_dir)
 
     def val_dataloader(self):
         """All validation windows in order, ``(val_batch_size, seq_len + 1)`` int64; the last batch may be short."""
-        return token_loader(self.val_dataset, self.val_batch_size, self.num_workers, train=False)
+        return token_loader(
+            self.val_dataset, self.val_batch_size, self.num_workers, False, self.vocab_size, self.data_dir
+        )
 
     def _check_tokenizer(self, manifest: Manifest) -> None:
         if manifest.tokenizer != self.tokenizer:

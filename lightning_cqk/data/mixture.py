@@ -140,8 +140,10 @@ class MixtureDataModule(L.LightningDataModule):
 
     def train_dataloader(self):
         """Weighted training windows, ``(batch_size, seq_len + 1)`` int64."""
-        return token_loader(self.train_dataset, self.batch_size, self.num_workers, train=True)
+        where = ", ".join(p.data_dir for p in self.parts)
+        return token_loader(self.train_dataset, self.batch_size, self.num_workers, True, self.vocab_size, where)
 
     def val_dataloader(self):
         """Every component's val windows, ``(val_batch_size, seq_len + 1)`` int64."""
-        return token_loader(self.val_dataset, self.val_batch_size, self.num_workers, train=False)
+        where = ", ".join(p.data_dir for p in self.parts)
+        return token_loader(self.val_dataset, self.val_batch_size, self.num_workers, False, self.vocab_size, where)

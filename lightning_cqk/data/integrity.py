@@ -1,0 +1,75 @@
+"""Integrity checks of prepared token shards, run by the DataModules before training touches them.
+
+At setup (cheap, no token is read): each split's litdata `index.json` must parse and list its chunks, and every
+chunk file must exist with exactly the byte size the index records, so a truncated or missing shard (a copy cut
+short, a full disk, a deleted file) is refused with the file's name and the command that rebuilds the directory.
+While training: every batch's token ids are checked against the vocabulary on the CPU before the batch is moved
+(one `max` over a few thousand integers), so damaged bytes inside a chunk of the right size, which decode to ids
+outside the vocabulary, stop the run at the first such batch instead of indexing out of the embedding table.
+(Damage that happens to decode to valid ids cannot be told from text; `prepare` output is otherwise trusted.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lightning_cqk.data import remote
+
+
+def rebuild_hint(data_dir: str | Path) -> str:
+    """How to rebuild a shard directory."""
+    return (
+        f"Rebuild it: `lightning_cqk prepare --source <text> --output_dir {data_dir} --tokenizer <name> --overwrite "
+        f"true`, or delete {data_dir} and let the DataModule prepare it again from data.source."
+    )
+
+
+def check_split(data_dir: str | Path, split: str) -> dict:
+    """Check `<data_dir>/<split>/index.json` and its chunk files; return the parsed index.
+
+    Raises:
+        FileNotFoundError: the index or a chunk file is missing.
+        ValueError: the index is corrupt, or a chunk's size differs from the index (truncated or overwritten).
+    """
+    split_dir = remote.join(data_dir, split)
+    index_path = remote.join(split_dir, "index.json")
+    try:
+        text = remote.read_text(index_path) if remote.is_remote(data_dir) else Path(index_path).read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"The {split} shards at {data_dir} are incomplete: {index_path} is missing. {rebuild_hint(data_dir)}"
+        ) from None
+    try:
+        index = json.loads(text)
+        chunks = index["chunks"]
+        entries = [(c["filename"], int(c["chunk_bytes"]), int(c["dim"])) for c in chunks]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"The {split} shard index {index_path} is corrupt ({type(err).__name__}: {err}). {rebuild_hint(data_dir)}"
+        ) from None
+    if remote.is_remote(data_dir):
+        return index  # sizes of remote chunks are checked by litdata when it downloads them
+    for filename, expected, _ in entries:
+        path = Path(split_dir) / filename
+        if not path.is_file():
+            raise FileNotFoundError(f"Shard {path} is missing (listed in {index_path}). {rebuild_hint(data_dir)}")
+        size = path.stat().st_size
+        if size != expected:
+            what = "truncated" if size < expected else "longer than written"
+            raise ValueError(
+                f"Shard {path} is {what}: {size:,} bytes, but {index_path} records {expected:,}. The copy or the "
+                f"prepare that made it was cut short, or the file was changed since. {rebuild_hint(data_dir)}"
+            )
+    return index
+
+
+def check_token_range(batch, vocab_size: int, where: str) -> None:
+    """Refuse a (numpy) token batch holding ids outside [0, vocab_size): the shard bytes are damaged."""
+    top = int(batch.max()) if batch.size else 0
+    if top >= vocab_size or (batch.size and int(batch.min()) < 0):
+        raise ValueError(
+            f"A batch read from {where} holds token id {top}, outside the vocabulary (size {vocab_size}): the shard "
+            f"bytes are damaged, or the shards were made with a larger vocabulary than data.tokenizer's. "
+            f"{rebuild_hint(where)}"
+        )
