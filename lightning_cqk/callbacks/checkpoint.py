@@ -6,7 +6,8 @@ checkpoint to a hidden temporary file in the target folder, fsyncs it, renames i
 intact and at most a `.<name>.<pid>.tmp` leftover, which `RunCheckpoint` removes at the next start. (Lightning's own
 `TorchCheckpointIO` also writes through a temporary file, but first serialises the whole checkpoint into memory and
 never fsyncs, so a power loss can still leave a renamed but empty file.) Loading a file that is truncated or
-corrupt raises `CorruptCheckpointError`, naming the file and the newest intact checkpoint beside it.
+corrupt raises `CorruptCheckpointError`, naming the file and the newest intact checkpoint beside it; the zip CRCs are
+checked before loading (`verify`), because `torch.load` would load damaged tensor bytes silently.
 
 `RunCheckpoint` is a `ModelCheckpoint` for long runs:
     every_n_steps / every_minutes   save `step=00001000.ckpt` every N optimizer steps and/or every T minutes
@@ -111,6 +112,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """`torch.save` to a temporary file + fsync + `os.replace`; clear errors for truncated or corrupt files.
 
     Remote paths (`s3://...`) use Lightning's own transaction-based save. See the module docstring.
+
+    Args:
+        verify: before loading a local checkpoint, check every member's CRC (one extra sequential read of the file,
+            about a second per GB): `torch.load` itself does not, so damaged tensor bytes would load silently.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -132,7 +137,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             tmp.unlink(missing_ok=True)
         return None
 
+    def __init__(self, verify: bool = True) -> None:
+        super().__init__()
+        self.verify = verify
+
     def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: Any = None):
+        # torch.load does not check the zip CRCs: damaged tensor bytes would load silently as wrong weights.
+        if self.verify and _is_local_file_protocol(str(path)) and Path(path).is_file():
+            problem = checkpoint_problem(path)
+            if problem is not None:
+                raise CorruptCheckpointError(corrupt_checkpoint_message(path, problem))
         try:
             return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         except (FileNotFoundError, PermissionError, MemoryError):

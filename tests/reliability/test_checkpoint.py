@@ -1,0 +1,171 @@
+"""RunCheckpoint and AtomicCheckpointIO: step and time triggers, retention, last.ckpt as a hard link, RNG state, a
+crash while writing that leaves the previous file intact, and truncated/corrupt checkpoints refused by name with the
+newest intact one to use instead (in-process and through `lightning_cqk fit --ckpt_path last`)."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+
+from lightning_cqk.callbacks import AtomicCheckpointIO, CorruptCheckpointError, RunCheckpoint
+from lightning_cqk.callbacks.checkpoint import checkpoint_problem
+
+
+def ckpt_trainer(make_trainer, callback: RunCheckpoint, max_steps: int, **kwargs) -> L.Trainer:
+    return make_trainer(
+        [callback], max_steps=max_steps, enable_checkpointing=True, plugins=[AtomicCheckpointIO()], **kwargs
+    )
+
+
+def steps_on_disk(folder: Path) -> list[int]:
+    return sorted(int(p.stem.split("=")[1]) for p in folder.glob("step=*.ckpt"))
+
+
+def test_step_trigger_retention_milestones_and_hard_linked_last(make_module, make_trainer, token_loader, tmp_path):
+    callback = RunCheckpoint(every_n_steps=2, keep_last=2, keep_every_n_steps=4)
+    trainer = ckpt_trainer(make_trainer, callback, max_steps=11)
+    trainer.fit(make_module(), token_loader())
+    folder = tmp_path / "run" / "checkpoints"
+    assert steps_on_disk(folder) == [4, 8, 10], "newest two (8, 10) + milestones (4, 8)"
+    assert [s for s, _ in callback.periodic] == [4, 8, 10]
+    last = torch.load(folder / "last.ckpt", weights_only=True)  # loads without trusting pickled objects
+    assert last["global_step"] == 11, "training ended off a trigger: last.ckpt still holds the final state"
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", *(f"step={s:08d}.ckpt" for s in (4, 8, 10))]
+
+
+def test_last_is_a_hard_link_of_the_periodic_file(make_module, make_trainer, token_loader, tmp_path):
+    trainer = ckpt_trainer(make_trainer, RunCheckpoint(every_n_steps=3, keep_last=None), max_steps=6)
+    trainer.fit(make_module(), token_loader())
+    folder = tmp_path / "run" / "checkpoints"
+    assert steps_on_disk(folder) == [3, 6]
+    assert (folder / "last.ckpt").stat().st_ino == (folder / "step=00000006.ckpt").stat().st_ino
+
+
+def test_time_trigger(make_module, make_trainer, token_loader, tmp_path, monkeypatch):
+    import lightning_cqk.callbacks.checkpoint as module
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock["now"])
+
+    class Tick(L.Callback):  # every training step takes 25 simulated seconds
+        def on_train_batch_start(self, *args) -> None:
+            clock["now"] += 25.0
+
+    callback = RunCheckpoint(every_n_steps=None, every_minutes=1.0, keep_last=None)
+    trainer = make_trainer([Tick(), callback], max_steps=9, enable_checkpointing=True)
+    trainer.fit(make_module(), token_loader())
+    assert steps_on_disk(tmp_path / "run" / "checkpoints") == [3, 6, 9], "a save at the first step past each minute"
+
+
+def test_rng_state_is_saved_and_restored():
+    callback = RunCheckpoint(every_n_steps=1)
+    torch.manual_seed(1), np.random.seed(1), random.seed(1)
+    state = callback.state_dict() | {"best_model_path": ""}
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    torch.manual_seed(2), np.random.seed(2), random.seed(2)
+    callback.load_state_dict(state)
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1]) and expected[2] == again[2]
+
+
+def test_a_crash_while_writing_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1, "w": torch.ones(1000)}, path)
+
+    def dies_halfway(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", dies_halfway)
+    with pytest.raises(OSError, match="No space left"):
+        io.save_checkpoint({"step": 2, "w": torch.zeros(1000)}, path)
+    monkeypatch.undo()
+    assert io.load_checkpoint(path)["step"] == 1, "the old file is untouched"
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"], "no temporary file left behind"
+
+
+def test_leftover_temporary_files_are_removed_at_start(make_module, make_trainer, token_loader, tmp_path):
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / ".last.ckpt.12345.tmp").write_bytes(b"partial")
+    ckpt_trainer(make_trainer, RunCheckpoint(every_n_steps=2), max_steps=2).fit(make_module(), token_loader())
+    assert not (folder / ".last.ckpt.12345.tmp").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty"])
+def test_corrupt_checkpoint_names_the_file_and_the_newest_intact_one(
+    damage, make_module, make_trainer, token_loader, tmp_path
+):
+    trainer = ckpt_trainer(make_trainer, RunCheckpoint(every_n_steps=2, keep_last=None), max_steps=5)
+    trainer.fit(make_module(), token_loader())
+    folder = tmp_path / "run" / "checkpoints"
+    last = folder / "last.ckpt"
+    last.unlink()  # a file of its own (not a link of step=4's), so damaging it leaves step=4 intact
+    trainer.save_checkpoint(last)
+    data = bytearray(last.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "flip":
+        data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
+    else:
+        data = bytearray()
+    last.write_bytes(bytes(data))
+    assert checkpoint_problem(last) is not None
+    good = folder / "step=00000004.ckpt"
+    with pytest.raises(CorruptCheckpointError, match=rf"Checkpoint {last} cannot be loaded: .*--ckpt_path {good}"):
+        ckpt_trainer(make_trainer, RunCheckpoint(every_n_steps=2), max_steps=8).fit(
+            make_module(), token_loader(), ckpt_path=str(last)
+        )
+
+
+def test_corrupt_last_through_the_cli(tmp_path, monkeypatch):
+    """`lightning_cqk fit --ckpt_path last` on a run whose last.ckpt is damaged: the error names it and step=2."""
+    from lightning_cqk.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
+    repo = Path(__file__).resolve().parents[2]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(f"Paragraph {i}: keys, queries and values. " * 4 for i in range(60)))
+    args = [
+        "fit",
+        "--config",
+        str(repo / "configs" / "quickstart.yaml"),
+        f"--data.source={corpus}",
+        f"--data.data_dir={tmp_path / 'shards'}",
+        "--data.documents=paragraph",
+        "--data.val_fraction=0.2",
+        "--data.seq_len=16",
+        "--data.batch_size=2",
+        "--model.config.n_layer=1",
+        "--trainer.max_steps=3",
+        "--trainer.limit_val_batches=1",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        "--trainer.callbacks=lightning_cqk.callbacks.RunCheckpoint",
+        "--trainer.callbacks.every_n_steps=2",
+    ]
+    main(args)
+    folder = next((tmp_path / "runs").glob("*/*/checkpoints"))
+    assert steps_on_disk(folder) == [2]
+    last = folder / "last.ckpt"
+    data = last.read_bytes()
+    last.unlink()
+    last.write_bytes(data[:1000])
+    with pytest.raises(CorruptCheckpointError, match=rf"{last} cannot be loaded.*--ckpt_path {folder}/step=00000002"):
+        main([*args, "--trainer.max_steps=5", "--ckpt_path=last"])
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="needs a trigger: set every_n_steps"):
+        RunCheckpoint(every_n_steps=None, every_minutes=None)
+    with pytest.raises(ValueError, match="keep_last must be a positive integer .*last.ckpt is kept regardless"):
+        RunCheckpoint(keep_last=0)
+    with pytest.raises(ValueError, match="every_minutes must be positive"):
+        RunCheckpoint(every_minutes=0)
