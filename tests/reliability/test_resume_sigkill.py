@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from lightning_cqk.data import prepare
 
@@ -36,14 +37,17 @@ def shards(tmp_path_factory) -> Path:
 
 
 def fit_command(shards: Path, runs: Path, losses: Path, *extra: str) -> list[str]:
+    """The quickstart with its own callbacks (checkpoint every EVERY steps) plus the loss recorder."""
+    callbacks = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())["trainer"]["callbacks"]
+    for callback in callbacks:
+        args = callback.setdefault("init_args", {})
+        if callback["class_path"].endswith("RunCheckpoint"):
+            args.update(every_n_steps=EVERY, keep_last=2)
+        elif callback["class_path"].endswith(".ModelCheckpoint"):
+            args.update(every_n_train_steps=EVERY)
+    callbacks.append({"class_path": "loss_recorder.LossRecorder", "init_args": {"path": str(losses)}})
     config = runs.parent / f"{runs.name}-callbacks.yaml"
-    config.write_text(
-        "trainer:\n  callbacks:\n"
-        "    - class_path: lightning_cqk.callbacks.RunCheckpoint\n"
-        f"      init_args: {{every_n_steps: {EVERY}, keep_last: 2}}\n"
-        "    - class_path: loss_recorder.LossRecorder\n"
-        f"      init_args: {{path: {losses}}}\n"
-    )
+    config.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
     return [
         sys.executable,
         "-m",
