@@ -14,6 +14,11 @@ Defaults chosen here (all overridable): TensorBoard logs under `runs/<experiment
 is `{attention}-{preset}-s{seed}` (a `-2`, `-3`, ... suffix keeps a new run from writing into an old one), and
 `trainer.precision: null` meaning bf16-mixed on a bf16-capable GPU, fp32 elsewhere.
 
+Restarts: `lightning_cqk fit ... --ckpt_path last` resumes the newest run directory with the run's name from its
+`checkpoints/last.ckpt` (or starts afresh when there is none). `fit` locks its run directory (`run_lock.py`) before
+building anything, installs `AtomicCheckpointIO` (atomic, verified checkpoints), and unknown config keys get a
+did-you-mean (`HintingArgumentParser`). See docs/reliability.md.
+
 Budgets: a `budget:` group (top-level key, `lightning_cqk.callbacks.TokenBudget`) is always present and does nothing
 unless set: `--budget.tokens 2e6`, `--budget.flops 1e15`, `--budget.wallclock 600`, or
 `--budget.match_to runs/<experiment>/<run> --budget.ratio 2.4 [--budget.match_on tokens]`. Every run writes
