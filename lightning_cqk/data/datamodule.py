@@ -205,7 +205,7 @@ class TokenDataModule(L.LightningDataModule):
         world = self.trainer.world_size if self.trainer is not None else 1
         need = {"train": self.batch_size * world, "val": world}  # drop_last batches / one window per rank
         for split in ("train", "val"):
-            check_split(self.data_dir, split)  # a missing, truncated or corrupt shard fails here, by name
+            check_split(self.data_dir, split, self.tokenizer)  # a missing, truncated or corrupt shard fails here
             size = window if split == "train" else val_window
             tokens, windows = manifest.splits[split].tokens, count_windows(remote.join(self.data_dir, split), size)
             if windows < need[split]:

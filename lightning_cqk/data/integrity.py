@@ -17,28 +17,30 @@ from pathlib import Path
 from lightning_cqk.data import remote
 
 
-def rebuild_hint(data_dir: str | Path) -> str:
+def rebuild_hint(data_dir: str | Path, tokenizer: str | None = None) -> str:
     """How to rebuild a shard directory."""
+    name = tokenizer or "<name>"
     return (
-        f"Rebuild it: `lightning_cqk prepare --source <text> --output_dir {data_dir} --tokenizer <name> --overwrite "
-        f"true`, or delete {data_dir} and let the DataModule prepare it again from data.source."
+        f"Rebuild it: `lightning_cqk prepare --source <text> --output_dir {data_dir} --tokenizer {name} "
+        f"--overwrite true`, or delete {data_dir} and let the DataModule prepare it again from data.source."
     )
 
 
-def check_split(data_dir: str | Path, split: str) -> dict:
+def check_split(data_dir: str | Path, split: str, tokenizer: str | None = None) -> dict:
     """Check `<data_dir>/<split>/index.json` and its chunk files; return the parsed index.
 
     Raises:
         FileNotFoundError: the index or a chunk file is missing.
         ValueError: the index is corrupt, or a chunk's size differs from the index (truncated or overwritten).
     """
+    hint = rebuild_hint(data_dir, tokenizer)
     split_dir = remote.join(data_dir, split)
     index_path = remote.join(split_dir, "index.json")
     try:
         text = remote.read_text(index_path) if remote.is_remote(data_dir) else Path(index_path).read_text()
     except FileNotFoundError:
         raise FileNotFoundError(
-            f"The {split} shards at {data_dir} are incomplete: {index_path} is missing. {rebuild_hint(data_dir)}"
+            f"The {split} shards at {data_dir} are incomplete: {index_path} is missing. {hint}"
         ) from None
     try:
         index = json.loads(text)
@@ -46,20 +48,20 @@ def check_split(data_dir: str | Path, split: str) -> dict:
         entries = [(c["filename"], int(c["chunk_bytes"]), int(c["dim"])) for c in chunks]
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise ValueError(
-            f"The {split} shard index {index_path} is corrupt ({type(err).__name__}: {err}). {rebuild_hint(data_dir)}"
+            f"The {split} shard index {index_path} is corrupt ({type(err).__name__}: {err}). {hint}"
         ) from None
     if remote.is_remote(data_dir):
         return index  # sizes of remote chunks are checked by litdata when it downloads them
     for filename, expected, _ in entries:
         path = Path(split_dir) / filename
         if not path.is_file():
-            raise FileNotFoundError(f"Shard {path} is missing (listed in {index_path}). {rebuild_hint(data_dir)}")
+            raise FileNotFoundError(f"Shard {path} is missing (listed in {index_path}). {hint}")
         size = path.stat().st_size
         if size != expected:
             what = "truncated" if size < expected else "longer than written"
             raise ValueError(
                 f"Shard {path} is {what}: {size:,} bytes, but {index_path} records {expected:,}. The copy or the "
-                f"prepare that made it was cut short, or the file was changed since. {rebuild_hint(data_dir)}"
+                f"prepare that made it was cut short, or the file was changed since. {hint}"
             )
     return index
 
