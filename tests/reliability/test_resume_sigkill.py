@@ -100,10 +100,15 @@ def test_sigkill_then_ckpt_path_last_reproduces_the_uninterrupted_run(shards: Pa
     full = {r["step"]: r for r in read_losses(full_losses)}
     assert sorted(full) == list(range(1, STEPS + 1))
 
-    # The same run, SIGKILLed once it has trained past a checkpoint, then restarted with `--ckpt_path last`.
+    # The same run, SIGKILLed once it has trained past a checkpoint, then restarted with the same command.
     runs, losses = tmp_path / "runs", tmp_path / "run.jsonl"
+    # The first launch already says `--ckpt_path last` (nothing to resume yet: it starts afresh), as a preemptible job
+    # would: the same command line for the first launch and every restart.
     proc = subprocess.Popen(
-        fit_command(shards, runs, losses), env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        fit_command(shards, runs, losses, "--ckpt_path=last"),
+        env=environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 300
     while not any(r["step"] >= KILL_AT for r in read_losses(losses)):
