@@ -18,6 +18,9 @@ checked before loading (`verify`), because `torch.load` would load damaged tenso
                                     step is a multiple of `keep_every_n_steps` (milestones); last.ckpt always
     RNG state                       the torch/numpy/Python (and CUDA) generators are saved and restored, so a resumed
                                     run draws the same random numbers as the uninterrupted one
+    save_on_sigterm                 SIGTERM (preemption, scancel) saves at the end of the batch in progress, then the
+                                    process exits (Lightning's SIGTERMException; exit status 0); SIGKILL loses the
+                                    steps since the last save
 File names never get Lightning's `-v1` suffix: a periodic file left by a killed run (written after the checkpoint
 the run resumes from) is overwritten when the resumed run reaches that step again.
 
@@ -183,6 +186,7 @@ class RunCheckpoint(ModelCheckpoint):
         dirpath: where to write (None: `<run directory>/checkpoints`).
         filename: name pattern of the periodic files (Lightning's format; `{step}` is the optimizer step).
         restore_rng: save the random generators' states and restore them on resume.
+        save_on_sigterm: save when the process gets SIGTERM (preemption), at the end of the batch in progress.
         save_weights_only: save only the weights (a run cannot resume from such files).
     """
 
@@ -195,6 +199,7 @@ class RunCheckpoint(ModelCheckpoint):
         dirpath: str | None = None,
         filename: str = "step={step:08d}",
         restore_rng: bool = True,
+        save_on_sigterm: bool = True,
         save_weights_only: bool = False,
     ) -> None:
         if every_n_steps is None and every_minutes is None:
@@ -229,6 +234,7 @@ class RunCheckpoint(ModelCheckpoint):
         self.keep_last = keep_last
         self.keep_every_n_steps = keep_every_n_steps
         self.restore_rng = restore_rng
+        self.save_on_sigterm = save_on_sigterm
         self.periodic: list[tuple[int, str]] = []  # (step, path) of the periodic files this run keeps
 
     @property
@@ -259,6 +265,21 @@ class RunCheckpoint(ModelCheckpoint):
             due = bool(trainer.strategy.broadcast(due or timed))  # rank zero's clock decides for every rank
         if due:
             self.save_now(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """On SIGTERM (preemption, `scancel`, `kill`), save before exiting: Lightning raises `SIGTERMException` only
+        at a batch boundary, where the state is as consistent as at any periodic save."""
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if not (self.save_on_sigterm and isinstance(exception, SIGTERMException)):
+            return
+        if trainer.validating or trainer.sanity_checking or self._last_global_step_saved == trainer.global_step:
+            return  # mid-validation the loops are not at a training boundary: the last periodic save stands
+        self.save_now(trainer)
+        rank_zero_info(
+            f"RunCheckpoint: SIGTERM received; saved step {trainer.global_step} to {self.last_model_path}. Resume with "
+            "--ckpt_path last."
+        )
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         return  # saving is driven by steps and time only (ModelCheckpoint would also save after validation)

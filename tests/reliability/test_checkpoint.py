@@ -63,6 +63,23 @@ def test_time_trigger(make_module, make_trainer, token_loader, tmp_path, monkeyp
     assert steps_on_disk(tmp_path / "run" / "checkpoints") == [3, 6, 9], "a save at the first step past each minute"
 
 
+def test_sigterm_saves_at_the_end_of_the_batch(make_module, make_trainer, token_loader, tmp_path):
+    class Sigterm(L.Callback):  # what Lightning's SIGTERM handler does, at step 6
+        def on_train_batch_start(self, trainer, *args) -> None:
+            if trainer.global_step == 6:
+                trainer._signal_connector.received_sigterm = True
+
+    module = make_module()
+    trainer = make_trainer([Sigterm(), RunCheckpoint(every_n_steps=4)], max_steps=20, enable_checkpointing=True)
+    with pytest.raises(SystemExit):  # SIGTERMException
+        trainer.fit(module, token_loader())
+    folder = tmp_path / "run" / "checkpoints"
+    assert steps_on_disk(folder) == [4, 7]
+    last = torch.load(folder / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 7, "step 6 finished (global_step 7) before the process exits"
+    assert all(torch.equal(last["state_dict"][n], p.detach()) for n, p in module.named_parameters())
+
+
 def test_rng_state_is_saved_and_restored():
     callback = RunCheckpoint(every_n_steps=1)
     torch.manual_seed(1), np.random.seed(1), random.seed(1)
