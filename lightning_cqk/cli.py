@@ -17,7 +17,7 @@ is `{attention}-{preset}-s{seed}` (a `-2`, `-3`, ... suffix keeps a new run from
 Restarts: `lightning_cqk fit ... --ckpt_path last` resumes the newest run directory with the run's name from its
 `checkpoints/last.ckpt` (or starts afresh when there is none). `fit` locks its run directory (`run_lock.py`) before
 building anything, installs `AtomicCheckpointIO` (atomic, verified checkpoints), and unknown config keys get a
-did-you-mean (`HintingArgumentParser`). See docs/reliability.md.
+did-you-mean (`cli_hints.py`). See docs/reliability.md.
 
 Budgets: a `budget:` group (top-level key, `lightning_cqk.callbacks.TokenBudget`) is always present and does nothing
 unless set: `--budget.tokens 2e6`, `--budget.flops 1e15`, `--budget.wallclock 600`, or
@@ -43,7 +43,9 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
 
 from lightning_cqk.callbacks import RunSummary, TokenBudget  # noqa: E402
 from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO  # noqa: E402
+from lightning_cqk.cli_hints import HintingArgumentParser  # noqa: E402
 from lightning_cqk.module import LitLM  # noqa: E402
+from lightning_cqk.run_lock import acquire, is_rank_zero_process  # noqa: E402
 
 
 def _vocab_size_of(datamodule: LightningDataModule) -> int:
@@ -91,10 +93,8 @@ class CQKCLI(LightningCLI):
         logger = trainer.get("logger")
         if _is_tensorboard(logger) and logger.init_args.get("version") is None:
             logger.init_args.version = _run_name(config, logger.init_args, resuming=bool(config.get("ckpt_path")))
-        if self.subcommand == "fit" and _is_tensorboard(logger) and _is_rank_zero_process():
+        if self.subcommand == "fit" and _is_tensorboard(logger) and is_rank_zero_process():
             # One live process per run directory, checked before anything is built (lightning_cqk/run_lock.py).
-            from lightning_cqk.run_lock import acquire
-
             args = logger.init_args
             acquire(Path(args.get("save_dir") or "runs") / str(args.get("name") or "default") / str(args.version))
 
@@ -105,65 +105,6 @@ class CQKCLI(LightningCLI):
         if not any(isinstance(cb, RunSummary) for cb in trainer.callbacks):
             trainer.callbacks.append(RunSummary())
         return trainer
-
-
-def _is_rank_zero_process() -> bool:
-    """False in the extra processes of a multi-process launch (they share rank zero's run directory)."""
-    return all(os.environ.get(var, "0") == "0" for var in ("RANK", "LOCAL_RANK", "NODE_RANK"))
-
-
-class HintingArgumentParser(LightningArgumentParser):
-    """LightningArgumentParser whose errors for unknown keys add a did-you-mean and say how to fix linked keys."""
-
-    def error(self, message: str, ex: Exception | None = None):  # type: ignore[override]
-        parser = getattr(ex, "subcommand_parser", None) or self
-        return super().error(message + _hint_for(message, parser), ex)
-
-
-_LINKED = {
-    "model.config.block_size": "data.seq_len (model and data cannot disagree); set --data.seq_len instead",
-    "model.config.vocab_size": "the data tokenizer's vocabulary; set --data.tokenizer instead",
-}
-
-
-def _hint_for(message: str, parser: Any) -> str:
-    """A hint for a parser error: the closest known key for an unknown one, or what a linked key is set from."""
-    import difflib
-    import re
-
-    if "hint: " in message:  # a nested (subclass) parser already added one
-        return ""
-    for key, source in _LINKED.items():
-        if f"--> {key}" in message or f"'{key}'" in message:
-            return f"\nhint: {key} is not set directly: it is linked to {source}."
-    match = re.search(r"(?:does not accept option|Option|Key) '([^']+)'", message) or re.search(
-        r"Unrecognized arguments: --([^\s=]+)", message
-    )
-    if not match:
-        return ""
-    unknown = match.group(1)
-    group = re.search(r"Group '([^']+)' does not accept", message)
-    if group:
-        unknown = f"{group.group(1)}.{unknown}"
-    known = _known_keys(parser)
-    parent = unknown.rsplit(".", 1)[0] if "." in unknown else ""
-    siblings = [k for k in known if (k.rsplit(".", 1)[0] if "." in k else "") == parent]
-    close = difflib.get_close_matches(unknown, siblings or known, n=2, cutoff=0.6)
-    if not close:
-        close = difflib.get_close_matches(unknown, known, n=2, cutoff=0.6)
-    where = "in a --config file or on the command line"
-    if close:
-        return f"\nhint: {unknown!r} is not a known key {where}. Did you mean {' or '.join(map(repr, close))}?"
-    return f"\nhint: {unknown!r} is not a known key {where}; `--help` lists them and `--print_config` shows them all."
-
-
-def _known_keys(parser: Any) -> list[str]:
-    keys = []
-    for action in getattr(parser, "_actions", []):
-        dest = getattr(action, "dest", "")
-        if dest and dest not in ("help", "config", "print_config") and not dest.startswith("=="):
-            keys.append(dest)
-    return keys
 
 
 _COUNT_OR_FRACTION = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches")
