@@ -2,12 +2,13 @@
 
 Detection, once per optimizer step, in `on_before_optimizer_step` (after the backward of every accumulated
 micro-batch and Lightning's fp16 unscaling, before gradient clipping and `optimizer.step()`): the step is non-finite
-when any micro-batch loss, or any element of any gradient, is NaN or +-Inf. The gradients are checked with one fused
-`torch._foreach_norm(grads, inf)` (the max-abs of each gradient: NaN or Inf exactly when the gradient holds one) and
-one stacked `isfinite().all()`; under DDP/FSDP the verdict is reduced across ranks so every rank decides alike.
+when any micro-batch loss, or any element of any gradient, is NaN or +-Inf. The gradients are checked with
+`torch._foreach_norm(grads, inf)` (the max-abs of each gradient, a fused multi-tensor kernel on CUDA: NaN or Inf
+exactly when the gradient holds one) and one stacked `isfinite().all()`; under DDP/FSDP the verdict is reduced across
+ranks so every rank decides alike.
 
 Cost: the update must be decided before it happens, so the verdict is read on the host once per step (one device
-sync and two small kernels per step; on a GPU this stops the CPU from queueing the next step's kernels while the
+sync and a few small kernels per step; on a GPU this stops the CPU from queueing the next step's kernels while the
 backward drains). The per-parameter report that names the culprits (one read per parameter) runs only on a bad step.
 
 Policies:
@@ -87,6 +88,8 @@ class NonFiniteGuard(L.Callback):
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         value = loss.detach().float()
+        if self._scaler is not None and getattr(self._scaler, "_scale", None) is not None:
+            value = value / self._scaler._scale.to(value)  # fp16: the hook sees the scaled loss (device tensor)
         finite = torch.isfinite(value)
         self._loss_finite = finite if self._loss_finite is None else self._loss_finite & finite
         self._loss = value if self._loss is None else self._loss + value
