@@ -180,7 +180,8 @@ class RunCheckpoint(ModelCheckpoint):
 
     Args:
         every_n_steps: save every this many optimizer steps (None: no step trigger).
-        every_minutes: also save when this many minutes of training have passed since the last save (None: off).
+        every_minutes: also save when this many wall-clock minutes have passed since the last save or the start of
+            training (validation included; None: off).
         keep_last: how many periodic files to keep, newest first (None: all). last.ckpt is always kept.
         keep_every_n_steps: never delete the periodic files of steps that are multiples of this (None: none).
         dirpath: where to write (None: `<run directory>/checkpoints`).
