@@ -13,7 +13,8 @@ for every run, its TensorBoard event files and `budget.json`, and writes into `<
             variance" is this ratio for the uncoupled MLP vs coupled);
         p: Welch's t-test of the group's seeds vs the baseline's (two-sided; needs >= 2 seeds on both sides);
         tokens, FLOPs, train s: what the runs used (budget.json; mean over seeds);
-        published: the paper's number for the group and its change vs the paper's baseline, where the spec names one.
+        published: the paper's number for the group (spec `published.values`) and its change vs the paper's
+            baseline (computed from the values, or `published.deltas` where the paper states only the change).
     val_curves.png       the metric vs optimizer step per group: mean over seeds with a +-1 std band (min/max of 2)
     stability.png        pre-clip gradient norm (train/grad_norm/total) and cumulative loss spikes (train/spikes)
     ppl_vs_tokens.png    the metric vs training tokens, per group (the compute-matched view: equal tokens vs more)
@@ -119,6 +120,7 @@ def table_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     baseline = spec["baseline"]
     published = spec.get("published") or {}
     pub_values = published.get("values") or {}
+    pub_deltas = published.get("deltas") or {}
     groups = data["groups"]
     rows = []
     for name, group in groups.items():
@@ -143,6 +145,8 @@ def table_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
         row["published_delta_pct"] = (
             100.0 * (float(pub) / float(pub_base) - 1.0) if pub is not None and pub_base else math.nan
         )
+        if name in pub_deltas:  # the paper states only the change for this group
+            row["published_delta_pct"] = float(pub_deltas[name])
         rows.append(row)
     return rows
 
@@ -357,9 +361,8 @@ def write_report(sweep_dir: str | Path, output: str | Path | None = None, quiet:
         paths[fig.stem] = fig
     if not quiet:
         print(md)
-        print(
-            f"Report: {paths['markdown']}, {paths['csv']}; figures: {', '.join(p.name for p in paths.values() if p.suffix == '.png')}"
-        )
+        pngs = ", ".join(p.name for p in paths.values() if p.suffix == ".png")
+        print(f"Report: {paths['markdown']}, {paths['csv']}; figures ({out}): {pngs}")
     return paths
 
 

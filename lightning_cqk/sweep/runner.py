@@ -34,8 +34,10 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -255,9 +257,49 @@ def run_local(sweep: Sweep, jobs: int = 1, only: list[str] | None = None) -> dic
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     finished = {r.name for r in sweep.runs if ledger.is_done(r)}
     failed: set[str] = set()
+    running: list[_Launch] = []
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous_term = signal.getsignal(signal.SIGTERM)
+    if main_thread:
+        signal.signal(signal.SIGTERM, _raise_interrupt)  # SLURM / timeout send SIGTERM: stop the children too
+    try:
+        _schedule(ledger, todo, running, finished, failed, result, jobs, threads)
+    except KeyboardInterrupt:
+        for launch in running:
+            launch.proc.terminate()  # Lightning stops; the run stays "running" and resumes from last.ckpt next time
+        for launch in running:
+            try:
+                launch.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                launch.proc.kill()
+            launch.log.close()
+        ledger.write_manifest()
+        print("[sweep] interrupted: run the same command again to resume", flush=True)
+        raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous_term)
+    ledger.write_manifest()
+    return result
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _schedule(
+    ledger: Ledger,
+    todo: list[Run],
+    running: list[_Launch],
+    finished: set[str],
+    failed: set[str],
+    result: dict[str, list[str]],
+    jobs: int,
+    threads: int | None,
+) -> None:
+    """Launch runs as slots, waits and data preparation allow, until every run has finished or failed."""
     data_ready: set[str] = set()  # data settings whose shards a finished run has prepared
     preparing: str | None = None  # the data setting of the one run now allowed to prepare shards
-    running: list[_Launch] = []
     while todo or running:
         for launch in [x for x in running if x.proc.poll() is not None]:
             running.remove(launch)
@@ -294,8 +336,6 @@ def run_local(sweep: Sweep, jobs: int = 1, only: list[str] | None = None) -> dic
             launched = True
         if running and not launched:
             time.sleep(0.5)
-    ledger.write_manifest()
-    return result
 
 
 # ------------------------------------------------------------------------------------------------------ SLURM
@@ -416,6 +456,8 @@ def sweep_command(argv: list[str]) -> None:
         result = run_local(sweep, args.jobs or sweep.jobs, args.run)
     except SpecError as err:
         sys.exit(f"lightning_cqk sweep: {err}")
+    except KeyboardInterrupt:
+        sys.exit(130)
     print(
         f"[sweep] {sweep.study}-{sweep.profile}: {len(result['done'])} run, {len(result['skipped'])} skipped (done "
         f"before), {len(result['failed'])} failed; manifest {sweep.sweep_dir / MANIFEST}",
