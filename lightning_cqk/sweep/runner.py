@@ -61,8 +61,14 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def git_revision(cwd: str | Path = ".") -> dict[str, Any]:
-    """{'revision': HEAD commit or None, 'dirty': uncommitted changes to tracked files}."""
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def git_revision(cwd: str | Path = PACKAGE_ROOT) -> dict[str, Any]:
+    """{'revision': HEAD commit or None, 'dirty': uncommitted changes to tracked files} of the code that runs.
+
+    Default: the checkout that holds this package (the sweep may be started from any directory).
+    """
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True)
         diff = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=cwd, capture_output=True, text=True)
