@@ -176,15 +176,16 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     spec = manifest["spec"]
     metric = spec.get("metric", "val/ppl")
     published = spec.get("published") or {}
+    with_published = bool(published.get("values") or published.get("deltas"))  # columns only where there are numbers
     lines = [f"## {spec.get('title', manifest['study'])} ({manifest['study']}, {manifest['profile']} profile)", ""]
     if spec.get("paper") or spec.get("claim"):
         lines += [f"{spec.get('paper', '')}: {spec.get('claim', '')}".strip(": "), ""]
-    pub_head = f" | published {published.get('metric', metric)} | published Δ %" if published else ""
+    pub_head = f" | published {published.get('metric', metric)} | published Δ %" if with_published else ""
     lines.append(
         f"| group | seeds | val ppl | val bpb | Δ {metric} vs baseline % | seed-var ratio | p (Welch) | tokens | FLOPs"
         f" | train s{pub_head} |"
     )
-    lines.append("|" + "---|" * (10 + (2 if published else 0)))
+    lines.append("|" + "---|" * (10 + (2 if with_published else 0)))
     for r in rows:
         is_base = r["group"] == r["baseline"]
         cells = [
@@ -199,7 +200,7 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             _si(r["flops"]),
             _fmt(r["wallclock"], ".0f"),
         ]
-        if published:
+        if with_published:
             cells += [_fmt(r["published"], ".2f"), "–" if is_base else _fmt(r["published_delta_pct"], "+.1f")]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
