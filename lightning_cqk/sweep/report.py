@@ -15,7 +15,7 @@ for every run, its TensorBoard event files and `budget.json`, and writes into `<
         tokens, FLOPs, train s: what the runs used (budget.json; mean over seeds);
         published: the paper's number for the group (spec `published.values`) and its change vs the paper's
             baseline (computed from the values, or `published.deltas` where the paper states only the change).
-    val_curves.png       the metric vs optimizer step per group: mean over seeds with a +-1 std band (min/max of 2)
+    val_curves.png       the metric vs optimizer steps trained, per group: mean over seeds, +-1 std band (min/max of 2)
     stability.png        pre-clip gradient norm (train/grad_norm/total) and cumulative loss spikes (train/spikes)
     ppl_vs_tokens.png    the metric vs training tokens, per group (the compute-matched view: equal tokens vs more)
 
@@ -38,7 +38,15 @@ from typing import Any
 from lightning_cqk.sweep.stats import mean, std, welch_t_test
 
 VAL_METRICS = ("val/ppl", "val/bpb")
-CURVE_TAGS = ("val/ppl", "val/bpb", "val/loss", "train/grad_norm/total", "train/spikes", "train/loss")
+CURVE_TAGS = (
+    "val/ppl",
+    "val/bpb",
+    "val/loss",
+    "train/grad_norm/total",
+    "train/spikes",
+    "train/loss",
+    "train/tokens_seen",
+)
 
 
 class ReportError(ValueError):
@@ -261,7 +269,7 @@ def _band(runs: list[dict[str, Any]], tag: str, x_of=None) -> tuple[list[float],
             low, high = m - std(vals), m + std(vals)
         else:
             low = high = m
-        xs.append(x_of(runs[0], step) if x_of else step)
+        xs.append(x_of(runs[0], step) if x_of else step + 1)  # TensorBoard step s = after s + 1 optimizer steps
         ms.append(m)
         lo.append(low)
         hi.append(high)
@@ -282,7 +290,9 @@ def figures(data: dict[str, Any], out: Path) -> list[Path]:
     written = []
 
     def tokens_at(run: dict[str, Any], step: int) -> float:
-        return step * float(run["budget"].get("tokens_per_step") or 0) or step
+        """Tokens trained when step `step` was logged: the run's train/tokens_seen there, else (step + 1) x B x T."""
+        seen = dict(run["scalars"].get("train/tokens_seen") or [])
+        return seen.get(step, (step + 1) * float(run["budget"].get("tokens_per_step") or 1))
 
     def plot_band(ax, tag: str, x_of=None) -> bool:
         any_line = False
@@ -298,7 +308,7 @@ def figures(data: dict[str, Any], out: Path) -> list[Path]:
     title = f"{data['manifest']['study']} ({data['manifest']['profile']})"
     fig, ax = plt.subplots(figsize=(8, 5))
     plot_band(ax, metric)
-    ax.set(xlabel="optimizer step", ylabel=metric, title=f"{title}: validation, mean ± std over seeds")
+    ax.set(xlabel="optimizer steps", ylabel=metric, title=f"{title}: validation, mean ± std over seeds")
     if metric == "val/ppl":
         ax.set_yscale("log")
     ax.legend(fontsize=7, loc="upper right")
@@ -316,7 +326,7 @@ def figures(data: dict[str, Any], out: Path) -> list[Path]:
             ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, f"{tag} not logged\n(add callbacks/stability.yaml)", ha="center", transform=ax.transAxes)
-        ax.set(xlabel="optimizer step", ylabel=label, title=f"{title}: {label}")
+        ax.set(xlabel="optimizer steps", ylabel=label, title=f"{title}: {label}")
     if axes[0].lines:
         axes[0].set_yscale("log")
     fig.tight_layout()
