@@ -312,7 +312,8 @@ def _schedule(
             ok = launch.finish()
             (finished if ok else failed).add(launch.run.name)
             result["done" if ok else "failed"].append(launch.run.name)
-            data_ready.add(_data_key(launch.run))
+            if ok:  # its shards exist now; after a failure the next run of that data setting prepares alone again
+                data_ready.add(_data_key(launch.run))
             if preparing == _data_key(launch.run):
                 preparing = None
         launched = False
