@@ -174,12 +174,8 @@ def _report_command(argv: list[str]) -> None:
     report_command(argv)
 
 
-EXTRA_COMMANDS = {
-    "prepare": _prepare_command,
-    "attention": _attention_command,
-    "sweep": _sweep_command,
-    "report": _report_command,
-}
+EXTRA_COMMANDS = {"prepare": _prepare_command, "attention": _attention_command}
+EXTRA_COMMANDS.update(sweep=_sweep_command, report=_report_command)
 
 USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,sweep,report} ...
 
