@@ -1,15 +1,18 @@
 # lightning_cqk: every target installs what it needs into $(VENV) first.
 #   make quickstart    train the quickstart config (tiny model, built-in corpus, CPU or GPU)
 #   make test          run the test suite (what CI runs)
+#   make ablations     an ablation study of the papers (default: coupling, cpu profile) and its report
 PYTHON ?= python3
 VENV ?= .venv
 PIP_ARGS ?=
 CONFIG ?= configs/quickstart.yaml
+STUDY ?= coupling
+PROFILE ?= cpu
 BIN := $(VENV)/bin
 export LITDATA_DISABLE_VERSION_CHECK := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install quickstart test test-fast test-slow lint format fit print-config tensorboard clean
+.PHONY: help install quickstart test test-fast test-slow lint format fit print-config tensorboard clean ablations
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -46,6 +49,9 @@ fit: install ## train any config: make fit CONFIG=configs/quickstart.yaml
 
 print-config: install ## print the resolved config: make print-config CONFIG=...
 	$(BIN)/lightning_cqk fit --config $(CONFIG) --print_config
+
+ablations: install ## run an ablation study and print its report: make ablations [STUDY=coupling] [PROFILE=cpu] (resumable)
+	$(BIN)/lightning_cqk sweep configs/ablations/$(STUDY).yaml --profile $(PROFILE)
 
 tensorboard: install ## serve the curves of every run under runs/
 	$(BIN)/tensorboard --logdir runs

@@ -4,6 +4,8 @@
     lightning_cqk validate | test | predict --config ... --ckpt_path runs/<experiment>/<run>/checkpoints/last.ckpt
     lightning_cqk prepare --source 'corpus/*.jsonl' --output_dir data/mycorpus-gpt2 --tokenizer gpt2
     lightning_cqk attention            # list the registered attention backends and their options
+    lightning_cqk sweep configs/ablations/coupling.yaml --profile cpu [--dry-run]   # an ablation study, resumable
+    lightning_cqk report runs/coupling-cpu                                          # its tables and figures
 
 `fit/validate/test/predict` are LightningCLI subcommands: configs compose left to right, command-line flags win,
 `--print_config` prints the resolved config, and the resolved config is saved as `config.yaml` next to every
@@ -176,9 +178,22 @@ def _attention_command(argv: list[str]) -> None:
         print(textwrap.fill(", ".join(options), width=116, initial_indent=" " * 17, subsequent_indent=" " * 17))
 
 
-EXTRA_COMMANDS = {"prepare": _prepare_command, "attention": _attention_command}
+def _sweep_command(argv: list[str]) -> None:
+    from lightning_cqk.sweep.runner import sweep_command
 
-USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention} ...
+    sweep_command(argv)
+
+
+def _report_command(argv: list[str]) -> None:
+    from lightning_cqk.sweep.report import report_command
+
+    report_command(argv)
+
+
+EXTRA_COMMANDS = {"prepare": _prepare_command, "attention": _attention_command}
+EXTRA_COMMANDS.update(sweep=_sweep_command, report=_report_command)
+
+USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,sweep,report} ...
 
   fit        train:                     lightning_cqk fit --config configs/quickstart.yaml
   validate   evaluate a checkpoint:     lightning_cqk validate --config <run>/config.yaml --ckpt_path <ckpt>
@@ -186,6 +201,8 @@ USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention} ..
   predict    run predictions
   prepare    text -> token shards:      lightning_cqk prepare --source 'corpus/*.txt' --output_dir data/x
   attention  list attention backends and their options
+  sweep      run an ablation study:     lightning_cqk sweep configs/ablations/coupling.yaml --profile cpu
+  report     tables + figures of it:    lightning_cqk report runs/coupling-cpu
 
 Every subcommand takes --help. Trainer subcommands also take --print_config.
 """

@@ -1,0 +1,478 @@
+"""Run a sweep: every run of an expanded spec as a `lightning_cqk fit` subprocess, resumable, locally or on SLURM.
+
+    lightning_cqk sweep configs/ablations/coupling.yaml --profile cpu [--dry-run] [--jobs 2] [--output runs/x]
+    lightning_cqk sweep configs/ablations/coupling.yaml --profile paper --slurm     # writes SLURM array scripts
+    lightning_cqk sweep configs/ablations/coupling.yaml --profile paper --run standard-s1   # one run (array task)
+
+Layout of a sweep directory (default `runs/<study>-<profile>/`):
+    manifest.json       the plan and the state: study, profile, spec, git revision, package versions, and per run its
+                        levels, seed, overrides, command, config hash and status (pending / running / done / failed)
+    status/<run>.json   one file per run, written by whichever process runs it (so SLURM array tasks never write the
+                        same file); manifest.json is rebuilt from them
+    logs/<run>.log      the run's stdout and stderr (appended across attempts)
+    <run>/              the run itself: TensorBoard events, config.yaml, checkpoints/last.ckpt, budget.json
+    report/             what `lightning_cqk report` writes
+
+Each run is launched as `python -m lightning_cqk fit --config <base> ... --seed_everything <seed>
+--trainer.logger.init_args.{save_dir,name,version}=...`, so its directory is fixed by the sweep (the CLI's `-2`
+suffixing never moves it). On a second invocation a run that finished (status done, same config hash, budget.json
+present) is skipped; a run with `checkpoints/last.ckpt` is resumed from it (`--ckpt_path <that file>`); any other
+unfinished run starts again from scratch (its partial directory is removed first). A finished run whose config hash
+changed (the spec or a config file was edited since) is refused: start a new sweep directory with `--output`.
+
+With `--jobs N > 1` runs go N at a time (each child gets OMP_NUM_THREADS = cores / N unless it is set); the first
+run of each distinct data setting runs alone first, because a run prepares missing token shards itself and two
+runs must not write the same shards at once. Runs that wait for another (`{run:<level>}` in a spec) start when it
+is done, and are marked failed without running if it failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning_cqk.sweep.spec import Run, SpecError, Sweep, expand
+
+MANIFEST = "manifest.json"
+DONE, RUNNING, FAILED, PENDING = "done", "running", "failed", "pending"
+
+
+# ------------------------------------------------------------------------------------------------ bookkeeping
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Write atomically (a reader never sees half a file; concurrent writers leave one whole version)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def git_revision(cwd: str | Path = PACKAGE_ROOT) -> dict[str, Any]:
+    """{'revision': HEAD commit or None, 'dirty': uncommitted changes to tracked files} of the code that runs.
+
+    Default: the checkout that holds this package (the sweep may be started from any directory).
+    """
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True)
+        diff = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=cwd, capture_output=True, text=True)
+        return {"revision": rev.stdout.strip(), "dirty": bool(diff.stdout.strip())}
+    except (OSError, subprocess.CalledProcessError):
+        return {"revision": None, "dirty": None}
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": sys.version.split()[0]}
+    for pkg in ("torch", "lightning", "litdata", "jsonargparse"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def fit_command(sweep: Sweep, run: Run, ckpt_path: str | None = None) -> list[str]:
+    """The subprocess command line of one run."""
+    cmd = [sys.executable, "-m", "lightning_cqk", "fit", *run.cli_args(sweep.sweep_dir)]
+    if ckpt_path:
+        cmd.append(f"--ckpt_path={ckpt_path}")
+    return cmd
+
+
+class Ledger:
+    """The state of a sweep directory: per-run status files and the manifest built from them."""
+
+    def __init__(self, sweep: Sweep) -> None:
+        self.sweep = sweep
+        self.dir = sweep.sweep_dir
+        self.status_dir = self.dir / "status"
+        self.log_dir = self.dir / "logs"
+
+    def status(self, run: Run) -> dict[str, Any]:
+        path = self.status_dir / f"{run.name}.json"
+        return json.loads(path.read_text()) if path.is_file() else {"status": PENDING, "attempts": 0}
+
+    def set_status(self, run: Run, **fields: Any) -> dict[str, Any]:
+        status = {**self.status(run), **fields}
+        _write_json(self.status_dir / f"{run.name}.json", status)
+        return status
+
+    def run_dir(self, run: Run) -> Path:
+        return self.dir / run.name
+
+    def is_done(self, run: Run) -> bool:
+        """Finished with the same config; a finished run with another config hash is an error."""
+        status = self.status(run)
+        if status.get("status") != DONE or not (self.run_dir(run) / "budget.json").is_file():
+            return False
+        if status.get("config_hash") != run.config_hash():
+            raise SpecError(
+                f"{self.dir}: run {run.name} finished with config hash {status.get('config_hash')}, but the spec and "
+                f"config files now give {run.config_hash()} (something was edited since). Mixing the two would "
+                "make the report compare different settings: sweep into a new directory with --output, or delete "
+                f"{self.run_dir(run)} and {self.status_dir / (run.name + '.json')} to rerun it."
+            )
+        return True
+
+    def last_checkpoint(self, run: Run) -> Path | None:
+        path = self.run_dir(run) / "checkpoints" / "last.ckpt"
+        return path if path.is_file() else None
+
+    def write_manifest(self) -> dict[str, Any]:
+        sweep = self.sweep
+        path = self.dir / MANIFEST
+        previous = json.loads(path.read_text()) if path.is_file() else {}
+        runs = []
+        for run in sweep.runs:
+            runs.append(
+                {
+                    "name": run.name,
+                    "group": run.group,
+                    "seed": run.seed,
+                    "levels": run.levels,
+                    "configs": run.configs,
+                    "overrides": run.overrides,
+                    "depends_on": run.depends_on,
+                    "config_hash": run.config_hash(),
+                    "command": shlex.join(["lightning_cqk", "fit", *run.cli_args(sweep.sweep_dir)]),
+                    **self.status(run),
+                }
+            )
+        manifest = {
+            "study": sweep.study,
+            "profile": sweep.profile,
+            "spec_path": sweep.spec_path,
+            "created": previous.get("created", _now()),
+            "updated": _now(),
+            "git": git_revision(),
+            "versions": _versions(),
+            "spec": sweep.spec,
+            "runs": runs,
+        }
+        _write_json(path, manifest)
+        return manifest
+
+
+# ----------------------------------------------------------------------------------------------- launching
+class _Launch:
+    """One run's subprocess in flight."""
+
+    def __init__(self, ledger: Ledger, run: Run, threads: int | None) -> None:
+        self.ledger, self.run = ledger, run
+        ckpt = ledger.last_checkpoint(run)
+        if ckpt is None and ledger.run_dir(run).exists():
+            shutil.rmtree(ledger.run_dir(run))  # a partial run without a checkpoint: its logs would mix in
+        self.resumed_from = str(ckpt) if ckpt else None
+        cmd = fit_command(ledger.sweep, run, self.resumed_from)
+        env = dict(os.environ)
+        if threads is not None and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = str(threads)
+        ledger.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log = open(ledger.log_dir / f"{run.name}.log", "a")  # noqa: SIM115 (closed in finish)
+        self.log.write(f"\n# {_now()} {shlex.join(cmd)}\n")
+        self.log.flush()
+        attempts = ledger.status(run).get("attempts", 0) + 1
+        ledger.set_status(
+            run,
+            status=RUNNING,
+            attempts=attempts,
+            config_hash=run.config_hash(),
+            started=_now(),
+            resumed_from=self.resumed_from,
+            returncode=None,
+        )
+        ledger.write_manifest()
+        self.start = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        verb = f"resuming from {self.resumed_from}" if self.resumed_from else "starting"
+        print(f"[sweep] {run.name}: {verb} (attempt {attempts})", flush=True)
+
+    def finish(self) -> bool:
+        rc = self.proc.wait()
+        self.log.close()
+        seconds = time.perf_counter() - self.start
+        run_dir = self.ledger.run_dir(self.run)
+        ok = rc == 0 and (run_dir / "budget.json").is_file()
+        fields: dict[str, Any] = {"status": DONE if ok else FAILED, "returncode": rc, "finished": _now()}
+        fields["seconds"] = round(self.ledger.status(self.run).get("seconds", 0.0) + seconds, 1)
+        if (run_dir / "config.yaml").is_file():
+            import hashlib
+
+            fields["resolved_config_sha256"] = hashlib.sha256((run_dir / "config.yaml").read_bytes()).hexdigest()
+        self.ledger.set_status(self.run, **fields)
+        self.ledger.write_manifest()
+        if ok:
+            print(f"[sweep] {self.run.name}: done in {seconds:.0f} s", flush=True)
+        else:
+            log = self.ledger.log_dir / f"{self.run.name}.log"
+            print(f"[sweep] {self.run.name}: FAILED (exit code {rc}); see {log}", flush=True)
+        return ok
+
+
+def _data_key(run: Run) -> str:
+    data = {k: v for k, v in run.overrides.items() if k.startswith("data.")}
+    return json.dumps({"configs": run.configs, "data": data}, sort_keys=True)
+
+
+def _names(todo: list[Run], running: list[_Launch]) -> set[str]:
+    return {r.name for r in todo} | {x.run.name for x in running}
+
+
+def run_local(sweep: Sweep, jobs: int = 1, only: list[str] | None = None) -> dict[str, list[str]]:
+    """Run every unfinished run of `sweep` (or only the named ones), `jobs` at a time.
+
+    Returns {'skipped': [...], 'done': [...], 'failed': [...]} (names).
+    """
+    missing = sweep.missing_needs()
+    if missing:
+        raise SpecError(
+            f"{sweep.spec_path} (profile {sweep.profile}) needs {missing}, which do not exist. The cpu profiles of the "
+            "corpus studies read ../shared/data (set LIGHTNING_CQK_SHARED_DATA to point elsewhere); "
+            "the coupling study's cpu profile needs nothing."
+        )
+    ledger = Ledger(sweep)
+    ledger.dir.mkdir(parents=True, exist_ok=True)
+    runs = [sweep.run(n) for n in only] if only else list(sweep.runs)
+    result: dict[str, list[str]] = {"skipped": [], "done": [], "failed": []}
+    todo = []
+    for run in runs:
+        if ledger.is_done(run):
+            result["skipped"].append(run.name)
+            print(f"[sweep] {run.name}: done before, skipped", flush=True)
+        else:
+            todo.append(run)
+    ledger.write_manifest()
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+    finished = {r.name for r in sweep.runs if ledger.is_done(r)}
+    failed: set[str] = set()
+    running: list[_Launch] = []
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous_term = signal.getsignal(signal.SIGTERM)
+    if main_thread:
+        signal.signal(signal.SIGTERM, _raise_interrupt)  # SLURM / timeout send SIGTERM: stop the children too
+    try:
+        _schedule(ledger, todo, running, finished, failed, result, jobs, threads)
+    except KeyboardInterrupt:
+        for launch in running:
+            launch.proc.terminate()  # Lightning stops; the run stays "running" and resumes from last.ckpt next time
+        for launch in running:
+            try:
+                launch.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                launch.proc.kill()
+            launch.log.close()
+        ledger.write_manifest()
+        print("[sweep] interrupted: run the same command again to resume", flush=True)
+        raise
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous_term)
+    ledger.write_manifest()
+    return result
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _schedule(
+    ledger: Ledger,
+    todo: list[Run],
+    running: list[_Launch],
+    finished: set[str],
+    failed: set[str],
+    result: dict[str, list[str]],
+    jobs: int,
+    threads: int | None,
+) -> None:
+    """Launch runs as slots, waits and data preparation allow, until every run has finished or failed."""
+    data_ready: set[str] = set()  # data settings whose shards a finished run has prepared
+    preparing: str | None = None  # the data setting of the one run now allowed to prepare shards
+    while todo or running:
+        for launch in [x for x in running if x.proc.poll() is not None]:
+            running.remove(launch)
+            ok = launch.finish()
+            (finished if ok else failed).add(launch.run.name)
+            result["done" if ok else "failed"].append(launch.run.name)
+            if ok:  # its shards exist now; after a failure the next run of that data setting prepares alone again
+                data_ready.add(_data_key(launch.run))
+            if preparing == _data_key(launch.run):
+                preparing = None
+        launched = False
+        for run in list(todo):
+            if len(running) >= jobs:
+                break
+            blocked = [
+                d for d in run.depends_on if d in failed or (d not in finished and d not in _names(todo, running))
+            ]
+            if blocked:
+                todo.remove(run)
+                failed.add(run.name)
+                result["failed"].append(run.name)
+                reason = f"waits for {blocked}, which failed or are not part of this invocation"
+                ledger.set_status(run, status=FAILED, returncode=None, finished=_now(), reason=reason)
+                print(f"[sweep] {run.name}: not run, it {reason}", flush=True)
+                continue
+            if not all(d in finished for d in run.depends_on):
+                continue
+            key = _data_key(run)
+            if jobs > 1 and key not in data_ready:
+                if preparing is not None:
+                    continue  # one run at a time may prepare token shards
+                preparing = key
+            todo.remove(run)
+            running.append(_Launch(ledger, run, threads))
+            launched = True
+        if running and not launched:
+            time.sleep(0.5)
+
+
+# ------------------------------------------------------------------------------------------------------ SLURM
+def write_slurm(sweep: Sweep, spec_arg: str, max_parallel: int | None = None) -> list[Path]:
+    """Write one SLURM array script per wave (runs whose waits are all in earlier waves) and `submit.sh`.
+
+    Each array task runs `lightning_cqk sweep <spec> --profile P --output DIR --run <name>`: the same skip / resume
+    logic as a local sweep, one run per task. `submit.sh` submits the waves chained with `--dependency=afterok`.
+    Returns the files written.
+    """
+    waves: list[list[Run]] = []
+    wave_of: dict[str, int] = {}
+    for run in sweep.runs:  # already in dependency order
+        k = max((wave_of[d] + 1 for d in run.depends_on), default=0)
+        wave_of[run.name] = k
+        while len(waves) <= k:
+            waves.append([])
+        waves[k].append(run)
+    out = sweep.sweep_dir / "slurm"
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    cwd = Path.cwd()
+    for k, wave in enumerate(waves):
+        limit = f"%{max_parallel}" if max_parallel else ""
+        names = " ".join(shlex.quote(r.name) for r in wave)
+        task = shlex.join(
+            [
+                "python",
+                "-m",
+                "lightning_cqk",
+                "sweep",
+                spec_arg,
+                "--profile",
+                sweep.profile,
+                "--output",
+                str(sweep.sweep_dir),
+                "--no-report",
+                "--run",
+            ]
+        )
+        lines = [
+            "#!/bin/bash",
+            f"#SBATCH --job-name={sweep.study}-{sweep.profile}-w{k}",
+            f"#SBATCH --array=0-{len(wave) - 1}{limit}",
+            f"#SBATCH --output={out}/%x-%A_%a.out",
+            *sweep.slurm,
+            "# Written by `lightning_cqk sweep --slurm`: one array task per run; a task skips a finished run and",
+            "# resumes an interrupted one from its checkpoints/last.ckpt. Submit all waves with submit.sh; after a",
+            "# time limit or a preemption, run submit.sh again (finished runs are skipped, the others resume).",
+            "set -euo pipefail",
+            f"cd {shlex.quote(str(cwd))}",
+            f"RUNS=({names})",
+            f'srun {task} "${{RUNS[$SLURM_ARRAY_TASK_ID]}}"',
+            "",
+        ]
+        path = out / f"wave{k}.sbatch"
+        path.write_text("\n".join(lines))
+        files.append(path)
+    submit = ["#!/bin/bash", "# Submit the sweep's waves, each after the previous one succeeded.", "set -euo pipefail"]
+    submit.append("dep=''")
+    for path in files:
+        submit.append(f'jid=$(sbatch --parsable $dep {shlex.quote(str(path))}); echo "submitted {path.name}: $jid"')
+        submit.append('dep="--dependency=afterok:${jid%%;*}"')
+    (out / "submit.sh").write_text("\n".join(submit) + "\n")
+    (out / "submit.sh").chmod(0o755)
+    files.append(out / "submit.sh")
+    Ledger(sweep).write_manifest()
+    return files
+
+
+# ---------------------------------------------------------------------------------------------------- command
+def dry_run(sweep: Sweep) -> None:
+    """Print the plan: every run, what would happen to it, and its command."""
+    ledger = Ledger(sweep)
+    print(f"{sweep.study} ({sweep.profile} profile): {len(sweep.runs)} runs into {sweep.sweep_dir}")
+    missing = sweep.missing_needs()
+    if missing:
+        print(f"  MISSING (the sweep would stop here): {missing}")
+    for run in sweep.runs:
+        if ledger.is_done(run):
+            action = "skip (done)"
+        elif ledger.last_checkpoint(run):
+            action = f"resume from {ledger.last_checkpoint(run)}"
+        else:
+            action = "start"
+        wait = f", after {', '.join(run.depends_on)}" if run.depends_on else ""
+        print(f"  {run.name:<40} {action}{wait}")
+        print(f"      {shlex.join(['lightning_cqk', 'fit', *run.cli_args(sweep.sweep_dir)])}")
+
+
+def sweep_command(argv: list[str]) -> None:
+    """`lightning_cqk sweep SPEC [--profile cpu] [--dry-run] [--jobs N] [--output DIR] [--slurm] [--run NAME]`."""
+    parser = argparse.ArgumentParser(
+        prog="lightning_cqk sweep",
+        description="Expand an ablation spec (configs/ablations/*.yaml) into runs and run them, resumably.",
+    )
+    parser.add_argument("spec", help="the spec YAML, e.g. configs/ablations/coupling.yaml")
+    parser.add_argument("--profile", default="cpu", help="profile of the spec: cpu (default) or paper")
+    parser.add_argument("--output", default=None, help="sweep directory (default runs/<study>-<profile>)")
+    parser.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the profile's jobs, else 1)")
+    parser.add_argument("--dry-run", "--dry_run", action="store_true", help="print the runs and commands, run nothing")
+    parser.add_argument("--slurm", action="store_true", help="write SLURM array scripts instead of running")
+    parser.add_argument("--max-parallel", "--max_parallel", type=int, default=None, help="SLURM array %% limit")
+    parser.add_argument("--run", action="append", default=None, help="run only this run (repeatable)")
+    parser.add_argument("--no-report", "--no_report", action="store_true", help="do not write the report afterwards")
+    args = parser.parse_args(argv)
+    try:
+        sweep = expand(args.spec, args.profile, args.output)
+        if args.jobs is not None and args.jobs < 1:
+            raise SpecError(f"--jobs must be at least 1, got {args.jobs}.")
+        if args.dry_run:
+            dry_run(sweep)
+            return
+        if args.slurm:
+            files = write_slurm(sweep, args.spec, args.max_parallel)
+            print("Wrote " + ", ".join(str(f) for f in files) + f"\nSubmit with: bash {files[-1]}")
+            return
+        result = run_local(sweep, args.jobs or sweep.jobs, args.run)
+    except SpecError as err:
+        sys.exit(f"lightning_cqk sweep: {err}")
+    except KeyboardInterrupt:
+        sys.exit(130)
+    print(
+        f"[sweep] {sweep.study}-{sweep.profile}: {len(result['done'])} run, {len(result['skipped'])} skipped (done "
+        f"before), {len(result['failed'])} failed; manifest {sweep.sweep_dir / MANIFEST}",
+        flush=True,
+    )
+    if not args.no_report and not args.run:
+        from lightning_cqk.sweep.report import write_report
+
+        write_report(sweep.sweep_dir)
+    if result["failed"]:
+        sys.exit(f"lightning_cqk sweep: {len(result['failed'])} run(s) failed: {', '.join(result['failed'])}")

@@ -1,0 +1,326 @@
+"""Ablation specs: a YAML grid over configs, expanded into runs with deterministic names.
+
+A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
+
+    study: coupling                       # the study's name (also the default sweep directory runs/<study>-<profile>)
+    title: ...                            # one line for the report
+    paper: arXiv 2604.01683 v1            # where the claim comes from
+    claim: ...                            # what the study answers
+    metric: val/ppl                       # the headline metric of the tables (val/bpb is always reported beside it)
+    baseline: {attention: standard}       # per axis, the level that changes are measured against
+    axes:                                 # the grid: the cartesian product of every axis's levels, times the seeds
+      attention:                          # an axis: ordered levels, each a flat dict of CLI overrides
+        standard: {model.config.attention: standard}
+        coupled-leapfrog: {model.config.attention: coupled, model.config.attention_options: {integrator: leapfrog}}
+    profiles:                             # how big: `paper` (published scale, GPUs) and `cpu` (2 CPU cores, < 20 min)
+      cpu:
+        configs: [configs/quickstart.yaml, configs/ablations/cpu_callbacks.yaml]   # --config files, in order
+        seeds: [1, 2, 3]
+        jobs: 1                           # runs at a time (the runner's default; --jobs overrides)
+        needs: ["{shared_data}/wikitext"] # paths that must exist (checked before anything runs)
+        overrides: {trainer.max_steps: 120}          # CLI overrides of every run of this profile
+        axes: {attention: {...}}          # optional: replaces an axis's levels for this profile only
+        slurm: ["#SBATCH --gpus-per-node=1"]          # optional: lines added to the SLURM array script
+    published:                            # optional: the paper's numbers, per group, shown beside ours
+      source: arXiv 2604.01683 v1 abstract (shared/papers.md §1.5)
+      metric: val/ppl
+      values: {standard: 24.22, coupled-leapfrog: 22.62}
+
+Overrides are `--key=value` flags of `lightning_cqk fit` (dicts and lists are passed as YAML/JSON); the key
+`config` adds `--config` files (a path or a list) for one level. String values may use placeholders:
+`{shared_data}` ($LIGHTNING_CQK_SHARED_DATA or ../shared/data), `{sweep_dir}` (the sweep's output directory) and
+`{run:<level>}`: the directory of the run that is the same as this one except that this axis is at <level>, which
+makes this run wait for that one (the compute-matched study's `budget.match_to`).
+
+A run's name is its levels joined by `-` in axis order, then `-s<seed>` (e.g. `coupled-leapfrog-s2`); its group
+(the seeds of one setting) is the name without the seed. Order: axes vary slowest-first in spec order, seeds
+fastest; runs that wait for another come after it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROFILES_REQUIRED = ("paper", "cpu")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
+_RUN_REF = re.compile(r"\{run:([^}]+)\}")
+
+
+class SpecError(ValueError):
+    """A malformed ablation spec; the message says what is wrong and how to fix it."""
+
+
+@dataclasses.dataclass
+class Run:
+    """One run of a sweep: a point of the grid at one seed."""
+
+    name: str  # e.g. coupled-leapfrog-s2
+    group: str  # the name without the seed
+    seed: int
+    levels: dict[str, str]  # axis -> level
+    configs: list[str]  # --config files, in order
+    overrides: dict[str, Any]  # flag -> value (resolved placeholders), in the order they are passed
+    depends_on: list[str]  # names of runs this one waits for ({run:<level>} references)
+
+    def cli_args(self, sweep_dir: Path) -> list[str]:
+        """Arguments of `lightning_cqk fit` for this run (without the resume checkpoint)."""
+        args: list[str] = []
+        for config in self.configs:
+            args += ["--config", config]
+        for key, value in self.overrides.items():
+            args.append(f"--{key}={format_value(value)}")
+        args += [
+            f"--seed_everything={self.seed}",
+            f"--trainer.logger.init_args.save_dir={sweep_dir.parent}",
+            f"--trainer.logger.init_args.name={sweep_dir.name}",
+            f"--trainer.logger.init_args.version={self.name}",
+        ]
+        return args
+
+    def config_hash(self) -> str:
+        """sha256 (16 hex digits) of everything that determines the run's resolved config.
+
+        The contents of the --config files (not just their paths), the overrides and the seed: a finished run whose
+        hash changed (the spec or a config file was edited) is refused rather than silently mixed into a sweep.
+        """
+        files = []
+        for config in self.configs:
+            path = Path(config)
+            files.append([config, path.read_text() if path.is_file() else None])
+        blob = json.dumps({"configs": files, "overrides": self.overrides, "seed": self.seed}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass
+class Sweep:
+    """An expanded spec at one profile."""
+
+    spec_path: str
+    study: str
+    profile: str
+    spec: dict[str, Any]  # the whole spec as read (title, claim, metric, baseline, published, ...)
+    runs: list[Run]
+    sweep_dir: Path
+    jobs: int
+    needs: list[str]
+    slurm: list[str]
+
+    def run(self, name: str) -> Run:
+        for run in self.runs:
+            if run.name == name:
+                return run
+        raise SpecError(f"{self.spec_path}: no run named {name!r}; runs: {', '.join(r.name for r in self.runs)}")
+
+    def missing_needs(self) -> list[str]:
+        """Required paths (profile `needs`) that do not exist."""
+        return [path for path in self.needs if not Path(path).exists()]
+
+
+def format_value(value: Any) -> str:
+    """A CLI value: strings as they are, everything else as JSON (which jsonargparse reads as YAML)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def shared_data_dir() -> str:
+    """$LIGHTNING_CQK_SHARED_DATA, else ../shared/data (relative to the working directory, the repository root)."""
+    return os.environ.get("LIGHTNING_CQK_SHARED_DATA", str(Path("..") / "shared" / "data"))
+
+
+def load_spec(path: str | Path) -> dict[str, Any]:
+    """Read and validate a spec file (structure only; expansion checks the rest)."""
+    path = Path(path)
+    if not path.is_file():
+        available = sorted(p.stem for p in Path("configs/ablations").glob("*.yaml")) if Path("configs").is_dir() else []
+        hint = f" Available in configs/ablations/: {', '.join(available)}." if available else ""
+        raise SpecError(f"No ablation spec at {path}.{hint}")
+    spec = yaml.safe_load(path.read_text())
+    where = str(path)
+    if not isinstance(spec, dict):
+        raise SpecError(f"{where}: a spec is a YAML mapping with study, axes and profiles; got {type(spec).__name__}.")
+    for key in ("study", "axes", "profiles", "baseline"):
+        if key not in spec:
+            raise SpecError(f"{where}: missing top-level key {key!r} (see lightning_cqk/sweep/spec.py for the format).")
+    if not _NAME.match(str(spec["study"])):
+        raise SpecError(f"{where}: study {spec['study']!r} must be a plain name (letters, digits, _ . + = -).")
+    _check_axes(spec["axes"], where)
+    missing = [p for p in PROFILES_REQUIRED if p not in spec["profiles"]]
+    if missing:
+        raise SpecError(f"{where}: every spec needs the profiles {PROFILES_REQUIRED}; missing {missing}.")
+    for name, profile in spec["profiles"].items():
+        if not isinstance(profile, dict) or not profile.get("configs"):
+            raise SpecError(f"{where}: profile {name!r} needs `configs:` (the base --config files, in order).")
+        if "axes" in profile:
+            unknown = sorted(set(profile["axes"]) - set(spec["axes"]))
+            if unknown:
+                raise SpecError(
+                    f"{where}: profile {name!r} replaces unknown axes {unknown}; axes: {list(spec['axes'])}."
+                )
+            _check_axes(profile["axes"], f"{where} (profile {name})")
+    baseline = spec["baseline"]
+    if not isinstance(baseline, dict) or not baseline:
+        raise SpecError(f"{where}: baseline is a mapping axis -> level, e.g. {{attention: standard}}.")
+    unknown = sorted(set(baseline) - set(spec["axes"]))
+    if unknown:
+        raise SpecError(f"{where}: baseline names unknown axes {unknown}; axes: {list(spec['axes'])}.")
+    metric = spec.get("metric", "val/ppl")
+    if metric not in ("val/ppl", "val/bpb", "val/loss"):
+        raise SpecError(f"{where}: metric {metric!r} must be val/ppl, val/bpb or val/loss.")
+    return spec
+
+
+def _check_axes(axes: Any, where: str) -> None:
+    if not isinstance(axes, dict) or not axes:
+        raise SpecError(f"{where}: axes is a mapping axis -> {{level: {{override: value}}}} with at least one axis.")
+    for axis, levels in axes.items():
+        if not isinstance(levels, dict) or not levels:
+            raise SpecError(f"{where}: axis {axis!r} needs at least one level (a mapping level -> overrides).")
+        for level, overrides in levels.items():
+            if not _NAME.match(str(level)):
+                raise SpecError(
+                    f"{where}: level {level!r} of axis {axis!r} is not a plain name (letters, digits, _ . + = -): "
+                    "it becomes part of the run directory's name."
+                )
+            if overrides is not None and not isinstance(overrides, dict):
+                raise SpecError(f"{where}: level {axis}.{level} must map override keys to values, got {overrides!r}.")
+
+
+def expand(
+    spec_path: str | Path, profile: str = "cpu", output: str | Path | None = None, runs_root: str | Path = "runs"
+) -> Sweep:
+    """Expand a spec at `profile` into its runs.
+
+    Args:
+        spec_path: the spec YAML.
+        profile: a profile of the spec (`paper`, `cpu`, ...).
+        output: the sweep directory; default `<runs_root>/<study>-<profile>`.
+        runs_root: where sweep directories go when `output` is not given.
+    """
+    spec = load_spec(spec_path)
+    where = str(spec_path)
+    if profile not in spec["profiles"]:
+        raise SpecError(f"{where}: no profile {profile!r}; profiles: {', '.join(spec['profiles'])}.")
+    prof = spec["profiles"][profile]
+    study = str(spec["study"])
+    sweep_dir = Path(output) if output is not None else Path(runs_root) / f"{study}-{profile}"
+    axes = {axis: dict(levels) for axis, levels in spec["axes"].items()}
+    for axis, levels in (prof.get("axes") or {}).items():
+        axes[axis] = dict(levels)
+    for axis, level in spec["baseline"].items():
+        if level not in axes[axis]:
+            raise SpecError(
+                f"{where}: baseline level {axis}={level!r} is not a level of the axis ({list(axes[axis])})."
+            )
+    seeds = [int(s) for s in prof.get("seeds", [1337])]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise SpecError(f"{where}: profile {profile!r} needs distinct seeds, got {seeds}.")
+    configs = _as_list(prof["configs"])
+    placeholders = {"shared_data": shared_data_dir(), "sweep_dir": str(sweep_dir)}
+
+    runs: list[Run] = []
+    names = list(axes)
+    for combo in itertools.product(*(list(axes[a]) for a in names)):
+        levels = dict(zip(names, combo, strict=True))
+        group = "-".join(combo)
+        for seed in seeds:
+            run_configs = list(configs)
+            overrides: dict[str, Any] = {}
+            for key, value in (prof.get("overrides") or {}).items():
+                overrides[key] = copy.deepcopy(value)
+            depends: list[str] = []
+            for axis in names:
+                for key, value in (axes[axis][levels[axis]] or {}).items():
+                    if key == "config":
+                        run_configs += _as_list(value)
+                        continue
+                    value = _fill(value, placeholders)
+                    value, refs = _resolve_run_refs(value, axis, levels, axes, seed, sweep_dir, where)
+                    depends += refs
+                    overrides.pop(key, None)  # a level's value comes after (and wins over) the profile's
+                    overrides[key] = value
+            name = f"{group}-s{seed}"
+            runs.append(
+                Run(name, group, seed, levels, [_fill(c, placeholders) for c in run_configs], overrides, depends)
+            )
+    runs = _order(runs, where)
+    return Sweep(
+        spec_path=str(spec_path),
+        study=study,
+        profile=profile,
+        spec=spec,
+        runs=runs,
+        sweep_dir=sweep_dir,
+        jobs=int(prof.get("jobs", 1)),
+        needs=[_fill(p, placeholders) for p in _as_list(prof.get("needs", []))],
+        slurm=[str(line) for line in prof.get("slurm", [])],
+    )
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+
+
+def _fill(value: Any, placeholders: dict[str, str]) -> Any:
+    """Replace {shared_data} / {sweep_dir} in strings, recursively; {run:...} is left for _resolve_run_refs."""
+    if isinstance(value, str):
+        for key, sub in placeholders.items():
+            value = value.replace("{" + key + "}", sub)
+        return value
+    if isinstance(value, dict):
+        return {k: _fill(v, placeholders) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fill(v, placeholders) for v in value]
+    return value
+
+
+def _resolve_run_refs(
+    value: Any, axis: str, levels: dict[str, str], axes: dict[str, dict], seed: int, sweep_dir: Path, where: str
+) -> tuple[Any, list[str]]:
+    if not isinstance(value, str) or "{run:" not in value:
+        return value, []
+    refs: list[str] = []
+
+    def sub(match: re.Match) -> str:
+        level = match.group(1)
+        if level not in axes[axis]:
+            raise SpecError(f"{where}: {{run:{level}}} in axis {axis!r} names no level of it ({list(axes[axis])}).")
+        other = dict(levels, **{axis: level})
+        if other == levels:
+            raise SpecError(f"{where}: {{run:{level}}} in level {axis}.{level} refers to the run itself.")
+        name = "-".join(other[a] for a in axes) + f"-s{seed}"
+        refs.append(name)
+        return str(sweep_dir / name)
+
+    return _RUN_REF.sub(sub, value), refs
+
+
+def _order(runs: list[Run], where: str) -> list[Run]:
+    """Stable topological order: a run comes after the runs it waits for."""
+    by_name = {r.name: r for r in runs}
+    if len(by_name) != len(runs):
+        raise SpecError(f"{where}: two grid points give the same run name; make the level names distinct.")
+    done: set[str] = set()
+    ordered: list[Run] = []
+    pending = list(runs)
+    while pending:
+        ready = [r for r in pending if all(d in done for d in r.depends_on)]
+        if not ready:
+            raise SpecError(f"{where}: {{run:...}} references form a cycle among {[r.name for r in pending]}.")
+        for r in ready:
+            ordered.append(r)
+            done.add(r.name)
+        pending = [r for r in pending if r.name not in done]
+    return ordered

@@ -1,0 +1,187 @@
+"""The sweep runner with real subprocesses: a killed sweep restarts, skips what is done and resumes the rest from
+its last checkpoint; runs that wait for another (budget.match_to) get its budget; dry runs and SLURM scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightning_cqk.cli import main
+from lightning_cqk.sweep.report import read_scalars
+from lightning_cqk.sweep.runner import Ledger, write_slurm
+from lightning_cqk.sweep.spec import SpecError, expand
+
+REPO = Path(__file__).resolve().parents[2]
+TOKENS_PER_STEP = 2 * 16  # batch 2 x seq_len 16
+
+
+def _corpus(path: Path) -> Path:
+    text = "Queries meet keys; values follow the weights. " * 6
+    with path.open("w") as f:
+        for i in range(40):
+            f.write(json.dumps({"text": f"Document {i}. " + text * (1 + i % 3)}) + "\n")
+    return path
+
+
+def _write_spec(tmp: Path) -> Path:
+    ckpt = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint"}
+    ckpt["init_args"] = {"every_n_train_steps": 2, "save_last": True, "save_top_k": 0}
+    killer = {"class_path": "sweep_helpers.KillSweepOnce", "init_args": {"at_step": 7, "marker": str(tmp / "killed")}}
+    (tmp / "ckpt.yaml").write_text(yaml.safe_dump({"trainer": {"callbacks": [ckpt]}}))
+    (tmp / "killer.yaml").write_text(yaml.safe_dump({"trainer": {"callbacks": [ckpt, killer]}}))
+    corpus = _corpus(tmp / "corpus.jsonl")
+    spec = {
+        "study": "mini",
+        "metric": "val/ppl",
+        "baseline": {"arm": "ref"},
+        "axes": {
+            "arm": {
+                "ref": {"model.config.attention": "standard"},
+                # twice ref's tokens, read from ref's budget.json; killed after step 7 in its first attempt
+                "matched": {
+                    "config": str(tmp / "killer.yaml"),
+                    "budget.tokens": None,
+                    "budget.match_to": "{run:ref}",
+                    "budget.ratio": 2.0,
+                },
+                "other": {"model.config.attention": "coupled"},
+            }
+        },
+        "profiles": {
+            "paper": {"configs": [str(REPO / "configs" / "quickstart.yaml")]},
+            "cpu": {
+                "configs": [str(REPO / "configs" / "quickstart.yaml"), str(tmp / "ckpt.yaml")],
+                "seeds": [1],
+                "overrides": {
+                    "data.source": str(corpus),
+                    "data.data_dir": str(tmp / "shards"),
+                    "data.val_fraction": 0.2,
+                    "data.seq_len": 16,
+                    "data.batch_size": 2,
+                    "model.config.n_layer": 1,
+                    "budget.tokens": 6 * TOKENS_PER_STEP,
+                    "trainer.val_check_interval": 3,
+                    "trainer.limit_val_batches": 1,
+                    "trainer.log_every_n_steps": 1,
+                    "trainer.enable_progress_bar": False,
+                    "trainer.enable_model_summary": False,
+                    "model.optim.warmup_steps": 1,
+                },
+            },
+        },
+    }
+    path = tmp / "mini.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def _sweep(spec: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "sweep")]))
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_cqk", "sweep", str(spec), "--output", str(out), "--jobs", "2", *extra],
+        cwd=spec.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=500,
+        start_new_session=True,  # its own process group: the kill takes the runner and its runs, not pytest
+    )
+
+
+@pytest.mark.slow
+def test_killed_sweep_restarts_skips_done_runs_and_resumes_from_last_checkpoint(tmp_path: Path):
+    spec = _write_spec(tmp_path)
+    out = tmp_path / "runs" / "mini"
+    first = _sweep(spec, out, "--no-report")
+    assert first.returncode == -9, first.stdout + first.stderr  # SIGKILLed with its runs, mid-sweep
+    status = {p.stem: json.loads(p.read_text()) for p in (out / "status").glob("*.json")}
+    assert status["ref-s1"]["status"] == "done"
+    assert status["matched-s1"]["status"] == "running"  # what a killed runner leaves behind
+    assert (out / "matched-s1" / "checkpoints" / "last.ckpt").is_file()
+    ref_events = sorted((out / "ref-s1").glob("events.out.tfevents.*"))
+    ref_mtimes = [p.stat().st_mtime_ns for p in ref_events]
+
+    second = _sweep(spec, out)
+    log = second.stdout + second.stderr
+    assert second.returncode == 0, log
+    assert "ref-s1: done before, skipped" in log
+    assert f"matched-s1: resuming from {out / 'matched-s1' / 'checkpoints' / 'last.ckpt'}" in log
+    assert [p.stat().st_mtime_ns for p in sorted((out / "ref-s1").glob("events.out.tfevents.*"))] == ref_mtimes
+    manifest = json.loads((out / "manifest.json").read_text())
+    runs = {r["name"]: r for r in manifest["runs"]}
+    assert {r["status"] for r in runs.values()} == {"done"}
+    assert runs["ref-s1"]["attempts"] == 1 and runs["matched-s1"]["attempts"] == 2
+    assert runs["matched-s1"]["resumed_from"].endswith("last.ckpt")
+    assert runs["matched-s1"]["depends_on"] == ["ref-s1"]
+    assert manifest["git"]["revision"] and len(runs["ref-s1"]["config_hash"]) == 16
+    ref = json.loads((out / "ref-s1" / "budget.json").read_text())
+    matched = json.loads((out / "matched-s1" / "budget.json").read_text())
+    assert ref["steps"] == 6 and ref["tokens"] == 6 * TOKENS_PER_STEP
+    assert matched["steps"] == 12 and matched["tokens"] == 2 * ref["tokens"]  # 2 x ref, across the kill
+    assert matched["budget"]["match_to"] == str(out / "ref-s1")
+    # the report (written at the end of the sweep) takes its numbers from the runs' scalars
+    rows = {line.split(",")[0]: line.split(",") for line in (out / "report" / "mini.csv").read_text().splitlines()}
+    header = rows["group"]
+    final = read_scalars(out / "matched-s1")["val/ppl"][-1]
+    assert final[0] == 11  # last validation at step 12 (logged at global step index 11)
+    assert float(rows["matched"][header.index("val/ppl_mean")]) == pytest.approx(final[1], rel=1e-12)
+    for png in ("val_curves", "stability", "ppl_vs_tokens"):
+        assert (out / "report" / f"{png}.png").stat().st_size > 5000
+
+    third = _sweep(spec, out, "--no-report")
+    assert third.returncode == 0 and third.stdout.count("done before, skipped") == 3
+
+
+def test_dry_run_prints_every_run_and_its_command(tmp_path: Path, capsys):
+    spec = _write_spec(tmp_path)
+    main(["sweep", str(spec), "--output", str(tmp_path / "out"), "--dry-run"])
+    out = capsys.readouterr().out
+    assert "mini (cpu profile): 3 runs" in out
+    assert "matched-s1" in out and "after ref-s1" in out
+    assert f"--budget.match_to={tmp_path / 'out' / 'ref-s1'}" in out
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_slurm_scripts_chain_the_waves(tmp_path: Path):
+    sweep = expand(_write_spec(tmp_path), "cpu", tmp_path / "out")
+    files = write_slurm(sweep, "mini.yaml", max_parallel=4)
+    assert [f.name for f in files] == ["wave0.sbatch", "wave1.sbatch", "submit.sh"]
+    wave0, wave1, submit = (f.read_text() for f in files)
+    assert "#SBATCH --array=0-1%4" in wave0 and "RUNS=(ref-s1 other-s1)" in wave0
+    assert "#SBATCH --array=0-0%4" in wave1 and "RUNS=(matched-s1)" in wave1
+    assert '--run "${RUNS[$SLURM_ARRAY_TASK_ID]}"' in wave0
+    assert "--dependency=afterok" in submit
+    for f in files:
+        assert subprocess.run(["bash", "-n", str(f)]).returncode == 0
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["runs"][0]["status"] == "pending"
+
+
+def test_finished_run_with_changed_config_is_refused(tmp_path: Path):
+    spec = _write_spec(tmp_path)
+    sweep = expand(spec, "cpu", tmp_path / "out")
+    ledger = Ledger(sweep)
+    run = sweep.runs[0]
+    (ledger.run_dir(run)).mkdir(parents=True)
+    (ledger.run_dir(run) / "budget.json").write_text("{}")
+    ledger.set_status(run, status="done", config_hash=run.config_hash())
+    assert ledger.is_done(run)
+    (tmp_path / "ckpt.yaml").write_text(
+        (tmp_path / "ckpt.yaml").read_text().replace("every_n_train_steps: 2", "every_n_train_steps: 3")
+    )
+    changed = expand(spec, "cpu", tmp_path / "out")
+    with pytest.raises(SpecError, match="config hash"):
+        Ledger(changed).is_done(changed.runs[0])
+
+
+def test_missing_shared_data_fails_before_anything_runs(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("LIGHTNING_CQK_SHARED_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(SystemExit, match="needs .*nowhere"):
+        main(["sweep", "configs/ablations/corpus.yaml", "--output", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
