@@ -160,9 +160,33 @@ def _attention_command(argv: list[str]) -> None:
         print(textwrap.fill(", ".join(options), width=116, initial_indent=" " * 17, subsequent_indent=" " * 17))
 
 
-EXTRA_COMMANDS = {"prepare": _prepare_command, "attention": _attention_command}
+def _glue_command(argv: list[str]) -> None:
+    from lightning_cqk.downstream.run_glue import glue_command
 
-USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention} ...
+    glue_command(argv)
+
+
+def _glue_table_command(argv: list[str]) -> None:
+    from lightning_cqk.downstream.run_glue import glue_table_command
+
+    glue_table_command(argv)
+
+
+def _mc_eval_command(argv: list[str]) -> None:
+    from lightning_cqk.downstream.multiple_choice import mc_eval_command
+
+    mc_eval_command(argv)
+
+
+EXTRA_COMMANDS = {
+    "prepare": _prepare_command,
+    "attention": _attention_command,
+    "glue": _glue_command,
+    "glue-table": _glue_table_command,
+    "mc-eval": _mc_eval_command,
+}
+
+USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,glue,glue-table,mc-eval} ...
 
   fit        train:                     lightning_cqk fit --config configs/quickstart.yaml
   validate   evaluate a checkpoint:     lightning_cqk validate --config <run>/config.yaml --ckpt_path <ckpt>
@@ -170,6 +194,14 @@ USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention} ..
   predict    run predictions
   prepare    text -> token shards:      lightning_cqk prepare --source 'corpus/*.txt' --output_dir data/x
   attention  list attention backends and their options
+  glue       GLUE fine-tuning of a checkpoint, every task x seeds -> glue.json/glue.md beside it:
+                                        lightning_cqk glue --checkpoint <ckpt> [--tasks cola sst2] [--seeds 1 2 3]
+  glue-table GLUE tables of several checkpoints side by side: lightning_cqk glue-table <ckpt|dir|glue.json>...
+  mc-eval    zero/few-shot multiple choice (jsonl: context, choices, label):
+                                        lightning_cqk mc-eval --checkpoint <ckpt> --tasks arc.jsonl [--num_fewshot 5]
+
+A config whose model.class_path is in lightning_cqk.downstream (configs/glue/<task>.yaml) trains with the downstream
+CLI:                                    lightning_cqk fit --config configs/glue/sst2.yaml --model.checkpoint <ckpt>
 
 Every subcommand takes --help. Trainer subcommands also take --print_config.
 """
@@ -187,7 +219,10 @@ def main(argv: list[str] | None = None) -> None:
         EXTRA_COMMANDS[argv[0]](argv[1:])
         return
     # From the shell, LightningCLI reads sys.argv itself (passing it again as `args` makes it warn).
-    CQKCLI(args=None if from_command_line else argv)
+    from lightning_cqk.downstream.cli import GlueCLI, names_downstream_model
+
+    cli_class = GlueCLI if names_downstream_model(argv) else CQKCLI
+    cli_class(args=None if from_command_line else argv)
 
 
 if __name__ == "__main__":
