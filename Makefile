@@ -57,14 +57,16 @@ clean: ## remove caches (keeps runs/, data/ and the virtualenv)
 # ---------------------------------------------------------------------------------------------- downstream (GLUE)
 CKPT ?=
 SEEDS ?= 1 2 3
-GLUE_STEPS ?= 150
+GLUE_STEPS ?= 60
+GLUE_BATCH ?= 16
+GLUE_EVAL ?= 1000
 GLUE_DIR ?= ../shared/data/glue
 GLUE_TASKS ?=
 _comma := ,
 _space := $(subst ,, )
 _list = [$(subst $(_space),$(_comma) ,$(strip $(1)))]
 .PHONY: glue
-glue: install ## GLUE table of a checkpoint: make glue CKPT=<ckpt> [SEEDS="1 2 3"] [GLUE_STEPS=150] [GLUE_TASKS="cola rte"]
+glue: install ## GLUE table of a checkpoint: make glue CKPT=<ckpt> [SEEDS="1 2 3"] [GLUE_STEPS=60] [GLUE_TASKS="cola rte"]
 	@test -n "$(CKPT)" || { echo "usage: make glue CKPT=runs/<experiment>/<run>/checkpoints/last.ckpt"; exit 2; }
 	$(BIN)/lightning_cqk glue --checkpoint $(CKPT) --seeds '$(call _list,$(SEEDS))' --max_steps $(GLUE_STEPS) \
-		--data_dir $(GLUE_DIR) $(if $(strip $(GLUE_TASKS)),--tasks '$(call _list,$(GLUE_TASKS))')
+		--batch_size $(GLUE_BATCH) --max_eval_examples $(GLUE_EVAL) --data_dir $(GLUE_DIR) $(if $(strip $(GLUE_TASKS)),--tasks '$(call _list,$(GLUE_TASKS))')

@@ -4,6 +4,8 @@
     lightning_cqk validate | test | predict --config ... --ckpt_path runs/<experiment>/<run>/checkpoints/last.ckpt
     lightning_cqk prepare --source 'corpus/*.jsonl' --output_dir data/mycorpus-gpt2 --tokenizer gpt2
     lightning_cqk attention            # list the registered attention backends and their options
+    lightning_cqk fit --config configs/glue/sst2.yaml --model.checkpoint <ckpt>   # downstream: GlueCLI
+    lightning_cqk glue --checkpoint <ckpt> | glue-table <ckpt|dir>... | mc-eval --checkpoint <ckpt> --tasks '[a.jsonl]'
 
 `fit/validate/test/predict` are LightningCLI subcommands: configs compose left to right, command-line flags win,
 `--print_config` prints the resolved config, and the resolved config is saved as `config.yaml` next to every
@@ -195,10 +197,10 @@ USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,glu
   prepare    text -> token shards:      lightning_cqk prepare --source 'corpus/*.txt' --output_dir data/x
   attention  list attention backends and their options
   glue       GLUE fine-tuning of a checkpoint, every task x seeds -> glue.json/glue.md beside it:
-                                        lightning_cqk glue --checkpoint <ckpt> [--tasks cola sst2] [--seeds 1 2 3]
+                  lightning_cqk glue --checkpoint <ckpt> [--tasks '[cola, rte]'] [--seeds '[1, 2]']
   glue-table GLUE tables of several checkpoints side by side: lightning_cqk glue-table <ckpt|dir|glue.json>...
   mc-eval    zero/few-shot multiple choice (jsonl: context, choices, label):
-                                        lightning_cqk mc-eval --checkpoint <ckpt> --tasks arc.jsonl [--num_fewshot 5]
+                  lightning_cqk mc-eval --checkpoint <ckpt> --tasks '[arc.jsonl]' [--num_fewshot 5]
 
 A config whose model.class_path is in lightning_cqk.downstream (configs/glue/<task>.yaml) trains with the downstream
 CLI:                                    lightning_cqk fit --config configs/glue/sst2.yaml --model.checkpoint <ckpt>

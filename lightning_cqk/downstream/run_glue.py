@@ -1,7 +1,7 @@
 """``lightning_cqk glue``: fine-tune a checkpoint on every GLUE task that has data, over a fixed seed set; table it.
 
     lightning_cqk glue --checkpoint runs/quickstart/standard-tiny-s1337/checkpoints/last.ckpt \
-        [--tasks cola sst2 ...] [--seeds 1 2 3] [--max_steps 150] [--data_dir ../shared/data/glue]
+        [--tasks '[cola, sst2]'] [--seeds '[1, 2, 3]'] [--max_steps 60] [--data_dir ../shared/data/glue]
 
 Each (task, seed) is one ``lightning_cqk fit --config configs/glue/<task>.yaml`` run, in this process, with the
 given budget; the final dev metrics of every run are collected (the last validation, after ``max_steps``: no
@@ -34,13 +34,14 @@ def glue(
     checkpoint: str,
     tasks: list[str] | None = None,
     seeds: list[int] | None = None,
-    max_steps: int = 150,
+    max_steps: int = 60,
+    batch_size: int = 16,
     data_dir: str = "../shared/data/glue",
     source: str = "auto",
     config_dir: str | None = None,
     output_dir: str | None = None,
     log_dir: str | None = None,
-    max_eval_examples: int | None = 2000,
+    max_eval_examples: int | None = 1000,
     accelerator: str = "auto",
     extra_args: list[str] | None = None,
 ) -> dict[str, Any]:
@@ -51,13 +52,15 @@ def glue(
         tasks: task names (default: all nine; those without data are reported as skipped).
         seeds: fine-tuning seeds (default 1 2 3); each seed changes the head's init, dropout and the data order.
         max_steps: optimizer steps per run (CPU-sized default; the learning-rate schedule spans them).
+        batch_size: training examples per step (CPU-sized default; the configs' own is 32).
         data_dir: the GLUE folder (one sub-folder per task).
         source: ``auto``, ``files`` or ``hf`` (see ``GlueDataModule``).
         config_dir: folder with ``<task>.yaml`` (default: the repository's ``configs/glue``).
         output_dir: where ``glue.json``/``glue.md`` go (default: beside the checkpoint).
         log_dir: TensorBoard root for the runs (default: ``<checkpoint's run dir>/glue``).
         max_eval_examples: evaluate on at most this many examples per split (first ones of the file; None: all).
-            The default keeps CPU runs short; every GLUE dev split except QQP's and MNLI's is smaller.
+            The default keeps CPU runs short (CoLA's dev has 1,043, STS-B's 1,500, QQP's and MNLI's more; the others
+            fewer).
         accelerator: ``trainer.accelerator``.
         extra_args: more ``lightning_cqk fit`` flags for every run (e.g. ``["--model.pooling=mean"]``).
     """
@@ -73,6 +76,7 @@ def glue(
     out = Path(output_dir) if output_dir else ckpt.parent
     settings = {
         "max_steps": max_steps,
+        "batch_size": batch_size,
         "data_dir": data_dir,
         "source": source,
         "max_eval_examples": max_eval_examples,
@@ -106,6 +110,7 @@ def glue(
                 f"--data.source={source}",
                 f"--data.seed={seed}",
                 f"--trainer.max_steps={max_steps}",
+                f"--data.batch_size={batch_size}",
                 "--trainer.max_epochs=-1",  # the step budget alone ends a run
                 f"--trainer.accelerator={accelerator}",
                 f"--trainer.logger.init_args.save_dir={logs.parent}",
