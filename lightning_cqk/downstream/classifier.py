@@ -23,6 +23,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchmetrics.aggregation import SumMetric
 
 from lightning_cqk.downstream.glue_metrics import build_metrics, predictions, task_score
 from lightning_cqk.downstream.glue_tasks import get_task
@@ -98,8 +99,9 @@ class GlueClassifier(L.LightningModule):
         nn.init.normal_(self.head.weight, std=self.config.init_std)
         nn.init.zeros_(self.head.bias)
         self.metrics = nn.ModuleList(build_metrics(self.task) for _ in self.task.eval_splits)
-        self.val_loss_sum = [0.0 for _ in self.task.eval_splits]
-        self.val_count = [0 for _ in self.task.eval_splits]
+        # Summed over all ranks by torchmetrics, like the metrics themselves.
+        self.val_loss_sum = nn.ModuleList(SumMetric() for _ in self.task.eval_splits)
+        self.val_count = nn.ModuleList(SumMetric() for _ in self.task.eval_splits)
         self.final_metrics: dict[str, float] = {}
 
     def forward(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -124,8 +126,8 @@ class GlueClassifier(L.LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         logits = self(batch["input_ids"], batch["lengths"])  # (B, num_labels)
         self.metrics[dataloader_idx].update(predictions(self.task, logits), batch["labels"])
-        self.val_loss_sum[dataloader_idx] += float(self.loss(logits, batch["labels"], reduction="sum"))
-        self.val_count[dataloader_idx] += batch["labels"].numel()
+        self.val_loss_sum[dataloader_idx].update(self.loss(logits, batch["labels"], reduction="sum"))
+        self.val_count[dataloader_idx].update(torch.tensor(float(batch["labels"].numel()), device=logits.device))
 
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         self.validation_step(batch, batch_idx, dataloader_idx)
@@ -133,15 +135,17 @@ class GlueClassifier(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         values: dict[str, float] = {}
         for i, collection in enumerate(self.metrics):
-            if self.val_count[i] == 0:
+            if not self.val_count[i].update_called:
                 continue
             prefix = self._metric_prefix(i)
             computed = collection.compute()
             for name in self.task.metrics:  # the task's reporting order (F1 before accuracy for MRPC/QQP)
                 values[f"{prefix.removeprefix('val/')}{name}"] = float(computed[name])
-            self.log(f"{prefix}loss", self.val_loss_sum[i] / self.val_count[i], add_dataloader_idx=False)
+            loss = self.val_loss_sum[i].compute() / self.val_count[i].compute()
+            self.log(f"{prefix}loss", loss, add_dataloader_idx=False)
             collection.reset()
-            self.val_loss_sum[i], self.val_count[i] = 0.0, 0
+            self.val_loss_sum[i].reset()
+            self.val_count[i].reset()
         if not values:
             return
         for name, value in values.items():

@@ -134,6 +134,7 @@ def glue(
             "eval": eval_note,
             "heldout": data.heldout,
         }
+        write_glue_table(table, out)  # after every task, so an interrupted run keeps what it finished
     json_path, md_path = write_glue_table(table, out)
     _log_summary(logs / "summary", json_path)
     print(render_table(json.loads(json_path.read_text())))
@@ -143,7 +144,11 @@ def glue(
 
 def _fit_then_validate(cli_class: Any, args: list[str]) -> dict[str, float]:
     """Train without validating (a fixed budget, nothing selected on dev), then validate once: the final metrics."""
-    cli = cli_class(args=[*args, "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0"], run=False)
+    argv, sys.argv = sys.argv, sys.argv[:1]  # the `glue` command's own flags are not LightningCLI's
+    try:
+        cli = cli_class(args=[*args, "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0"], run=False)
+    finally:
+        sys.argv = argv
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     cli.trainer.limit_val_batches = 1.0
     cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
