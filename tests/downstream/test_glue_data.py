@@ -76,3 +76,33 @@ def test_bad_options_are_clear_errors(glue_dir: Path):
     dm = GlueDataModule("rte", data_dir=str(glue_dir))
     with pytest.raises(ValueError, match="needs a tokenizer"):
         dm.setup("fit")
+
+
+def test_tokenizer_and_length_come_from_the_model(glue_dir: Path, lm_checkpoint: Path):
+    from types import SimpleNamespace
+
+    from lightning_cqk.downstream.classifier import GlueClassifier
+
+    model = GlueClassifier(str(lm_checkpoint), task="rte")
+    dm = GlueDataModule("rte", data_dir=str(glue_dir))
+    dm.trainer = SimpleNamespace(lightning_module=model)
+    dm.setup("fit")
+    assert max(len(ids) for ids, _ in dm.train_items) <= model.config.block_size == 64
+    too_long = GlueDataModule("rte", data_dir=str(glue_dir), max_length=65)
+    too_long.trainer = SimpleNamespace(lightning_module=model)
+    with pytest.raises(ValueError, match="exceeds the model's block_size 64"):
+        too_long.setup("fit")
+
+
+def test_a_data_tokenizer_other_than_the_models_is_refused(
+    glue_dir: Path, lm_checkpoint: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from types import SimpleNamespace
+
+    from lightning_cqk.downstream.classifier import GlueClassifier
+
+    monkeypatch.setenv("LIGHTNING_CQK_GPT2_BPE", str(shared_data / "gpt2_bpe" / "gpt2.tiktoken"))
+    other = GlueDataModule("rte", data_dir=str(glue_dir), tokenizer="gpt2")
+    other.trainer = SimpleNamespace(lightning_module=GlueClassifier(str(lm_checkpoint), task="rte"))
+    with pytest.raises(ValueError, match="not the tokenizer of the model's checkpoint"):
+        other.setup("fit")
