@@ -10,8 +10,9 @@ or ``max_epochs`` x batches per epoch).
 
 Metrics (TensorBoard names): ``train/loss``; ``val/loss``, ``val/<metric>`` (``val/mcc``, ``val/acc``, ``val/f1``,
 ``val/pearson``, ``val/spearman``) and ``val/score`` (their mean); MNLI logs ``val/matched/acc`` and
-``val/mismatched/acc``. After every validation, ``final_metrics`` holds those numbers as plain floats (what
-``lightning_cqk glue`` collects). Values are fractions; tables multiply by 100.
+``val/mismatched/acc``; ``lightning_cqk test`` logs the same under ``test/``. After every evaluation,
+``final_metrics`` holds those numbers as plain floats (what ``lightning_cqk glue`` collects). Values are fractions;
+tables multiply by 100.
 """
 
 from __future__ import annotations
@@ -119,9 +120,9 @@ class GlueClassifier(L.LightningModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["labels"].numel())
         return loss
 
-    def _metric_prefix(self, split_idx: int) -> str:
+    def _split_prefix(self, split_idx: int) -> str:
         splits = self.task.eval_splits
-        return "val/" if len(splits) == 1 else f"val/{splits[split_idx]}/"
+        return "" if len(splits) == 1 else f"{splits[split_idx]}/"
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         logits = self(batch["input_ids"], batch["lengths"])  # (B, num_labels)
@@ -133,29 +134,32 @@ class GlueClassifier(L.LightningModule):
         self.validation_step(batch, batch_idx, dataloader_idx)
 
     def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
+    def _log_epoch(self, stage: str) -> None:
         values: dict[str, float] = {}
         for i, collection in enumerate(self.metrics):
             if not self.val_count[i].update_called:
                 continue
-            prefix = self._metric_prefix(i)
+            prefix = self._split_prefix(i)
             computed = collection.compute()
             for name in self.task.metrics:  # the task's reporting order (F1 before accuracy for MRPC/QQP)
-                values[f"{prefix.removeprefix('val/')}{name}"] = float(computed[name])
+                values[f"{prefix}{name}"] = float(computed[name])
             loss = self.val_loss_sum[i].compute() / self.val_count[i].compute()
-            self.log(f"{prefix}loss", loss, add_dataloader_idx=False)
+            self.log(f"{stage}/{prefix}loss", loss, add_dataloader_idx=False)
             collection.reset()
             self.val_loss_sum[i].reset()
             self.val_count[i].reset()
         if not values:
             return
         for name, value in values.items():
-            self.log(f"val/{name}", value, add_dataloader_idx=False, prog_bar=name.endswith(self.task.metrics[0]))
+            self.log(f"{stage}/{name}", value, add_dataloader_idx=False, prog_bar=name.endswith(self.task.metrics[0]))
         score = task_score(values)
-        self.log("val/score", score, add_dataloader_idx=False)
+        self.log(f"{stage}/score", score, add_dataloader_idx=False)
         self.final_metrics = {**values, "score": score}
-
-    def on_test_epoch_end(self) -> None:
-        self.on_validation_epoch_end()
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams

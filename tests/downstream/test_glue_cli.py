@@ -158,3 +158,23 @@ def test_make_glue_runs_the_glue_command():
     assert out.returncode == 0, out.stderr
     assert "lightning_cqk glue --checkpoint x.ckpt" in out.stdout and "--seeds '[1, 2]'" in out.stdout
     assert "--max_steps 5" in out.stdout
+
+
+def test_test_stage_logs_under_test(lm_checkpoint: Path, glue_dir: Path, tmp_path: Path):
+    from lightning_cqk.downstream.cli import GlueCLI
+
+    cli = GlueCLI(
+        args=[
+            "--config",
+            str(REPO / "configs" / "glue" / "mnli.yaml"),
+            f"--model.checkpoint={lm_checkpoint}",
+            f"--data.data_dir={glue_dir}",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+            *QUIET,
+        ],
+        run=False,
+    )
+    results = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
+    logged = {k for r in results for k in r}
+    assert {"test/matched/acc", "test/mismatched/acc", "test/score", "test/matched/loss"} <= logged
+    assert set(cli.model.final_metrics) == {"matched/acc", "mismatched/acc", "score"}
