@@ -347,7 +347,7 @@ def load_task(name: str, data_dir: str | Path | None, source: str = "auto", held
         if data is not None:
             return data
     if source == "hf" or (source == "auto" and _datasets_available()):
-        return _load_hf(task, heldout_fraction)
+        return _load_hf(task)
     where = f"{Path(data_dir) / task.folder}" if data_dir is not None else "(no data_dir)"
     raise TaskDataMissing(
         f"No training data for GLUE {task.name} in {where}: looked for {'; '.join(looked) or 'nothing'}. Put GLUE's "
@@ -405,7 +405,7 @@ def _datasets_available() -> bool:
     return True
 
 
-def _load_hf(task: GlueTask, heldout_fraction: float) -> TaskData:
+def _load_hf(task: GlueTask) -> TaskData:
     """``nyu-mll/glue`` through ``datasets`` (optional dependency, network on first use; cached afterwards)."""
     try:
         import datasets
@@ -413,7 +413,12 @@ def _load_hf(task: GlueTask, heldout_fraction: float) -> TaskData:
         raise TaskDataMissing(
             f"data.source hf needs the `datasets` package (pip install datasets) to download GLUE {task.name}."
         ) from None
-    ds = datasets.load_dataset("nyu-mll/glue", task.hf_config)
+    try:
+        ds = datasets.load_dataset("nyu-mll/glue", task.hf_config)
+    except Exception as err:  # offline, hub errors, ...: the task has no data here, say why
+        raise TaskDataMissing(
+            f"No local files for GLUE {task.name} and nyu-mll/glue/{task.hf_config} could not be loaded ({err})."
+        ) from err
 
     def convert(split: str) -> list[Example]:
         rows = ds[split]

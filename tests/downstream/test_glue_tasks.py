@@ -136,3 +136,12 @@ def test_shared_glue_copies(shared_data: Path):
     for name in ("qnli", "qqp", "mnli", "wnli"):
         with pytest.raises(TaskDataMissing):
             load_task(name, glue, source="files")
+
+
+def test_hub_failure_is_reported_as_missing_data(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    def load_dataset(path, name):
+        raise ConnectionError("offline")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    with pytest.raises(TaskDataMissing, match=r"nyu-mll/glue/rte could not be loaded \(offline\)"):
+        load_task("rte", tmp_path)
