@@ -163,3 +163,12 @@ def render_side_by_side(tables: list[dict[str, Any]], labels: list[str] | None =
         cells.append("n/a" if avg is None or math.isnan(avg) else f"{100 * avg:.1f} ({len(t['average_over'])} tasks)")
     lines.append("| **average score** | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def side_by_side(paths: list[str | Path], labels: list[str] | None = None) -> str:
+    """The GLUE tables found at ``paths`` (``glue.json`` files, checkpoints, run directories searched recursively)
+    side by side, in Markdown: the one call a report needs."""
+    tables = [load_glue_table(p) for p in find_glue_tables(paths)]
+    if labels is not None and len(labels) != len(tables):
+        raise ValueError(f"{len(labels)} labels for {len(tables)} GLUE tables ({[t['_path'] for t in tables]}).")
+    return render_side_by_side(tables, labels)

@@ -187,13 +187,10 @@ def glue_table_command(argv: list[str]) -> None:
     """``lightning_cqk glue-table <glue.json | checkpoint | dir>...``: the GLUE tables side by side."""
     import argparse
 
-    from lightning_cqk.downstream.glue_table import find_glue_tables, load_glue_table, render_side_by_side
+    from lightning_cqk.downstream.glue_table import side_by_side
 
     parser = argparse.ArgumentParser(prog="lightning_cqk glue-table", description=glue_table_command.__doc__)
     parser.add_argument("paths", nargs="+", help="glue.json files, checkpoints (their glue.json) or directories")
     parser.add_argument("--labels", nargs="*", default=None, help="column titles (default: run names)")
     args = parser.parse_args(argv)
-    tables = [load_glue_table(p) for p in find_glue_tables(args.paths)]
-    if args.labels is not None and len(args.labels) != len(tables):
-        parser.error(f"{len(args.labels)} labels for {len(tables)} tables")
-    print(render_side_by_side(tables, args.labels))
+    print(side_by_side(args.paths, args.labels))

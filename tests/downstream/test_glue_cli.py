@@ -13,7 +13,7 @@ import yaml
 
 from lightning_cqk.cli import main
 from lightning_cqk.downstream.cli import names_downstream_model
-from lightning_cqk.downstream.glue_table import load_glue_table, render_side_by_side
+from lightning_cqk.downstream.glue_table import load_glue_table, render_side_by_side, side_by_side
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,6 +123,8 @@ def test_glue_command_writes_tables_and_tensorboard(lm_checkpoint: Path, glue_di
     table2["tasks"]["sst2"]["score"], table2["average"] = 0.75, 0.75
     (other / "glue.json").write_text(json.dumps(table2))
     main(["glue-table", str(out), str(other / "glue.json")])
+    with pytest.raises(ValueError, match="1 labels for 2 GLUE tables"):
+        side_by_side([out, other], labels=["a"])
     printed = capsys.readouterr().out
     assert "| task | standard-tiny-s1337 | coupled-tiny-s1 |" in printed
     assert (
