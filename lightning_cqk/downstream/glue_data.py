@@ -54,6 +54,14 @@ def encode_example(
     return a[:keep_a] + sep + b[:keep_b] + end, (keep_a, keep_b) != (len(a), len(b))
 
 
+def fixed_subset(examples: list[Example], n: int | None, seed: int) -> list[Example]:
+    """``n`` examples drawn without replacement by ``seed``, in their original order (all when ``n`` is None)."""
+    if n is None or n >= len(examples):
+        return examples
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed))
+    return [examples[i] for i in sorted(order[:n].tolist())]
+
+
 def collate(items: list[tuple[list[int], int | float]]) -> dict[str, torch.Tensor]:
     """Right-pad token lists into a batch dict (see the module docstring)."""
     lengths = torch.tensor([len(ids) for ids, _ in items], dtype=torch.int64)  # (B,)
@@ -83,7 +91,8 @@ class GlueDataModule(L.LightningDataModule):
         append_eos: end every sequence with EOS.
         heldout_fraction: part of train held out for evaluation when a task has no labelled dev split.
         max_train_examples: keep only this many training examples (a fixed random subset; None: all).
-        max_eval_examples: evaluate on only the first this many examples of each split (None: all).
+        max_eval_examples: evaluate on a fixed random subset of this many examples of each split (None: all); the
+            subset depends only on the split (seed 0), so every run and every checkpoint sees the same examples.
         seed: seed of the training order and of the max_train_examples subset.
         num_workers: DataLoader workers.
     """
@@ -157,8 +166,7 @@ class GlueDataModule(L.LightningDataModule):
         data = load_task(self.task.name, self.data_dir, self.source, self.heldout_fraction)
         train = data.train
         if self.max_train_examples is not None and self.max_train_examples < len(train):
-            order = torch.randperm(len(train), generator=torch.Generator().manual_seed(self.seed))
-            train = [train[i] for i in sorted(order[: self.max_train_examples].tolist())]
+            train = fixed_subset(train, self.max_train_examples, self.seed)
         self.truncated = 0
 
         def encode(examples: list[Example]) -> list[tuple[list[int], int | float]]:
@@ -172,7 +180,7 @@ class GlueDataModule(L.LightningDataModule):
         self.train_items = encode(train)
         # Evaluation order does not change the metrics; sorted by length, batches carry little padding.
         self.eval_items = {
-            s: sorted(encode(data.evals[s][: self.max_eval_examples]), key=lambda item: len(item[0]))
+            s: sorted(encode(fixed_subset(data.evals[s], self.max_eval_examples, 0)), key=lambda item: len(item[0]))
             for s in self.task.eval_splits
         }
         if not self.train_items or any(not v for v in self.eval_items.values()):

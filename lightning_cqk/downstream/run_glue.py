@@ -58,7 +58,8 @@ def glue(
         config_dir: folder with ``<task>.yaml`` (default: the repository's ``configs/glue``).
         output_dir: where ``glue.json``/``glue.md`` go (default: beside the checkpoint).
         log_dir: TensorBoard root for the runs (default: ``<checkpoint's run dir>/glue``).
-        max_eval_examples: evaluate on at most this many examples per split (first ones of the file; None: all).
+        max_eval_examples: evaluate on at most this many examples per split (a fixed random subset, the same for
+            every run and checkpoint; None: all).
             The default keeps CPU runs short (CoLA's dev has 1,043, STS-B's 1,500, QQP's and MNLI's more; the others
             fewer).
         accelerator: ``trainer.accelerator``.
@@ -124,7 +125,7 @@ def glue(
             per_seed.append(_fit_then_validate(GlueCLI, args))
         n_eval = {s: min(len(v), max_eval_examples or len(v)) for s, v in data.evals.items()}
         eval_note = "; ".join(
-            f"{s}: {note}" + (f", first {n_eval[s]} used" if n_eval[s] < len(data.evals[s]) else "")
+            f"{s}: {note}" + (f", fixed random {n_eval[s]} used" if n_eval[s] < len(data.evals[s]) else "")
             for s, note in data.eval_notes.items()
         )
         table["tasks"][name] = {

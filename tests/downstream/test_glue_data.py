@@ -106,3 +106,23 @@ def test_a_data_tokenizer_other_than_the_models_is_refused(
     other.trainer = SimpleNamespace(lightning_module=GlueClassifier(str(lm_checkpoint), task="rte"))
     with pytest.raises(ValueError, match="not the tokenizer of the model's checkpoint"):
         other.setup("fit")
+
+
+def test_eval_subset_is_fixed_and_spread_over_the_split(glue_dir: Path):
+    from lightning_cqk.downstream.glue_data import fixed_subset
+
+    examples = [Example(str(i), None, 0) for i in range(100)]
+    picked = fixed_subset(examples, 10, 0)
+    assert picked == fixed_subset(examples, 10, 0) and len(set(picked)) == 10
+    assert [int(e.text_a) for e in picked] == sorted(int(e.text_a) for e in picked)
+    assert max(int(e.text_a) for e in picked) >= 50  # not the head of the file
+    assert fixed_subset(examples, None, 0) == examples == fixed_subset(examples, 500, 0)
+
+    def eval_items(seed: int) -> list:
+        dm = GlueDataModule(
+            "sst2", data_dir=str(glue_dir), tokenizer="bytes", max_length=64, max_eval_examples=5, seed=seed
+        )
+        dm.setup("validate")
+        return dm.eval_items["dev"]
+
+    assert eval_items(1) == eval_items(2) and len(eval_items(1)) == 5  # independent of the fine-tuning seed
