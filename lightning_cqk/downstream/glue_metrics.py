@@ -1,6 +1,6 @@
 """The official GLUE metric of each task, as torchmetrics, and the task score.
 
-    mcc       Matthews correlation (CoLA)                    torchmetrics MatthewsCorrCoef(task="binary")
+    mcc       Matthews correlation (CoLA)                    GlueMatthewsCorrCoef (torchmetrics', 0 when undefined)
     acc       accuracy (SST-2, MNLI, QNLI, RTE, WNLI; MRPC, QQP)  Accuracy(task="multiclass")
     f1        F1 of the positive class (MRPC, QQP)           F1Score(task="binary")
     pearson   Pearson correlation (STS-B)                    PearsonCorrCoef
@@ -21,10 +21,25 @@ from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 from lightning_cqk.downstream.glue_tasks import GlueTask
 
 
+class GlueMatthewsCorrCoef(BinaryMatthewsCorrCoef):
+    """Binary MCC that is 0 when it is undefined (a constant prediction or a single-class target), as GLUE's scorer
+    (scikit-learn's ``matthews_corrcoef``) reports it.
+
+    torchmetrics (1.9) instead replaces the zero denominator by an epsilon formula and returns a small positive
+    number: a classifier that answers "acceptable" to every CoLA dev sentence would score MCC 0.026 instead of 0.
+    """
+
+    def compute(self) -> torch.Tensor:
+        confmat = self.confmat  # (2, 2): rows targets, columns predictions
+        if (confmat.sum(dim=0) == 0).any() or (confmat.sum(dim=1) == 0).any():
+            return torch.zeros((), dtype=torch.float32, device=confmat.device)
+        return super().compute()
+
+
 def build_metric(name: str, num_labels: int) -> Metric:
     """One metric by name (see the module docstring)."""
     if name == "mcc":
-        return BinaryMatthewsCorrCoef()
+        return GlueMatthewsCorrCoef()
     if name == "acc":
         return Accuracy(task="multiclass", num_classes=num_labels)
     if name == "f1":

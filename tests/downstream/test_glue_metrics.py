@@ -56,3 +56,14 @@ def test_task_score_is_the_mean_of_the_metrics():
     assert task_score({"matched/acc": 0.5, "mismatched/acc": 0.7}) == pytest.approx(0.6)
     with pytest.raises(ValueError):
         task_score({})
+
+
+def test_mcc_of_a_constant_prediction_is_zero_as_glue_reports_it():
+    labels = torch.tensor([1] * 721 + [0] * 322)  # CoLA dev's label counts
+    for constant in (0, 1):
+        assert _compute("cola", torch.full_like(labels, constant), labels) == {"mcc": 0.0}
+    # torchmetrics' own binary MCC gives 0.026 here (its epsilon fallback), which GLUE would not
+    from torchmetrics.classification import BinaryMatthewsCorrCoef
+
+    assert float(BinaryMatthewsCorrCoef()(torch.ones_like(labels), labels)) > 0.02
+    assert _compute("cola", labels, labels) == pytest.approx({"mcc": 1.0})
