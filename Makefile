@@ -59,3 +59,22 @@ tensorboard: install ## serve the curves of every run under runs/
 clean: ## remove caches (keeps runs/, data/ and the virtualenv)
 	rm -rf .pytest_cache .ruff_cache build dist *.egg-info
 	find . -name __pycache__ -type d -prune -not -path './$(VENV)/*' -exec rm -rf {} +
+
+# ---------------------------------------------------------------------------------------------- downstream (GLUE)
+CKPT ?=
+SEEDS ?= 1 2 3
+GLUE_STEPS ?= 60
+GLUE_BATCH ?= 16
+GLUE_EVAL ?= 1000
+GLUE_DIR ?= ../shared/data/glue
+GLUE_TASKS ?=
+GLUE_ARGS ?=
+_comma := ,
+_space := $(subst ,, )
+_list = [$(subst $(_space),$(_comma) ,$(strip $(1)))]
+.PHONY: glue
+glue: install ## GLUE table of a checkpoint: make glue CKPT=<ckpt> [SEEDS="1 2 3"] [GLUE_STEPS=60] [GLUE_TASKS="cola rte"]
+	@test -n "$(CKPT)" || { echo "usage: make glue CKPT=runs/<experiment>/<run>/checkpoints/last.ckpt"; exit 2; }
+	$(BIN)/lightning_cqk glue --checkpoint $(CKPT) --seeds '$(call _list,$(SEEDS))' --max_steps $(GLUE_STEPS) \
+		--batch_size $(GLUE_BATCH) --max_eval_examples $(GLUE_EVAL) --data_dir $(GLUE_DIR) \
+		$(if $(strip $(GLUE_TASKS)),--tasks '$(call _list,$(GLUE_TASKS))') $(if $(strip $(GLUE_ARGS)),--extra_args '$(GLUE_ARGS)')

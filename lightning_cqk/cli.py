@@ -6,6 +6,8 @@
     lightning_cqk attention            # list the registered attention backends and their options
     lightning_cqk sweep configs/ablations/coupling.yaml --profile cpu [--dry-run]   # an ablation study, resumable
     lightning_cqk report runs/coupling-cpu                                          # its tables and figures
+    lightning_cqk fit --config configs/glue/sst2.yaml --model.checkpoint <ckpt>   # downstream: GlueCLI
+    lightning_cqk glue --checkpoint <ckpt> | glue-table <ckpt|dir>... | mc-eval --checkpoint <ckpt> --tasks '[a.jsonl]'
 
 `fit/validate/test/predict` are LightningCLI subcommands: configs compose left to right, command-line flags win,
 `--print_config` prints the resolved config, and the resolved config is saved as `config.yaml` next to every
@@ -190,10 +192,35 @@ def _report_command(argv: list[str]) -> None:
     report_command(argv)
 
 
-EXTRA_COMMANDS = {"prepare": _prepare_command, "attention": _attention_command}
-EXTRA_COMMANDS.update(sweep=_sweep_command, report=_report_command)
+def _glue_command(argv: list[str]) -> None:
+    from lightning_cqk.downstream.run_glue import glue_command
 
-USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,sweep,report} ...
+    glue_command(argv)
+
+
+def _glue_table_command(argv: list[str]) -> None:
+    from lightning_cqk.downstream.run_glue import glue_table_command
+
+    glue_table_command(argv)
+
+
+def _mc_eval_command(argv: list[str]) -> None:
+    from lightning_cqk.downstream.multiple_choice import mc_eval_command
+
+    mc_eval_command(argv)
+
+
+EXTRA_COMMANDS = {
+    "prepare": _prepare_command,
+    "attention": _attention_command,
+    "sweep": _sweep_command,
+    "report": _report_command,
+    "glue": _glue_command,
+    "glue-table": _glue_table_command,
+    "mc-eval": _mc_eval_command,
+}
+
+USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,sweep,report,glue,glue-table,mc-eval} ...
 
   fit        train:                     lightning_cqk fit --config configs/quickstart.yaml
   validate   evaluate a checkpoint:     lightning_cqk validate --config <run>/config.yaml --ckpt_path <ckpt>
@@ -203,6 +230,14 @@ USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,swe
   attention  list attention backends and their options
   sweep      run an ablation study:     lightning_cqk sweep configs/ablations/coupling.yaml --profile cpu
   report     tables + figures of it:    lightning_cqk report runs/coupling-cpu
+  glue       GLUE fine-tuning of a checkpoint, every task x seeds -> glue.json/glue.md beside it:
+                  lightning_cqk glue --checkpoint <ckpt> [--tasks '[cola, rte]'] [--seeds '[1, 2]']
+  glue-table GLUE tables of several checkpoints side by side: lightning_cqk glue-table <ckpt|dir|glue.json>...
+  mc-eval    zero/few-shot multiple choice (jsonl: context, choices, label):
+                  lightning_cqk mc-eval --checkpoint <ckpt> --tasks '[arc.jsonl]' [--num_fewshot 5]
+
+A config whose model.class_path is in lightning_cqk.downstream (configs/glue/<task>.yaml) trains with the downstream
+CLI:                                    lightning_cqk fit --config configs/glue/sst2.yaml --model.checkpoint <ckpt>
 
 Every subcommand takes --help. Trainer subcommands also take --print_config.
 """
@@ -220,7 +255,10 @@ def main(argv: list[str] | None = None) -> None:
         EXTRA_COMMANDS[argv[0]](argv[1:])
         return
     # From the shell, LightningCLI reads sys.argv itself (passing it again as `args` makes it warn).
-    CQKCLI(args=None if from_command_line else argv)
+    from lightning_cqk.downstream.cli import GlueCLI, names_downstream_model
+
+    cli_class = GlueCLI if names_downstream_model(argv) else CQKCLI
+    cli_class(args=None if from_command_line else argv)
 
 
 if __name__ == "__main__":

@@ -157,6 +157,10 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) -> logits (B, T, vocab_size)."""
+        return self.lm_head(self.hidden_states(idx))  # (B, T, vocab_size)
+
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) -> the final-normed hidden states (B, T, C) the LM head reads (downstream heads too)."""
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(
@@ -167,7 +171,7 @@ class GPT(nn.Module):
         ctx = self.context(T, embeddings=x, reference=self.reference_states(T))
         for block in self.blocks:
             x = block(x, ctx)  # (B, T, C)
-        return self.lm_head(self.norm_f(x))  # (B, T, vocab_size)
+        return self.norm_f(x)  # (B, T, C)
 
     def num_parameters(self) -> dict[str, int]:
         """Total and non-embedding parameter counts (tied weights counted once).

@@ -1,0 +1,109 @@
+"""The LightningCLI of downstream fine-tuning, chosen by ``lightning_cqk`` when a config names a downstream model.
+
+    lightning_cqk fit --config configs/glue/sst2.yaml --model.checkpoint runs/<experiment>/<run>/checkpoints/last.ckpt
+
+Why a second CLI: ``CQKCLI`` is built around ``LitLM`` and links the data's ``seq_len``/tokenizer into the model's
+config, which only makes sense for language modelling. Here the direction is the other way round (the checkpoint
+decides the tokenizer and the context length, and the data module takes them from the model at setup), and the one
+link is ``data.task`` -> ``model.task``, so the head, loss and metrics always match the data. ``lightning_cqk.cli.main``
+picks this CLI when a ``--config`` file's ``model.class_path`` lies in ``lightning_cqk.downstream``.
+
+Defaults: TensorBoard logs under ``runs/glue/<task>-<checkpoint run>-s<seed>/``, ``trainer.precision`` as for
+pre-training (bf16-mixed on a bf16 GPU, fp32 elsewhere), seed 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+DOWNSTREAM_PREFIX = "lightning_cqk.downstream"
+
+
+def checkpoint_run_name(checkpoint: str | Path) -> str:
+    """A short name for a checkpoint: its run directory's name (``.../<run>/checkpoints/x.ckpt``) or the file stem."""
+    path = Path(checkpoint)
+    if path.parent.name == "checkpoints" and path.parent.parent.name:
+        return path.parent.parent.name
+    return path.stem
+
+
+class GlueCLI(LightningCLI):
+    """LightningCLI for `GlueClassifier` + `GlueDataModule` (or subclasses), linked by the task name."""
+
+    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        from lightning_cqk.downstream.classifier import GlueClassifier
+        from lightning_cqk.downstream.glue_data import GlueDataModule
+
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("seed_everything_default", 1)
+        super().__init__(
+            GlueClassifier,
+            GlueDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            auto_configure_optimizers=False,
+            args=args,
+            run=run,
+            **kwargs,
+        )
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.set_defaults(
+            {
+                "trainer.logger": {
+                    "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                    "init_args": {"save_dir": "runs", "name": "glue", "default_hp_metric": False},
+                }
+            }
+        )
+        parser.link_arguments("data.init_args.task", "model.init_args.task", apply_on="parse")
+
+    def before_instantiate_classes(self) -> None:
+        from lightning_cqk.cli import _auto_precision, _is_tensorboard
+
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer = config.trainer
+        if trainer.get("precision") is None:
+            trainer.precision = _auto_precision(trainer.get("accelerator"))
+        checkpoint = config.model.init_args.get("checkpoint")
+        if not checkpoint:
+            raise ValueError(
+                "Give the pretrained LM checkpoint: --model.checkpoint runs/<experiment>/<run>/checkpoints/last.ckpt"
+            )
+        logger = trainer.get("logger")
+        if _is_tensorboard(logger) and logger.init_args.get("version") is None:
+            task = config.data.init_args.task
+            logger.init_args.version = f"{task}-{checkpoint_run_name(checkpoint)}-s{config.seed_everything}"
+
+
+def names_downstream_model(argv: list[str]) -> bool:
+    """Whether the ``--config`` files (or a ``--model`` class path) of a trainer command name a downstream model."""
+    import yaml
+
+    for i, arg in enumerate(argv):
+        value = None
+        if arg in ("--config", "-c", "--model") and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(("--config=", "--model=")):
+            value = arg.split("=", 1)[1]
+        if value is None:
+            continue
+        if arg.startswith("--model"):
+            if value.startswith(DOWNSTREAM_PREFIX):
+                return True
+            continue
+        path = Path(value)
+        if not path.is_file():
+            continue
+        try:
+            config = yaml.safe_load(path.read_text())
+        except yaml.YAMLError:
+            continue
+        model = config.get("model") if isinstance(config, dict) else None
+        class_path = model.get("class_path") if isinstance(model, dict) else None
+        if isinstance(class_path, str) and class_path.startswith(DOWNSTREAM_PREFIX):
+            return True
+    return False

@@ -1,0 +1,232 @@
+"""Zero- and few-shot multiple-choice evaluation by log-likelihood, as evaluation harnesses do it.
+
+Task format: JSON lines, one question per line::
+
+    {"context": "The capital of France is", "choices": ["Paris", "Rome", "Madrid"], "label": 0}
+
+(optional ``"id"``; other fields are ignored). ARC, PIQA, HellaSwag, ... files a user has become this format with a
+one-line conversion (e.g. HellaSwag: context = ctx, choices = endings, label = int(label)).
+
+Scoring. For each choice the model reads ``EOS + prompt + delimiter + choice`` and the choice's tokens are scored:
+``log p(choice | prompt) = sum of log p(token_i | everything before it)``. The leading EOS is the document boundary the
+LM saw before every document in pre-training. Two accuracies are reported, both as harnesses define them:
+
+* ``acc``: the choice with the highest total log-likelihood is the prediction;
+* ``acc_norm``: the highest log-likelihood per UTF-8 byte of the choice text (removes the bias towards short choices;
+  harnesses divide by characters, identical for ASCII).
+
+Ties go to the first choice (``argmax``). Few-shot (``num_fewshot`` = k): the prompt is k solved examples
+(``context + delimiter + correct choice``), each followed by ``shot_separator``, then the question's context. The
+shots are drawn with a fixed seed, per question, from ``fewshot_file`` or else from the other questions of the same
+file (never the question itself). When a sequence is longer than the model's ``block_size``, the prompt loses tokens
+from its start; a choice that alone does not fit is an error.
+
+Tokenisation: prompt and ``delimiter + choice`` are tokenised separately and concatenated, so the scored tokens are
+exactly the choice's (with a BPE tokenizer the split at the boundary can differ from tokenising the whole string).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from lightning_cqk.data.tokenizers import Tokenizer
+
+
+@dataclass(frozen=True)
+class MCExample:
+    """One multiple-choice question."""
+
+    context: str
+    choices: tuple[str, ...]
+    label: int
+    id: str = ""
+
+
+def load_mc_jsonl(path: str | Path) -> list[MCExample]:
+    """Read a multiple-choice jsonl file, checking every line (the error names the line and what is wrong)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Multiple-choice task file {path} does not exist.")
+    examples = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not JSON ({err.msg}).") from None
+        if not isinstance(row, dict) or not {"context", "choices", "label"} <= row.keys():
+            raise ValueError(f"{where}: needs the fields context, choices, label; got {sorted(row)}.")
+        choices, label = row["choices"], row["label"]
+        if not isinstance(row["context"], str) or not isinstance(choices, list) or len(choices) < 2:
+            raise ValueError(f"{where}: context must be text and choices a list of at least two texts.")
+        if not all(isinstance(c, str) and c for c in choices):
+            raise ValueError(f"{where}: every choice must be non-empty text.")
+        if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < len(choices):
+            raise ValueError(f"{where}: label must be an index into choices (0..{len(choices) - 1}), got {label!r}.")
+        examples.append(MCExample(row["context"], tuple(choices), label, str(row.get("id", n))))
+    if not examples:
+        raise ValueError(f"{path} holds no questions.")
+    return examples
+
+
+def build_prompt(example: MCExample, shots: list[MCExample], delimiter: str = " ", shot_separator: str = "\n\n") -> str:
+    """The text before a choice: the solved shots, then the question's context."""
+    solved = "".join(f"{s.context}{delimiter}{s.choices[s.label]}{shot_separator}" for s in shots)
+    return solved + example.context
+
+
+def choice_logprobs(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    prompt: str,
+    continuations: list[str],
+    block_size: int,
+) -> list[float]:
+    """Total log-likelihood of each continuation after ``EOS + prompt`` (one batched forward)."""
+    prompt_ids = [tokenizer.eos_id] + tokenizer.encode(prompt)
+    rows, spans = [], []
+    for text in continuations:
+        cont = tokenizer.encode(text)
+        if not cont or len(cont) > block_size:
+            raise ValueError(
+                f"A choice of {len(cont)} tokens cannot be scored with block_size {block_size} (1..block_size needed)."
+            )
+        seq = (prompt_ids + cont)[-(block_size + 1) :]  # inputs are seq[:-1]: at most block_size tokens
+        rows.append(seq)
+        spans.append(len(cont))
+    width = max(len(r) for r in rows) - 1
+    inputs = torch.zeros(len(rows), width, dtype=torch.int64)  # (N, T) right-padded
+    targets = torch.zeros(len(rows), width, dtype=torch.int64)  # (N, T)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)  # (N, T): the continuation's target positions
+    for i, (seq, n) in enumerate(zip(rows, spans)):
+        inputs[i, : len(seq) - 1] = torch.tensor(seq[:-1])
+        targets[i, : len(seq) - 1] = torch.tensor(seq[1:])
+        mask[i, len(seq) - 1 - n : len(seq) - 1] = True
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logits = model(inputs.to(device)).float()  # (N, T, vocab)
+    logp = F.log_softmax(logits, dim=-1).gather(-1, targets.to(device).unsqueeze(-1)).squeeze(-1)  # (N, T)
+    return (logp * mask.to(device)).sum(dim=1).tolist()
+
+
+def evaluate_mc(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    examples: list[MCExample],
+    block_size: int,
+    num_fewshot: int = 0,
+    fewshot_pool: list[MCExample] | None = None,
+    seed: int = 1234,
+    delimiter: str = " ",
+    shot_separator: str = "\n\n",
+) -> dict[str, Any]:
+    """Score every question; returns ``acc``, ``acc_norm``, ``n`` and per-question predictions.
+
+    Args:
+        model: a GPT (token ids (B, T) -> logits (B, T, vocab)), in eval mode.
+        tokenizer: the tokenizer it was trained with.
+        examples: the questions.
+        block_size: the model's context length.
+        num_fewshot: solved examples before each question.
+        fewshot_pool: where shots come from (default: the other questions of ``examples``).
+        seed: seed of the shot sampling.
+        delimiter: text between a context and a choice.
+        shot_separator: text after each solved shot.
+    """
+    pool = fewshot_pool if fewshot_pool is not None else examples
+    available = len(pool) - (0 if fewshot_pool is not None else 1)
+    if num_fewshot < 0 or num_fewshot > available:
+        raise ValueError(f"num_fewshot must lie in 0..{available} (the few-shot pool's size), got {num_fewshot}.")
+    rng = random.Random(seed)
+    correct = correct_norm = 0
+    records = []
+    for i, example in enumerate(examples):
+        shots = []
+        if num_fewshot:  # k + 1 draws so that dropping the question itself (same pool) still leaves k
+            drawn = rng.sample(range(len(pool)), min(len(pool), num_fewshot + 1))
+            shots = [pool[j] for j in drawn if fewshot_pool is not None or j != i][:num_fewshot]
+        prompt = build_prompt(example, shots, delimiter, shot_separator)
+        scores = choice_logprobs(model, tokenizer, prompt, [delimiter + c for c in example.choices], block_size)
+        norm = [s / max(1, len(c.encode("utf-8"))) for s, c in zip(scores, example.choices)]
+        pred, pred_norm = max(range(len(scores)), key=scores.__getitem__), max(range(len(norm)), key=norm.__getitem__)
+        correct += pred == example.label
+        correct_norm += pred_norm == example.label
+        records.append(
+            {"id": example.id, "label": example.label, "pred": pred, "pred_norm": pred_norm, "logprobs": scores}
+        )
+    n = len(examples)
+    return {"acc": correct / n, "acc_norm": correct_norm / n, "n": n, "num_fewshot": num_fewshot, "records": records}
+
+
+def mc_eval(
+    checkpoint: str,
+    tasks: list[str],
+    num_fewshot: int = 0,
+    fewshot_file: str | None = None,
+    seed: int = 1234,
+    delimiter: str = " ",
+    shot_separator: str = "\n\n",
+    limit: int | None = None,
+    output: str | None = None,
+    tokenizer: str | None = None,
+    bpe_file: str | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Evaluate a checkpoint on multiple-choice jsonl tasks; print a table, optionally write JSON.
+
+    Args:
+        checkpoint: the LM's ``.ckpt``.
+        tasks: jsonl files (see the module docstring).
+        num_fewshot: solved examples before each question.
+        fewshot_file: jsonl to draw shots from (default: the other questions of the same file).
+        seed: shot sampling seed.
+        delimiter: text between context and choice.
+        shot_separator: text after each shot.
+        limit: score only the first this many questions of each file.
+        output: write the results (with per-question records) to this JSON file.
+        tokenizer: the checkpoint's tokenizer (default: read from it).
+        bpe_file: local BPE vocabulary file.
+        device: torch device to run on.
+    """
+    from lightning_cqk.downstream.pretrained import load_pretrained
+
+    pretrained = load_pretrained(checkpoint, tokenizer=tokenizer, bpe_file=bpe_file)
+    model = pretrained.model.to(device).eval()
+    pool = load_mc_jsonl(fewshot_file) if fewshot_file else None
+    results: dict[str, Any] = {"checkpoint": checkpoint, "num_fewshot": num_fewshot, "seed": seed, "tasks": {}}
+    print(f"| task | n | acc | acc_norm |   ({num_fewshot}-shot, {checkpoint})\n|---|---|---|---|")
+    for path in tasks:
+        examples = load_mc_jsonl(path)[:limit]
+        r = evaluate_mc(
+            model,
+            pretrained.tokenizer,
+            examples,
+            pretrained.config.block_size,
+            num_fewshot,
+            pool,
+            seed,
+            delimiter,
+            shot_separator,
+        )
+        results["tasks"][Path(path).stem] = r
+        print(f"| {Path(path).stem} | {r['n']} | {100 * r['acc']:.1f} | {100 * r['acc_norm']:.1f} |")
+    if output:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def mc_eval_command(argv: list[str]) -> None:
+    """``lightning_cqk mc-eval ...`` (jsonargparse over ``mc_eval``)."""
+    from jsonargparse import CLI
+
+    CLI(mc_eval, args=argv, prog="lightning_cqk mc-eval", as_positional=False)
