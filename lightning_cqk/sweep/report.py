@@ -351,8 +351,14 @@ def figures(data: dict[str, Any], out: Path) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------------------------------- command
-def write_report(sweep_dir: str | Path, output: str | Path | None = None, quiet: bool = False) -> dict[str, Path]:
-    """Write `<study>.md`, `<study>.csv` and the figures; print the Markdown. Returns the written paths."""
+def write_report(
+    sweep_dir: str | Path, output: str | Path | None = None, quiet: bool = False, glue: list[str] | None = None
+) -> dict[str, Path]:
+    """Write `<study>.md`, `<study>.csv` and the figures; print the Markdown. Returns the written paths.
+
+    GLUE: the `glue.json` tables (`lightning_cqk glue`) of the sweep's checkpoints, and of the extra checkpoints or
+    directories in `glue`, are put side by side in a "GLUE" section of the Markdown and in `glue.md`.
+    """
     sweep_dir = Path(sweep_dir)
     data = collect(sweep_dir)
     if not any(g["runs"] for g in data["groups"].values()):
@@ -365,6 +371,10 @@ def write_report(sweep_dir: str | Path, output: str | Path | None = None, quiet:
     study = data["manifest"]["study"]
     rows = table_rows(data)
     md = markdown(data, rows)
+    glue_md = _glue_section(sweep_dir, glue or [])
+    if glue_md:
+        (out / "glue.md").write_text(glue_md)
+        md = f"{md.rstrip()}\n\n## GLUE (fine-tuned checkpoints, `lightning_cqk glue`)\n\n{glue_md}"
     paths = {"markdown": out / f"{study}.md", "csv": out / f"{study}.csv"}
     paths["markdown"].write_text(md)
     paths["csv"].write_text(to_csv(rows))
@@ -377,6 +387,15 @@ def write_report(sweep_dir: str | Path, output: str | Path | None = None, quiet:
     return paths
 
 
+def _glue_section(sweep_dir: Path, extra: list[str]) -> str:
+    """The GLUE tables under the sweep directory and at `extra`, side by side ('' when there are none)."""
+    from lightning_cqk.downstream.glue_table import JSON_NAME, side_by_side
+
+    paths = sorted(p for p in sweep_dir.rglob(JSON_NAME) if "report" not in p.relative_to(sweep_dir).parts)
+    paths += [Path(p) for p in extra]
+    return side_by_side(paths) if paths else ""
+
+
 def report_command(argv: list[str]) -> None:
     """`lightning_cqk report runs/<sweep> [--output DIR]`."""
     parser = argparse.ArgumentParser(
@@ -384,8 +403,14 @@ def report_command(argv: list[str]) -> None:
     )
     parser.add_argument("sweep_dir", help="a sweep directory, e.g. runs/coupling-cpu")
     parser.add_argument("--output", default=None, help="where to write (default <sweep_dir>/report)")
+    parser.add_argument(
+        "--glue",
+        nargs="*",
+        default=[],
+        help="more checkpoints / run directories / glue.json files whose GLUE tables join the sweep's own",
+    )
     args = parser.parse_args(argv)
     try:
-        write_report(args.sweep_dir, args.output)
+        write_report(args.sweep_dir, args.output, glue=args.glue)
     except ReportError as err:
         sys.exit(f"lightning_cqk report: {err}")

@@ -13,7 +13,8 @@ import pytest
 from torch.utils.tensorboard import SummaryWriter
 
 from lightning_cqk.cli import main
-from lightning_cqk.sweep.report import read_scalars, write_report
+from lightning_cqk.downstream.glue_table import FORMAT
+from lightning_cqk.sweep.report import read_scalars, report_command, write_report
 from lightning_cqk.sweep.stats import welch_t_test
 
 # final val/ppl per seed (the last of three validations); the curve before it is arbitrary
@@ -109,3 +110,30 @@ def test_figures_are_pngs(sweep_dir: Path):
 def test_report_command_errors_clearly(tmp_path: Path):
     with pytest.raises(SystemExit, match="no manifest.json"):
         main(["report", str(tmp_path)])
+
+
+def _glue_json(acc: float, checkpoint: str) -> dict:
+    entry = {"status": "ok", "metrics": {"acc": {"mean": acc, "std": 0.0, "per_seed": [acc]}}, "score": acc}
+    table = {"checkpoint": checkpoint, "tasks": {"rte": entry}, "average": acc, "average_over": ["rte"]}
+    return {"format": FORMAT, **table}
+
+
+def test_report_puts_glue_tables_side_by_side(sweep_dir: Path, tmp_path: Path, capsys):
+    """glue.json files of the sweep's checkpoints, and of checkpoints named by --glue, become one GLUE section."""
+    own = sweep_dir / "base-s1" / "checkpoints"
+    own.mkdir(parents=True)
+    (own / "glue.json").write_text(json.dumps(_glue_json(0.5, str(own / "last.ckpt"))))
+    other = tmp_path / "elsewhere" / "coupled-tiny-s1" / "checkpoints"
+    other.mkdir(parents=True)
+    (other / "glue.json").write_text(json.dumps(_glue_json(0.625, str(other / "last.ckpt"))))
+
+    report_command([str(sweep_dir), "--glue", str(other / "glue.json")])
+    printed = capsys.readouterr().out
+    assert "## GLUE" in printed
+    assert "| RTE (acc) | 50.0 | 62.5 |" in printed
+    glue_md = (sweep_dir / "report" / "glue.md").read_text()
+    assert "| RTE (acc) | 50.0 | 62.5 |" in glue_md
+    assert "| RTE (acc) |" in (sweep_dir / "report" / "toy.md").read_text()
+    # report/ itself is never searched: a second report finds the same two tables, not a copy of them
+    report_command([str(sweep_dir), "--glue", str(other / "glue.json")])
+    assert capsys.readouterr().out.count("| RTE (acc) |") == 1
