@@ -54,6 +54,15 @@ Options (`CoupledOptions`, `UncoupledMLPOptions`; defaults in brackets, [NS] = n
         "exp" (dt = exp(raw), positive) or "raw" (dt = raw; may turn negative; the only way to get dt = 0 exactly).
     rope_order ["pre"] [NS]: run the dynamics before RoPE ("pre", keeps RoPE's relative-position property since f
         is not rotation-equivariant) or after it ("post").
+    recompute [True] (implementation, not a modelling choice): run the flow under `torch.utils.checkpoint`, so
+        backward keeps only its inputs q, k (2 C numbers per token and layer) instead of every intermediate (the
+        hidden activations, forces and half-steps, about 8 C at steps=1), and recomputes the small per-head matmuls.
+        Outputs and gradients are identical either way (tested).
+
+Speed [implementation]: the flow runs heads-first, (nh, B*T, hs), a view of the projections' (B, T, nh, hs) layout,
+so each MLP bank is two `torch.baddbmm` calls batched over heads (no loop over heads, no copy), and every update is
+one fused multiply-add (`torch.addcmul`) that keeps the input's layout, so SDPA receives q and k laid out exactly as
+in `standard`. `python benchmarks/bench.py --only backends` compares step time and activation memory with `standard`.
 
 Init [NS]: MLP weights N(0, 1/fan_in) (LeCun normal, the scale of a default per-head nn.Linear, so f(q) is of the
 order of q at init), biases zero; GPT-2's N(0, 0.02) would make f nearly zero at every width.
@@ -68,7 +77,8 @@ nn.functional.linear loops; closed-form -grad V equals torch.autograd.grad; leap
 per token and is reversible (evolving with -dt returns the input), Euler's determinant is det(I - dt^2 J_f);
 leapfrog with a gradient field conserves H up to O(dt^2); parameter counts equal the hand counts above (and the
 60m fraction lies in [0.09%, 0.13%]); uncoupled matches coupled within 1% at 60m; sharing ties one tensor; the
-backends compile with fullgraph=True (no graph breaks, no host syncs); a tiny GPT trains on real text.
+backends compile with fullgraph=True (no graph breaks, no host syncs); recompute on and off give the same outputs and
+gradients, and recompute keeps less memory alive after the forward; a tiny GPT trains on real text.
 """
 
 from __future__ import annotations

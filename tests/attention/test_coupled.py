@@ -450,3 +450,58 @@ def test_compiles_without_graph_breaks(name, options):
     x = torch.randn(2, T, C, dtype=torch.float64)
     compiled = torch.compile(backend, fullgraph=True, backend="eager")  # fullgraph: any break or host sync raises
     torch.testing.assert_close(compiled(x, ctx), backend(x, ctx))
+
+
+@pytest.mark.parametrize(
+    "name,options",
+    [
+        ("coupled", {}),
+        ("coupled", {"integrator": "euler", "gradient_field": True, "dt_scope": "head", "steps": 2}),
+        ("uncoupled_mlp", {"steps": 2, "rope_order": "post", "qk_norm": True}),
+    ],
+)
+def test_recompute_gives_the_same_outputs_and_gradients(name, options):
+    eager, ctx = make(name, recompute=False, **options)
+    ckpt, _ = make(name, recompute=True, **options)
+    ckpt.load_state_dict(eager.state_dict())
+    x = torch.randn(2, T, C, dtype=torch.float64, requires_grad=True)
+    y_e, y_c = eager(x, ctx), ckpt(x, ctx)
+    assert torch.equal(y_e, y_c)
+    g = torch.randn_like(y_e)
+    grads_e = torch.autograd.grad(y_e, [x, *eager.parameters()], g)
+    grads_c = torch.autograd.grad(y_c, [x, *ckpt.parameters()], g)
+    for a, b in zip(grads_e, grads_c):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def _bytes_alive_after_forward(module, x, ctx) -> int:
+    """Bytes allocated by the forward and still alive when it returns (what backward keeps), from the profiler."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        y = module(x, ctx)
+    sizes = []
+
+    def walk(nodes):
+        for node in nodes:
+            if node.tag == _EventType.Allocation:
+                sizes.append(node.extra_fields.alloc_size)
+            walk(node.children)
+
+    walk(prof.profiler.kineto_results.experimental_event_tree())
+    del y
+    return sum(sizes)
+
+
+def test_recompute_keeps_less_memory_for_backward():
+    """recompute=False keeps the bank's activations (z, silu(z)) and half-steps; True only the inputs q and k."""
+    cfg = dict(n_embd=64, n_head=4)
+    plain, ctx = make("coupled", recompute=False, **cfg)
+    ckpt, _ = make("coupled", recompute=True, **cfg)
+    std, _ = make("standard", **cfg)
+    x = torch.randn(4, T, 64, dtype=torch.float64, requires_grad=True)
+    kept = {m: _bytes_alive_after_forward(mod, x, ctx) for m, mod in (("plain", plain), ("ckpt", ckpt), ("std", std))}
+    per_tensor = 4 * T * 64 * 8  # one (B, T, C) fp64 tensor
+    assert kept["ckpt"] <= kept["std"] + 2 * per_tensor + 4096, kept  # + q and k, nothing else of size
+    assert kept["plain"] >= kept["ckpt"] + 3 * per_tensor, kept
