@@ -47,6 +47,11 @@ fit: install ## train any config: make fit CONFIG=configs/quickstart.yaml
 print-config: install ## print the resolved config: make print-config CONFIG=...
 	$(BIN)/lightning_cqk fit --config $(CONFIG) --print_config
 
+.PHONY: bench
+BENCH_ARGS ?=
+bench: install ## speed table, side by side: Lightning vs plain loop, backends vs standard, loader, prepare (BENCH_ARGS=...)
+	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
+
 tensorboard: install ## serve the curves of every run under runs/
 	$(BIN)/tensorboard --logdir runs
 
