@@ -356,6 +356,19 @@ def cpu_memory(step, batch) -> tuple[int, int]:
     return (live if after_forward is None else after_forward), peak
 
 
+def print_profile(title: str, step, batch: torch.Tensor, device: torch.device, rows: int) -> None:
+    """torch.profiler table of one step's top operators by self time (after the timed steps, so warm)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step(batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(f"\nprofile of one step: {title}\n{prof.key_averages().table(sort_by=sort, row_limit=rows)}", flush=True)
+
+
 def bench_backends(p: Preset, args, device, dtype) -> list[Row]:
     variants = backend_variants(args.backends)
     models, steps, errors = {}, {}, {}
@@ -394,6 +407,9 @@ def bench_backends(p: Preset, args, device, dtype) -> list[Row]:
             memory[label] = (marker.after_forward, marker.peak())
         else:
             memory[label] = cpu_memory(step, batch)
+    for label in args.profile or []:
+        if label in steps:
+            print_profile(f"{p.label}, {label}", steps[label], batch, device, args.profile_rows)
     peak_flops = device_peak_flops(device, dtype) if device.type == "cuda" else args.peak_flops
     rows: list[Row] = []
     t0 = statistics.median(times["standard"])
@@ -534,6 +550,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="Lightning/plain alternations; loader passes")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--compile", action="store_true", help="regional torch.compile of every block")
+    parser.add_argument("--profile", nargs="*", default=None, help="backend labels to profile (top-ops table)")
+    parser.add_argument("--profile_rows", type=int, default=15)
     parser.add_argument("--peak_flops", type=float, default=None, help="peak FLOP/s for MFU (CPU, unknown GPUs)")
     parser.add_argument("--prepare_source", default="builtin:python_docs")
     parser.add_argument("--prepare_rounds", type=int, default=3)
