@@ -132,6 +132,11 @@ class Row:
 
 
 # ----------------------------------------------------------------------------------------------------------- helpers
+def progress(message: str) -> None:
+    """One line on stderr, so a long run shows where it is without mixing into the table on stdout."""
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
 class Clock:
     """Timestamps of step ends; on CUDA the device is synchronised first, so a step's kernels count in its time."""
 
@@ -447,6 +452,7 @@ def bench_prepare(args, workdir: Path, tokenizers: set[str]) -> tuple[list[Row],
     """Prepare shards for every tokenizer the presets use (timing gpt2's); returns rows and the shard folders."""
     from lightning_cqk.data.prepare import prepare
 
+    progress(f"prepare from {args.prepare_source}")
     text = workdir / "corpus.jsonl"
     n_bytes = gather_text(args.prepare_source, text)
     shards: dict[str, Path] = {}
@@ -593,11 +599,14 @@ def main(argv: list[str] | None = None) -> None:
             rows += prep_rows
         for p in presets:
             if "framework" in args.only:
+                progress(f"{p.label}: Lightning vs plain loop, {args.rounds} rounds")
                 framework_rows, consumption[p.label] = bench_framework(p, args, device, dtype)
                 rows += framework_rows
             if "loader" in args.only:
+                progress(f"{p.label}: loader")
                 rows += bench_loader(p, args, shards[p.tokenizer], consumption.get(p.label))
             if "backends" in args.only:
+                progress(f"{p.label}: backends")
                 rows += bench_backends(p, args, device, dtype)
     load1 = os.getloadavg()
     name = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"

@@ -54,10 +54,14 @@ Options (`CoupledOptions`, `UncoupledMLPOptions`; defaults in brackets, [NS] = n
         "exp" (dt = exp(raw), positive) or "raw" (dt = raw; may turn negative; the only way to get dt = 0 exactly).
     rope_order ["pre"] [NS]: run the dynamics before RoPE ("pre", keeps RoPE's relative-position property since f
         is not rotation-equivariant) or after it ("post").
-    recompute [True] (implementation, not a modelling choice): run the flow under `torch.utils.checkpoint`, so
-        backward keeps only its inputs q, k (2 C numbers per token and layer) instead of every intermediate (the
-        hidden activations, forces and half-steps, about 8 C at steps=1), and recomputes the small per-head matmuls.
-        Outputs and gradients are identical either way (tested).
+    recompute ["flow"] (implementation, not a modelling choice): what backward keeps and what it recomputes.
+        "none": plain autograd keeps every intermediate of the flow (hidden activations, forces, half-steps:
+        about 8 C numbers per token and layer at steps=1 beyond `standard`). "flow": the flow runs under
+        `torch.utils.checkpoint`; backward keeps only its inputs q and k (2 C beyond `standard`) and recomputes the
+        small per-head matmuls. "qk": the q/k projections, QK-norm, flow and RoPE are one checkpointed region whose
+        inputs (the attention input, and the raw k projection when v is tied to it) `standard` keeps anyway, so
+        nothing is kept beyond `standard`, at the price of recomputing the q and k projections (2 x 2 C^2 FLOPs
+        per token and layer). Outputs and gradients are identical in all three (tested).
 
 Speed [implementation]: the flow runs heads-first, (nh, B*T, hs), a view of the projections' (B, T, nh, hs) layout,
 so each MLP bank is two `torch.baddbmm` calls batched over heads (no loop over heads, no copy), and every update is
@@ -77,8 +81,9 @@ nn.functional.linear loops; closed-form -grad V equals torch.autograd.grad; leap
 per token and is reversible (evolving with -dt returns the input), Euler's determinant is det(I - dt^2 J_f);
 leapfrog with a gradient field conserves H up to O(dt^2); parameter counts equal the hand counts above (and the
 60m fraction lies in [0.09%, 0.13%]); uncoupled matches coupled within 1% at 60m; sharing ties one tensor; the
-backends compile with fullgraph=True (no graph breaks, no host syncs); recompute on and off give the same outputs and
-gradients, and recompute keeps less memory alive after the forward; a tiny GPT trains on real text.
+backends compile with fullgraph=True (no graph breaks, no host syncs); every `recompute` mode gives the same outputs and
+gradients, and keeps what it claims alive after the forward (none > flow > qk = standard); a tiny GPT trains on
+real text.
 """
 
 from __future__ import annotations
@@ -116,7 +121,7 @@ class DynamicsOptions(StandardOptions):
         dt_init: effective dt at init.
         dt_param: "softplus", "exp" or "raw" parameterisation of dt.
         rope_order: run the dynamics "pre" (before) or "post" (after) RoPE.
-        recompute: keep only the dynamics' inputs for backward and recompute its intermediates there.
+        recompute: "none", "flow" (keep only the flow's inputs) or "qk" (keep nothing beyond standard).
     """
 
     steps: int = 1
@@ -127,7 +132,7 @@ class DynamicsOptions(StandardOptions):
     dt_init: float = 0.1
     dt_param: Literal["softplus", "exp", "raw"] = "softplus"
     rope_order: Literal["pre", "post"] = "pre"
-    recompute: bool = True
+    recompute: Literal["none", "flow", "qk"] = "flow"
 
 
 @dataclass
@@ -311,9 +316,9 @@ class _QKDynamicsAttention(StandardAttention):
 
         The work runs heads-first, (nh, B*T, hs), where each MLP bank is two batched matmuls over heads
         (`torch.baddbmm`), and the updates are fused multiply-adds (`torch.addcmul`) whose results keep the
-        input's memory layout, so SDPA sees q and k laid out as in `standard`. With `recompute` (default) the
-        flow runs under `torch.utils.checkpoint`: backward keeps only q, k and dt (two (B, nh, T, hs) tensors per
-        layer) and recomputes the few small matmuls of the dynamics, instead of keeping every intermediate.
+        input's memory layout, so SDPA sees q and k laid out as in `standard`. With recompute="flow" (default) the
+        flow runs under `torch.utils.checkpoint`: backward keeps only q, k and dt and recomputes the few small
+        matmuls of the dynamics, instead of keeping every intermediate ("qk" checkpoints a larger region, `forward`).
         """
         batch = q.size(0)
         dt = self._broadcast_dt(dt, q)
@@ -321,7 +326,7 @@ class _QKDynamicsAttention(StandardAttention):
         needs_grad = torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or dt.requires_grad or self.dt_raw.requires_grad
         )
-        if self.options.recompute and needs_grad:
+        if self.options.recompute == "flow" and needs_grad:
             q_h, k_h = checkpoint(self.flow, q_h, k_h, dt, use_reentrant=False, preserve_rng_state=False)
         else:
             q_h, k_h = self.flow(q_h, k_h, dt)
@@ -330,6 +335,23 @@ class _QKDynamicsAttention(StandardAttention):
     def flow(self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The integrator on heads-first tensors q, k (nh, N, hs) with dt () or (nh, 1, 1)."""
         raise NotImplementedError  # pragma: no cover - abstract
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        if self.options.recompute != "qk" or not torch.is_grad_enabled():
+            return super().forward(x, ctx)
+        # recompute="qk": q and k are recomputed from x (which every projection keeps for its own backward) in one
+        # checkpointed region; a tied v is the raw k projection, computed once outside and passed in (SDPA keeps it).
+        k_raw = self.split_heads(self.k_proj(x)) if self.v_proj is None else None  # (B, nkv, T, hs)
+        v = k_raw if k_raw is not None else self.split_heads(self.v_proj(x))  # (B, nkv, T, hs)
+
+        def scoring_qk(x: torch.Tensor, k_raw: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+            k = self.split_heads(self.k_proj(x)) if k_raw is None else k_raw  # (B, nkv, T, hs)
+            q = k if self.q_proj is None else self.split_heads(self.q_proj(x))  # (B, nh, T, hs)
+            return self.transform_qk(q, k, ctx)
+
+        q, k = checkpoint(scoring_qk, x, k_raw, use_reentrant=False, preserve_rng_state=False)  # (B, nh, T, hs)
+        y = self.attend(q, k, v)  # (B, nh, T, hs)
+        return self.resid_dropout(self.out_proj(self.merge_heads(y)))  # (B, T, C)
 
     def dynamics_stats(self) -> dict[str, torch.Tensor]:
         """Detached quantities worth logging per layer (no host sync): {"dt": () or (nh,)}."""
@@ -373,7 +395,7 @@ class _QKDynamicsAttention(StandardAttention):
             "dt_scope": ("layer", "head"),
             "dt_param": ("softplus", "exp", "raw"),
             "rope_order": ("pre", "post"),
-            "recompute": (True, False),
+            "recompute": ("none", "flow", "qk"),
         }
         for key, allowed in choices.items():
             if getattr(options, key) not in allowed:
