@@ -59,7 +59,10 @@ from lightning_cqk.model.flops import training_flops_per_batch  # noqa: E402
 from lightning_cqk.optim import OptimConfig, weight_decay_groups  # noqa: E402
 
 #: Backend variants compared besides the registry's backends (label -> backend name and options).
-VARIANTS: dict[str, tuple[str, dict]] = {"k_eq_v": ("standard", {"qkv_sharing": "k_eq_v"})}
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "k_eq_v": ("standard", {"qkv_sharing": "k_eq_v"}),
+    "coupled_qk": ("coupled", {"recompute": "qk"}),  # keeps nothing beyond standard, recomputes the q/k projections
+}
 #: Issue 9's targets: (row kind, label) -> (comparison, bound).
 TARGETS: dict[tuple[str, str], tuple[str, float]] = {
     ("framework", "lightning"): (">=", 0.95),
@@ -273,6 +276,14 @@ def bench_framework(p: Preset, args, device, dtype) -> tuple[list[Row], float]:
 
 
 # ---------------------------------------------------------------------------------------------------------- backends
+def parse_value(text: str):
+    """An option value from the command line: JSON (numbers, true, null, ...) or else the bare string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def backend_variants(names: list[str] | None) -> dict[str, tuple[str, dict]]:
     labels = names or [*attention.available(), *VARIANTS]
     out: dict[str, tuple[str, dict]] = {"standard": ("standard", {})}
@@ -281,7 +292,7 @@ def backend_variants(names: list[str] | None) -> dict[str, tuple[str, dict]]:
             out[label] = VARIANTS[label]
         elif "=" in label:  # name:opt=value,opt=value, e.g. coupled:steps=2
             name, _, opts = label.partition(":")
-            out[label] = (name, {k: json.loads(v) for k, v in (o.split("=", 1) for o in opts.split(","))})
+            out[label] = (name, {k: parse_value(v) for k, v in (o.split("=", 1) for o in opts.split(","))})
         else:
             attention.get_attention(label)  # clear error for unknown names
             out[label] = (label, {})
