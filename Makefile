@@ -53,6 +53,11 @@ print-config: install ## print the resolved config: make print-config CONFIG=...
 ablations: install ## run an ablation study and print its report: make ablations [STUDY=coupling] [PROFILE=cpu] (resumable)
 	$(BIN)/lightning_cqk sweep configs/ablations/$(STUDY).yaml --profile $(PROFILE)
 
+.PHONY: bench
+BENCH_ARGS ?=
+bench: install ## speed table, side by side: Lightning vs plain loop, backends vs standard, loader, prepare (BENCH_ARGS=...)
+	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
+
 tensorboard: install ## serve the curves of every run under runs/
 	$(BIN)/tensorboard --logdir runs
 

@@ -54,6 +54,19 @@ Options (`CoupledOptions`, `UncoupledMLPOptions`; defaults in brackets, [NS] = n
         "exp" (dt = exp(raw), positive) or "raw" (dt = raw; may turn negative; the only way to get dt = 0 exactly).
     rope_order ["pre"] [NS]: run the dynamics before RoPE ("pre", keeps RoPE's relative-position property since f
         is not rotation-equivariant) or after it ("post").
+    recompute ["flow"] (implementation, not a modelling choice): what backward keeps and what it recomputes.
+        "none": plain autograd keeps every intermediate of the flow (hidden activations, forces, half-steps:
+        about 8 C numbers per token and layer at steps=1 beyond `standard`). "flow": the flow runs under
+        `torch.utils.checkpoint`; backward keeps only its inputs q and k (2 C beyond `standard`) and recomputes the
+        small per-head matmuls. "qk": the q/k projections, QK-norm, flow and RoPE are one checkpointed region whose
+        inputs (the attention input, and the raw k projection when v is tied to it) `standard` keeps anyway, so
+        nothing is kept beyond `standard`, at the price of recomputing the q and k projections (2 x 2 C^2 FLOPs
+        per token and layer). Outputs and gradients are identical in all three (tested).
+
+Speed [implementation]: the flow runs heads-first, (nh, B*T, hs), a view of the projections' (B, T, nh, hs) layout,
+so each MLP bank is two `torch.baddbmm` calls batched over heads (no loop over heads, no copy), and every update is
+one fused multiply-add (`torch.addcmul`) that keeps the input's layout, so SDPA receives q and k laid out exactly as
+in `standard`. `python benchmarks/bench.py --only backends` compares step time and activation memory with `standard`.
 
 Init [NS]: MLP weights N(0, 1/fan_in) (LeCun normal, the scale of a default per-head nn.Linear, so f(q) is of the
 order of q at init), biases zero; GPT-2's N(0, 0.02) would make f nearly zero at every width.
@@ -68,7 +81,9 @@ nn.functional.linear loops; closed-form -grad V equals torch.autograd.grad; leap
 per token and is reversible (evolving with -dt returns the input), Euler's determinant is det(I - dt^2 J_f);
 leapfrog with a gradient field conserves H up to O(dt^2); parameter counts equal the hand counts above (and the
 60m fraction lies in [0.09%, 0.13%]); uncoupled matches coupled within 1% at 60m; sharing ties one tensor; the
-backends compile with fullgraph=True (no graph breaks, no host syncs); a tiny GPT trains on real text.
+backends compile with fullgraph=True (no graph breaks, no host syncs); every `recompute` mode gives the same outputs and
+gradients, and keeps what it claims alive after the forward (none > flow > qk = standard); a tiny GPT trains on
+real text.
 """
 
 from __future__ import annotations
@@ -81,6 +96,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext
 from lightning_cqk.attention.rope import apply_rope
@@ -105,6 +121,7 @@ class DynamicsOptions(StandardOptions):
         dt_init: effective dt at init.
         dt_param: "softplus", "exp" or "raw" parameterisation of dt.
         rope_order: run the dynamics "pre" (before) or "post" (after) RoPE.
+        recompute: "none", "flow" (keep only the flow's inputs) or "qk" (keep nothing beyond standard).
     """
 
     steps: int = 1
@@ -115,6 +132,7 @@ class DynamicsOptions(StandardOptions):
     dt_init: float = 0.1
     dt_param: Literal["softplus", "exp", "raw"] = "softplus"
     rope_order: Literal["pre", "post"] = "pre"
+    recompute: Literal["none", "flow", "qk"] = "flow"
 
 
 @dataclass
@@ -137,6 +155,21 @@ class UncoupledMLPOptions(DynamicsOptions):
 
 def _lecun_normal_(weight: torch.Tensor, fan_in: int) -> None:
     nn.init.normal_(weight, mean=0.0, std=fan_in**-0.5)
+
+
+def heads_first(x: torch.Tensor) -> torch.Tensor:
+    """(B, nh, T, hs) -> (nh, B*T, hs) for matmuls batched over heads.
+
+    A view (no copy) for the layout `split_heads` produces, (B, T, nh, hs) in memory; other layouts are copied.
+    """
+    B, nh, T, hs = x.shape
+    return x.transpose(1, 2).reshape(B * T, nh, hs).transpose(0, 1)  # (nh, B*T, hs)
+
+
+def heads_back(y: torch.Tensor, batch: int) -> torch.Tensor:
+    """(nh, B*T, hs) -> (B, nh, T, hs), a view; the inverse of `heads_first`."""
+    nh, n, hs = y.shape
+    return y.unflatten(1, (batch, n // batch)).transpose(0, 1)  # (B, nh, T, hs)
 
 
 class HeadMLPBank(nn.Module):
@@ -162,10 +195,14 @@ class HeadMLPBank(nn.Module):
             _lecun_normal_(self.w2, self.w2.size(1))
         nn.init.zeros_(self.b2)
 
+    def heads_first(self, x: torch.Tensor) -> torch.Tensor:
+        """(nh, N, hs) -> (nh, N, hs): two batched matmuls over heads (bias fused), one SiLU; no loop over heads."""
+        z = torch.baddbmm(self.b1.unsqueeze(1).to(x.dtype), x, self.w1.to(x.dtype))  # (nh, N, hidden)
+        return torch.baddbmm(self.b2.unsqueeze(1).to(x.dtype), F.silu(z), self.w2.to(x.dtype))  # (nh, N, hs)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, nh, T, hs) -> (B, nh, T, hs), head h through its own MLP."""
-        z = torch.einsum("bnts,nsh->bnth", x, self.w1) + self.b1[:, None, :]  # (B, nh, T, hidden)
-        return torch.einsum("bnth,nhs->bnts", F.silu(z), self.w2) + self.b2[:, None, :]  # (B, nh, T, hs)
+        return heads_back(self.heads_first(heads_first(x)), x.size(0))  # (B, nh, T, hs)
 
 
 class HeadPotentialBank(nn.Module):
@@ -198,12 +235,17 @@ class HeadPotentialBank(nn.Module):
         """V(x): (B, nh, T, hs) -> (B, nh, T)."""
         return (F.silu(self._pre_activation(x)) * self.w2[:, None, :]).sum(-1)  # (B, nh, T)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """-grad V(x): (B, nh, T, hs) -> (B, nh, T, hs), written out so no autograd.grad (double backward) is used."""
-        z = self._pre_activation(x)  # (B, nh, T, hidden)
+    def heads_first(self, x: torch.Tensor) -> torch.Tensor:
+        """-grad V(x) on (nh, N, hs) -> (nh, N, hs), written out so no autograd.grad (double backward) is used."""
+        z = torch.baddbmm(self.b1.unsqueeze(1).to(x.dtype), x, self.w1.to(x.dtype))  # (nh, N, hidden)
         s = torch.sigmoid(z)
-        dsilu = s * (1.0 + z * (1.0 - s))  # silu'(z)
-        return -torch.einsum("bnth,nsh->bnts", dsilu * self.w2[:, None, :], self.w1)  # (B, nh, T, hs)
+        dsilu = s * (1.0 + z * (1.0 - s))  # silu'(z), (nh, N, hidden)
+        # The minus sign goes on the small (nh, hidden, hs) weight, not on the (nh, N, hs) result.
+        return torch.bmm(dsilu * self.w2.unsqueeze(1).to(x.dtype), self.w1.to(x.dtype).transpose(1, 2).neg())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """-grad V(x): (B, nh, T, hs) -> (B, nh, T, hs)."""
+        return heads_back(self.heads_first(heads_first(x)), x.size(0))  # (B, nh, T, hs)
 
 
 class UncoupledBank(nn.Module):
@@ -244,11 +286,6 @@ class _QKDynamicsAttention(StandardAttention):
     def build_dynamics(self) -> nn.Module:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def evolve(
-        self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor | float | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - abstract
-        raise NotImplementedError
-
     def _reset_dt(self) -> None:
         with torch.no_grad():
             self.dt_raw.fill_(_inverse_dt(self.options.dt_init, self.options.dt_param))
@@ -265,14 +302,56 @@ class _QKDynamicsAttention(StandardAttention):
             return self.dt_raw.exp()
         return self.dt_raw
 
-    def _broadcast_dt(self, dt: torch.Tensor | float | None, like: torch.Tensor) -> torch.Tensor | float:
+    def _broadcast_dt(self, dt: torch.Tensor | float | None, like: torch.Tensor) -> torch.Tensor:
+        """dt as a tensor of `like`'s dtype: () or (nh, 1, 1), which broadcasts over heads-first (nh, N, hs)."""
         if dt is None:
             dt = self.effective_dt()
-        if isinstance(dt, torch.Tensor):
-            dt = dt.to(like.dtype)
-            if dt.dim() == 1:
-                dt = dt.view(-1, 1, 1)  # (nh, 1, 1) broadcasts over (B, nh, T, hs)
-        return dt
+        dt = torch.as_tensor(dt, dtype=like.dtype, device=like.device)
+        return dt.view(-1, 1, 1) if dt.dim() == 1 else dt
+
+    def evolve(
+        self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor | float | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-token map (q, k) -> (q_n, k_n) on (B, nh, T, hs) tensors; `dt` overrides the learned step.
+
+        The work runs heads-first, (nh, B*T, hs), where each MLP bank is two batched matmuls over heads
+        (`torch.baddbmm`), and the updates are fused multiply-adds (`torch.addcmul`) whose results keep the
+        input's memory layout, so SDPA sees q and k laid out as in `standard`. With recompute="flow" (default) the
+        flow runs under `torch.utils.checkpoint`: backward keeps only q, k and dt and recomputes the few small
+        matmuls of the dynamics, instead of keeping every intermediate ("qk" checkpoints a larger region, `forward`).
+        """
+        batch = q.size(0)
+        dt = self._broadcast_dt(dt, q)
+        q_h, k_h = heads_first(q), heads_first(k)  # (nh, B*T, hs) each, views of the projections
+        needs_grad = torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or dt.requires_grad or self.dt_raw.requires_grad
+        )
+        if self.options.recompute == "flow" and needs_grad:
+            q_h, k_h = checkpoint(self.flow, q_h, k_h, dt, use_reentrant=False, preserve_rng_state=False)
+        else:
+            q_h, k_h = self.flow(q_h, k_h, dt)
+        return heads_back(q_h, batch), heads_back(k_h, batch)  # (B, nh, T, hs) each
+
+    def flow(self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The integrator on heads-first tensors q, k (nh, N, hs) with dt () or (nh, 1, 1)."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        if self.options.recompute != "qk" or not torch.is_grad_enabled():
+            return super().forward(x, ctx)
+        # recompute="qk": q and k are recomputed from x (which every projection keeps for its own backward) in one
+        # checkpointed region; a tied v is the raw k projection, computed once outside and passed in (SDPA keeps it).
+        k_raw = self.split_heads(self.k_proj(x)) if self.v_proj is None else None  # (B, nkv, T, hs)
+        v = k_raw if k_raw is not None else self.split_heads(self.v_proj(x))  # (B, nkv, T, hs)
+
+        def scoring_qk(x: torch.Tensor, k_raw: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+            k = self.split_heads(self.k_proj(x)) if k_raw is None else k_raw  # (B, nkv, T, hs)
+            q = k if self.q_proj is None else self.split_heads(self.q_proj(x))  # (B, nh, T, hs)
+            return self.transform_qk(q, k, ctx)
+
+        q, k = checkpoint(scoring_qk, x, k_raw, use_reentrant=False, preserve_rng_state=False)  # (B, nh, T, hs)
+        y = self.attend(q, k, v)  # (B, nh, T, hs)
+        return self.resid_dropout(self.out_proj(self.merge_heads(y)))  # (B, T, C)
 
     def dynamics_stats(self) -> dict[str, torch.Tensor]:
         """Detached quantities worth logging per layer (no host sync): {"dt": () or (nh,)}."""
@@ -316,6 +395,7 @@ class _QKDynamicsAttention(StandardAttention):
             "dt_scope": ("layer", "head"),
             "dt_param": ("softplus", "exp", "raw"),
             "rope_order": ("pre", "post"),
+            "recompute": ("none", "flow", "qk"),
         }
         for key, allowed in choices.items():
             if getattr(options, key) not in allowed:
@@ -364,23 +444,20 @@ class CoupledAttention(_QKDynamicsAttention):
         bank = HeadPotentialBank if self.options.gradient_field else HeadMLPBank
         return bank(self.n_head, self.head_size, self.hidden, self.options.zero_init_last)
 
-    def evolve(
-        self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor | float | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The per-token map (q, k) -> (q_n, k_n) on (B, nh, T, hs) tensors; `dt` overrides the learned step."""
-        dt = self._broadcast_dt(dt, q)
-        f = self.dynamics
+    def flow(self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`steps` leapfrog or Euler steps on heads-first q, k (nh, N, hs); dt () or (nh, 1, 1)."""
+        f = self.dynamics.heads_first
         if self.options.integrator == "euler":
             for _ in range(self.options.steps):
-                q, k = q + dt * k, k + dt * f(q)  # simultaneous: both from the old state
+                q, k = torch.addcmul(q, dt, k), torch.addcmul(k, dt, f(q))  # simultaneous: both from the old state
             return q, k
         half = 0.5 * dt
-        force = f(q)  # (B, nh, T, hs)
+        force = f(q)  # (nh, N, hs)
         for _ in range(self.options.steps):
-            k = k + half * force  # kick
-            q = q + dt * k  # drift
+            k = torch.addcmul(k, half, force)  # kick
+            q = torch.addcmul(q, dt, k)  # drift
             force = f(q)  # reused by the next step's opening kick
-            k = k + half * force  # kick
+            k = torch.addcmul(k, half, force)  # kick
         return q, k
 
     @classmethod
@@ -406,13 +483,11 @@ class UncoupledMLPAttention(_QKDynamicsAttention):
     def build_dynamics(self) -> nn.Module:
         return UncoupledBank(self.n_head, self.head_size, self.hidden, self.options.zero_init_last)
 
-    def evolve(
-        self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor | float | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q <- q + dt g_q(q), k <- k + dt g_k(k), `steps` times, on (B, nh, T, hs) tensors."""
-        dt = self._broadcast_dt(dt, q)
+    def flow(self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q <- q + dt g_q(q), k <- k + dt g_k(k), `steps` times, on heads-first q, k (nh, N, hs)."""
+        g_q, g_k = self.dynamics.g_q.heads_first, self.dynamics.g_k.heads_first
         for _ in range(self.options.steps):
-            q, k = q + dt * self.dynamics.g_q(q), k + dt * self.dynamics.g_k(k)
+            q, k = torch.addcmul(q, dt, g_q(q)), torch.addcmul(k, dt, g_k(k))
         return q, k
 
     @classmethod

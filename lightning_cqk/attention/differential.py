@@ -26,16 +26,15 @@ per-head RMSNorm times (1 - lambda_init) sets the scale. Both maps are masked an
 subtraction (papers.md §6 item 1).
 
 Paths (`impl`):
-    "sdpa": the split-V decomposition of FlashDiff2 (official `multihead_flashdiff_2.py`): four
-        `scaled_dot_product_attention` calls with equal q/k/v head sizes, (q1, k1) and (q2, k2) each against both
-        halves of v. Timed on CPU at the tiny preset (B=16, T=256, C=128, 4 heads; fwd+bwd of the attention core,
-        median of 40): 4-call 31.7 ms; 2 calls over nh heads, each v half repeated per pair, 33.1 ms; 2-call
-        FlashDiff1 form (v of 2 hs) 38.0 ms; one call over nh heads with v repeated per pair 36.6 ms; math 46.3 ms
-        (the last two SDPA forms have unequal q/k and v head sizes, which sends SDPA to its unfused math kernel on
-        CPU). Equal head sizes are also what PyTorch's flash kernels need on GPU. Cost: every score map is computed
-        twice (once per value half), so the attention core does twice the work of `standard`'s; in a whole
-        tiny-preset training step on CPU the math path is about as fast (it does the minimal FLOPs but materialises
-        the T x T maps, which the fused path never does).
+    "sdpa": two fused `scaled_dot_product_attention` calls, one per map, each against the whole 2 hs value, with
+        q and k zero-padded from hs to 2 hs ((q1|0).(k1|0) = q1.k1; the scale 1/sqrt(hs) is passed explicitly):
+        SDPA's fused kernels need equal q/k and v head sizes. Each map's softmax is computed once (the FlashDiff2
+        split-V form of the official `multihead_flashdiff_2.py`, four calls of hs, computes each map twice, exps
+        included) and an attention dropout mask applies to the whole value of its map. Timed on CPU at the tiny
+        preset (B=16, T=256, 4 heads; forward + backward of the attention core, interleaved, median of 22, a busy
+        2-core machine): standard 308 ms, four-call split-V 1021 ms, padded two-call 693 ms (one call over nh heads
+        with v repeated per pair: 711 ms). Cost: the padded score products and the 2 hs value products do twice
+        the matmul work of `standard`'s attention core, as the four-call form does.
     "math": the naive path and test oracle: both maps materialised with masked softmax in fp32 (fp64 for fp64
         inputs), subtracted, then multiplied by v.
 
@@ -53,8 +52,8 @@ Options (`DifferentialOptions`), defaults in brackets:
     interleaved one (equivalent up to a fixed permutation of q/k features).
 
 FLOPs: counted as the model's matmuls, independent of `impl` (the PaLM MFU convention, which does not credit
-recomputation): the same 8 C^2 + 4 T C per token as `standard`. The four-call fast path recomputes each score map
-twice and so executes 8 C^2 + 8 T C.
+recomputation): the same 8 C^2 + 4 T C per token as `standard`. The fast path's padded score products (2 hs wide)
+and 2 hs value products per map execute 8 C^2 + 8 T C.
 
 Invariants checked by `tests/attention/test_differential.py`: causality; finite forward/backward; SDPA == math in
 fp64 (outputs, input and parameter gradients); the module equals an independent per-position loop of the equations
@@ -193,16 +192,17 @@ class DifferentialAttention(AttentionBackend):
         """
         dropout_p = self.attn_dropout if self.training else 0.0
         if self.options.impl == "sdpa":
-            q1, q2 = q.unflatten(1, (-1, 2)).unbind(2)  # (B, nh/2, T, hs) each
-            k1, k2 = k.unflatten(1, (-1, 2)).unbind(2)  # (B, nh/2, T, hs) each
-            v1, v2 = v.chunk(2, dim=-1)  # (B, nh/2, T, hs) each
+            # q, k zero-padded from hs to 2 hs: (q1|0).(k1|0) = q1.k1, so each map is one fused SDPA call against
+            # the whole 2 hs value, with the scale of hs given explicitly (equal head sizes keep the fused kernel).
+            hs = self.head_size
+            q1, q2 = F.pad(q, (0, hs)).unflatten(1, (-1, 2)).unbind(2)  # (B, nh/2, T, 2hs) each
+            k1, k2 = F.pad(k, (0, hs)).unflatten(1, (-1, 2)).unbind(2)  # (B, nh/2, T, 2hs) each
+            scale = hs**-0.5
 
-            def sdpa(qi: torch.Tensor, ki: torch.Tensor, vi: torch.Tensor) -> torch.Tensor:
-                return F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, dropout_p=dropout_p)
+            def sdpa(qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
+                return F.scaled_dot_product_attention(qi, ki, v, is_causal=True, dropout_p=dropout_p, scale=scale)
 
-            y1 = sdpa(q1, k1, v1) - lam * sdpa(q2, k2, v1)  # (B, nh/2, T, hs): first half of the value
-            y2 = sdpa(q1, k1, v2) - lam * sdpa(q2, k2, v2)  # (B, nh/2, T, hs): second half
-            return torch.cat((y1, y2), dim=-1)  # (B, nh/2, T, 2hs)
+            return torch.addcmul(sdpa(q1, k1), lam.to(v.dtype), sdpa(q2, k2), value=-1.0)  # (B, nh/2, T, 2hs)
         if self.options.impl == "math":
             probs = attention_probs(q, k)  # (B, nh, T, T), fp32 (fp64 for fp64 inputs), each map masked+softmaxed
             if dropout_p > 0.0:

@@ -442,6 +442,7 @@ def test_tiny_gpt_trains_on_text(name):
         ("coupled", {"qk_norm": True}),
         ("coupled", {"integrator": "euler", "gradient_field": True, "dt_scope": "head", "rope_order": "post"}),
         ("uncoupled_mlp", {"steps": 2}),
+        ("coupled", {"recompute": "qk", "qkv_sharing": "k_eq_v"}),
     ],
 )
 def test_compiles_without_graph_breaks(name, options):
@@ -450,3 +451,67 @@ def test_compiles_without_graph_breaks(name, options):
     x = torch.randn(2, T, C, dtype=torch.float64)
     compiled = torch.compile(backend, fullgraph=True, backend="eager")  # fullgraph: any break or host sync raises
     torch.testing.assert_close(compiled(x, ctx), backend(x, ctx))
+
+
+@pytest.mark.parametrize("mode", ["flow", "qk"])
+@pytest.mark.parametrize(
+    "name,options",
+    [
+        ("coupled", {}),
+        ("coupled", {"integrator": "euler", "gradient_field": True, "dt_scope": "head", "steps": 2}),
+        ("coupled", {"qkv_sharing": "k_eq_v", "qk_norm": True}),
+        ("coupled", {"qkv_sharing": "q_eq_k"}),
+        ("uncoupled_mlp", {"steps": 2, "rope_order": "post", "qk_norm": True}),
+    ],
+)
+def test_recompute_gives_the_same_outputs_and_gradients(name, options, mode):
+    eager, ctx = make(name, recompute="none", **options)
+    ckpt, _ = make(name, recompute=mode, **options)
+    ckpt.load_state_dict(eager.state_dict())
+    x = torch.randn(2, T, C, dtype=torch.float64, requires_grad=True)
+    y_e, y_c = eager(x, ctx), ckpt(x, ctx)
+    assert torch.equal(y_e, y_c)
+    g = torch.randn_like(y_e)
+    grads_e = torch.autograd.grad(y_e, [x, *eager.parameters()], g)
+    grads_c = torch.autograd.grad(y_c, [x, *ckpt.parameters()], g)
+    for a, b in zip(grads_e, grads_c):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def _bytes_alive_after_forward(module, x, ctx) -> int:
+    """Bytes allocated by the forward and still alive when it returns (what backward keeps), from the profiler."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        y = module(x, ctx)
+    sizes = []
+
+    def walk(nodes):
+        for node in nodes:
+            if node.tag == _EventType.Allocation:
+                sizes.append(node.extra_fields.alloc_size)
+            walk(node.children)
+
+    walk(prof.profiler.kineto_results.experimental_event_tree())
+    del y
+    return sum(sizes)
+
+
+@pytest.mark.parametrize("sharing", ["none", "k_eq_v"])
+def test_recompute_modes_keep_what_they_claim(sharing):
+    """none keeps the flow's intermediates; flow only q and k; qk nothing of size beyond standard."""
+    cfg = dict(n_embd=64, n_head=4, qkv_sharing=sharing)
+    x = torch.randn(4, T, 64, dtype=torch.float64, requires_grad=True)
+    kept = {}
+    for mode in ("none", "flow", "qk"):
+        backend, ctx = make("coupled", recompute=mode, **cfg)
+        kept[mode] = _bytes_alive_after_forward(backend, x, ctx)
+    std, ctx = make("standard", **cfg)
+    kept["standard"] = _bytes_alive_after_forward(std, x, ctx)
+    per_tensor = 4 * T * 64 * 8  # one (B, T, C) fp64 tensor
+    small = 4096  # dt, scalars
+    assert abs(kept["qk"] - kept["standard"]) <= small, kept
+    extra = 1 if sharing == "k_eq_v" else 2  # + q and k; a raw k tied to v is kept by attention anyway
+    assert abs(kept["flow"] - (kept["standard"] + extra * per_tensor)) <= small, kept
+    assert kept["none"] >= kept["flow"] + 3 * per_tensor, kept

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from lightning_cqk.callbacks import Throughput
-from lightning_cqk.callbacks.throughput import peak_flops_for
+from lightning_cqk.callbacks.throughput import peak_flops_for, precision_dtype
 from lightning_cqk.model.flops import training_flops_per_batch
 
 BATCH, SEQ = 4, 16  # the conftest loaders' shapes
@@ -51,3 +52,27 @@ def test_mfu_with_a_peak_override(make_module, make_trainer, token_loader):
 )
 def test_peak_table(name: str, peak: float | None):
     assert peak_flops_for(name) == peak
+
+
+@pytest.mark.parametrize(
+    "name, dtype, tf32, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", torch.bfloat16, True, 989e12),
+        ("NVIDIA H100 80GB HBM3", torch.float16, True, 989e12),
+        ("NVIDIA H100 80GB HBM3", torch.float32, True, 495e12),  # TF32 tensor cores
+        ("NVIDIA H100 80GB HBM3", torch.float32, False, 67e12),  # CUDA cores
+        ("NVIDIA A100-SXM4-80GB", torch.float32, True, 156e12),
+        ("NVIDIA A100-SXM4-80GB", torch.float32, False, 19.5e12),
+        ("Tesla V100-SXM2-16GB", torch.float32, True, 15.7e12),  # no TF32: the fp32 peak
+        ("NVIDIA H100 80GB HBM3", torch.float64, True, None),
+    ],
+)
+def test_peak_table_per_dtype(name, dtype, tf32, peak):
+    assert peak_flops_for(name, dtype, tf32=tf32) == peak
+
+
+def test_precision_flags_map_to_their_matmul_dtype():
+    assert precision_dtype("bf16-mixed") == precision_dtype("bf16-true") == torch.bfloat16
+    assert precision_dtype("16-mixed") == torch.float16
+    assert precision_dtype("32-true") == torch.float32
+    assert precision_dtype("64-true") is None

@@ -1,0 +1,48 @@
+"""`make bench` (benchmarks/bench.py) runs end to end in a subprocess and prints one table with every section."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_bench_prints_every_section(tmp_path, shared_data):
+    text = tmp_path / "corpus.jsonl"
+    docs = [{"text": f"Document {i}: the quick brown fox jumps over the lazy dog. " * 20} for i in range(100)]
+    text.write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+    env = dict(
+        os.environ, PYTHONPATH=str(REPO_ROOT), LIGHTNING_CQK_GPT2_BPE=str(shared_data / "gpt2_bpe" / "gpt2.tiktoken")
+    )
+    args = ["--device", "cpu", "--presets", "tiny:bytes:2x16", "tiny:gpt2:2x16", "--backends", "coupled", "k_eq_v"]
+    args += ["--steps", "2", "--warmup", "1", "--rounds", "1", "--prepare_rounds", "1", "--loader_seconds", "0.2"]
+    args += ["--prepare_source", str(text), "--threads", "1"]
+    out = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "bench.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    table = out.stdout
+    assert "load average" in table.splitlines()[0]
+    for preset in ("tiny/bytes 2x16", "tiny/gpt2 2x16"):
+        for measure in (
+            "Lightning step vs plain loop",
+            "loader (0 workers) vs training step",
+            "coupled: step time",
+            "coupled: activations",
+            "k_eq_v: peak memory",
+            "standard: step time",
+        ):
+            assert any(preset in line and measure in line for line in table.splitlines()), (preset, measure, table)
+    assert "prepare with gpt2, MB/s of text per worker" in table
+    assert "error" not in table
