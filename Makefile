@@ -2,6 +2,8 @@
 #   make quickstart    train the quickstart config (tiny model, built-in corpus, CPU or GPU)
 #   make test          run the test suite (what CI runs)
 #   make ablations     an ablation study of the papers (default: coupling, cpu profile) and its report
+#   make bench         the speed table (framework overhead, backends vs standard, loader, prepare)
+#   make glue CKPT=... GLUE fine-tuning table of a checkpoint
 PYTHON ?= python3
 VENV ?= .venv
 PIP_ARGS ?=
