@@ -157,16 +157,18 @@ class LitLM(L.LightningModule):
         optimizer = torch.optim.AdamW(
             weight_decay_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused
         )
-        if self.trainer.max_steps == 0:
+        # Without a Trainer (a plain loop calling this), model.optim.decay_steps alone sets the schedule's length.
+        max_steps = self.trainer.max_steps if self._trainer is not None else None
+        if max_steps == 0:
             raise ValueError(
                 "trainer.max_steps is 0: a budget of zero steps trains nothing. Set trainer.max_steps >= 1, or -1 "
                 "with a budget (--budget.tokens / flops / wallclock) that sets it."
             )
-        decay_steps = cfg.decay_steps or self.trainer.max_steps
+        decay_steps = cfg.decay_steps or max_steps
         if decay_steps is None or decay_steps <= 0:
             raise ValueError(
                 "The learning-rate schedule needs a length: set trainer.max_steps or model.optim.decay_steps "
-                f"(got max_steps={self.trainer.max_steps}, decay_steps={cfg.decay_steps})."
+                f"(got max_steps={max_steps}, decay_steps={cfg.decay_steps})."
             )
 
         def schedule(step: int) -> float:
