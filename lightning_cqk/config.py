@@ -34,6 +34,7 @@ from typing import Any, Literal
 NormName = Literal["layernorm", "rmsnorm"]
 MLPName = Literal["gelu", "swiglu"]
 PositionName = Literal["rope", "learned", "none"]
+ResidualInit = Literal["scaled", "plain"]
 
 #: Shape presets. `block_size` is the longest context the model supports; the CLI links it to `data.seq_len`.
 PRESETS: dict[str, dict[str, int]] = {
@@ -88,15 +89,26 @@ class ModelConfig:
         mlp_hidden: hidden width of the MLP.
         block_size: longest sequence the model accepts (RoPE cache / learned position table size).
         vocab_size: tokenizer vocabulary size (the CLI links it to the data's tokenizer).
+        vocab_multiple: the embedding table and output head have `padded_vocab_size` rows, vocab_size rounded up to
+            a multiple of this (1: no padding). 64 gives the 50,304 rows of nanoGPT and of arXiv 2606.04032's models
+            for the GPT-2 tokenizer (50,257). The extra rows are never a target; they count as parameters.
         norm: `layernorm` or `rmsnorm`; pre-norm blocks and a final norm.
         norm_eps: epsilon of the norms.
         mlp: `gelu` (GPT-2, two matrices) or `swiglu` (three matrices; `mlp_hidden` is used as given).
         position: `rope` (rotary, half-split, applied inside attention), `learned` absolute, or `none`.
         rope_base: RoPE base frequency.
-        dropout: dropout on embeddings, attention weights and residual branches.
+        dropout: the shorthand for the three dropouts below: each of them that is None (the default) uses it.
+        embd_dropout: dropout on the block input (token embeddings plus learned positions); None: `dropout`.
+        attn_dropout: dropout on the attention weights (the softmax maps); None: `dropout`.
+        resid_dropout: dropout on every residual branch's output (attention and MLP output projections, i.e. what
+            each block adds to the residual stream); None: `dropout`. GPT-2 / HF names: embd_pdrop, attn_pdrop,
+            resid_pdrop (arXiv 2606.04032's models: 0, 0, 0.1).
         bias: biases in linear layers and LayerNorm.
         tie_embeddings: share the token embedding with the output head.
-        init_std: std of the GPT-2 normal init; residual output projections use init_std / sqrt(2 * n_layer).
+        init_std: std of the normal init of every linear and embedding weight.
+        residual_init: "scaled" (GPT-2, the default): the projections that write into the residual stream (every
+            `out_proj`) use init_std / sqrt(2 * n_layer); "plain": every linear layer N(0, init_std), as the official
+            code of arXiv 2606.04032 (HF GPT-2 `_init_weights` without the scaled residual rule).
         attention: registry name of the attention backend (see `lightning_cqk.attention.available()`).
         attention_options: options of that backend (validated by the backend's `Options` dataclass).
         layer_overrides: per-layer backends for hybrid models; layers not listed use `attention`.
@@ -109,15 +121,20 @@ class ModelConfig:
     mlp_hidden: int | None = None
     block_size: int | None = None
     vocab_size: int = GPT2_VOCAB_SIZE
+    vocab_multiple: int = 1
     norm: NormName = "layernorm"
     norm_eps: float = 1e-5
     mlp: MLPName = "gelu"
     position: PositionName = "rope"
     rope_base: float = 10000.0
     dropout: float = 0.0
+    embd_dropout: float | None = None
+    attn_dropout: float | None = None
+    resid_dropout: float | None = None
     bias: bool = False
     tie_embeddings: bool = True
     init_std: float = 0.02
+    residual_init: ResidualInit = "scaled"
     attention: str = "standard"
     attention_options: dict[str, Any] = field(default_factory=dict)
     layer_overrides: list[LayerOverride] = field(default_factory=list)
@@ -135,6 +152,26 @@ class ModelConfig:
     def from_preset(cls, preset: str, **overrides: Any) -> ModelConfig:
         """Build a config from a size preset, with any field overridden."""
         return cls(preset=preset, **overrides)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding table and the output head: vocab_size rounded up to a multiple of vocab_multiple."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+    @property
+    def embd_dropout_p(self) -> float:
+        """Dropout on the block input: `embd_dropout`, or `dropout` when that is None."""
+        return self.dropout if self.embd_dropout is None else self.embd_dropout
+
+    @property
+    def attn_dropout_p(self) -> float:
+        """Dropout on the attention weights: `attn_dropout`, or `dropout` when that is None."""
+        return self.dropout if self.attn_dropout is None else self.attn_dropout
+
+    @property
+    def resid_dropout_p(self) -> float:
+        """Dropout on the residual branches' outputs: `resid_dropout`, or `dropout` when that is None."""
+        return self.dropout if self.resid_dropout is None else self.resid_dropout
 
     @property
     def head_size(self) -> int:
@@ -167,8 +204,14 @@ class ModelConfig:
             )
         if self.position == "rope" and self.head_size % 2:
             raise ValueError(f"RoPE needs an even head size, got n_embd/n_head = {self.head_size}.")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}.")
+        for name in ("dropout", "embd_dropout", "attn_dropout", "resid_dropout"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1){'' if name == 'dropout' else ' or null (use dropout)'}, got {value}.")
+        if self.residual_init not in ("scaled", "plain"):
+            raise ValueError(f"residual_init={self.residual_init!r} is not 'scaled' (GPT-2) or 'plain' (N(0, init_std)).")
+        if isinstance(self.vocab_multiple, bool) or not isinstance(self.vocab_multiple, int) or self.vocab_multiple < 1:
+            raise ValueError(f"vocab_multiple must be a positive integer (1: no padding), got {self.vocab_multiple!r}.")
         seen: dict[int, int] = {}
         for i, override in enumerate(self.layer_overrides):
             if override.pattern is not None:

@@ -230,6 +230,7 @@ _ARCHITECTURE = (
     "n_embd",
     "mlp_hidden",
     "vocab_size",
+    "vocab_multiple",
     "norm",
     "mlp",
     "position",

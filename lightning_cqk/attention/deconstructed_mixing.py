@@ -146,7 +146,7 @@ class ProjectedAttention(AttentionBackend):
             self.k_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.resid_dropout_p)
 
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
         """(B, T, C) -> (B, nh, T, hs)."""
@@ -206,7 +206,7 @@ class DeconMLPAttention(AttentionBackend):
         self.gate_proj = nn.Linear(C, m, bias=config.bias)
         self.up_proj = nn.Linear(C, m, bias=config.bias)
         self.out_proj = nn.Linear(m, C, bias=config.bias)
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.resid_dropout_p)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         h = F.silu(self.gate_proj(x)) * self.up_proj(x)  # (B, T, m)

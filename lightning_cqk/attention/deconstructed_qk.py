@@ -138,7 +138,7 @@ class StaticEmbQKAttention(ProjectedAttention):
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         q, k = self.query_key(ctx)  # (B, nh, T, hs) each
         v = self.split_heads(self.v_proj(x))  # (B, nh, T, hs)
-        dropout_p = self.config.dropout if self.training else 0.0
+        dropout_p = self.config.attn_dropout_p if self.training else 0.0
         y = causal_attention(q, k, v, impl=self.options.impl, dropout_p=dropout_p)  # (B, nh, T, hs)
         return self.output(y)  # (B, T, C)
 
@@ -226,7 +226,7 @@ class FixedInputQKAttention(ProjectedAttention):
         B, T, _ = x.shape
         q, k = self.query_key(T, ctx)  # (1, nh, T, hs) each
         v = self.split_heads(self.v_proj(x))  # (B, nh, T, hs)
-        dropout_p = self.config.dropout if self.training else 0.0
+        dropout_p = self.config.attn_dropout_p if self.training else 0.0
         if self.options.impl == "math":
             probs = attention_probs(q, k)  # (1, nh, T, T): one map for the whole batch
             if dropout_p > 0.0:

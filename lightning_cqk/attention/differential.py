@@ -44,10 +44,19 @@ Options (`DifferentialOptions`), defaults in brackets:
         baseline of arXiv 2511.21377. Not in the Differential Transformer paper [NS].
     lambda_init [None]: None uses the depth schedule above; a float in [0, 1) fixes it for every layer (the paper's
         ablation tries 0.8 and 0.5).
+    n_kv_groups [None = n_head]: grouped K/V heads, counted like `standard`'s option (the *baseline* Transformer's
+        K/V head count nkv, so the K/V projections have standard GQA-nkv's size, C -> nkv hs each): the layer has
+        nkv/2 differential K/V heads, i.e. nkv key half-heads of hs and nkv/2 values of 2 hs (the official
+        `num_kv_heads` is nkv/2). Grouping follows the official `multihead_diffattn.py` exactly: `repeat_kv`
+        repeats every key *half-head* n_rep = nh / nkv times, so query half-head j (q1 of differential head i is
+        j = 2i, q2 is j = 2i+1) reads key half-head j // n_rep, and differential head i reads value head
+        i // n_rep. [NS] in the paper; a consequence of that code: with n_rep >= 2, q1 and q2 of a head read the
+        same key half-head. Contiguous groups, as `standard`'s GQA, so QuacK's and QK-clip's grouped-head rules
+        apply unchanged. nkv = nh is today's layer exactly (tested); nkv must be even and divide nh.
     Fixed choices of the official code that the paper does not state [NS]: 0-based depth in the schedule (0.2 at
     the first layer; 1-based would give 0.356), RMSNorm eps 1e-5 with a learned gain initialised to 1, N(0, 0.1)
     lambda vectors of size hs, lambda shared by all heads, no attention-weight dropout in the official code (here
-    `config.dropout` drops each map's weights independently, default 0). Biases follow `config.bias`; the official
+    `config.attn_dropout_p` drops each map's weights independently, default 0). Biases follow `config.bias`; the official
     projections have none (our default). The half-split RoPE convention of this repo replaces the official
     interleaved one (equivalent up to a fixed permutation of q/k features).
 
@@ -98,18 +107,21 @@ class DifferentialOptions(AttentionOptions):
     Attributes:
         qk_norm: per-half-head RMSNorm with a learned gain on q and k, before RoPE (QK-norm baseline).
         lambda_init: None for the depth schedule 0.8 - 0.6 exp(-0.3 depth); a float in [0, 1) for a constant.
+        n_kv_groups: the baseline's K/V head count (even, divides n_head); None: n_head (no grouping).
     """
 
     qk_norm: bool = False
     lambda_init: float | None = None
+    n_kv_groups: int | None = None
 
 
 class DifferentialAttention(AttentionBackend):
     """Differential attention V1: nh/2 heads, each the difference of two softmax maps applied to a 2 hs value.
 
     Attributes:
-        q_proj, k_proj: C -> C, read as nh half-heads of hs (pairs (2i, 2i+1) form differential head i).
-        v_proj: C -> C, read as nh/2 heads of 2 hs.
+        q_proj: C -> C, read as nh half-heads of hs (pairs (2i, 2i+1) form differential head i).
+        k_proj: C -> nkv hs, read as nkv key half-heads of hs (nkv = n_kv_groups, default nh).
+        v_proj: C -> nkv hs, read as nkv/2 value heads of 2 hs.
         out_proj: C -> C.
         lambda_q1, lambda_k1, lambda_q2, lambda_k2: (hs,) re-parameterisation vectors of lambda (one set per layer).
         subln: RMSNorm over 2 hs, applied to every head's output.
@@ -124,9 +136,11 @@ class DifferentialAttention(AttentionBackend):
         C, self.head_size = config.n_embd, config.head_size
         self.n_half_head = config.n_head  # q/k half-heads of hs
         self.n_diff_head = config.n_head // 2  # differential heads, each with a value of 2 hs
+        self.n_kv_half_head = options.n_kv_groups or config.n_head  # key half-heads (value heads: half of it)
+        self.n_rep = self.n_half_head // self.n_kv_half_head
         self.q_proj = nn.Linear(C, C, bias=config.bias)
-        self.k_proj = nn.Linear(C, C, bias=config.bias)
-        self.v_proj = nn.Linear(C, C, bias=config.bias)
+        self.k_proj = nn.Linear(C, self.n_kv_half_head * self.head_size, bias=config.bias)
+        self.v_proj = nn.Linear(C, self.n_kv_half_head * self.head_size, bias=config.bias)
         self.out_proj = nn.Linear(C, C, bias=config.bias)
         if options.qk_norm:
             self.q_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
@@ -140,8 +154,8 @@ class DifferentialAttention(AttentionBackend):
         self.lambda_q2 = nn.Parameter(torch.zeros(self.head_size, dtype=torch.float32))
         self.lambda_k2 = nn.Parameter(torch.zeros(self.head_size, dtype=torch.float32))
         self.subln = nn.RMSNorm(2 * self.head_size, eps=SUBLN_EPS)
-        self.attn_dropout = config.dropout
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.attn_dropout = config.attn_dropout_p
+        self.resid_dropout = nn.Dropout(config.resid_dropout_p)
         self.reset_backend_parameters()
 
     def reset_backend_parameters(self) -> None:
@@ -164,12 +178,20 @@ class DifferentialAttention(AttentionBackend):
         return {"lambda": self.lambda_value().detach()}
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k (B, nh, T, hs) as half-heads and v (B, nh/2, T, 2 hs) from x (B, T, C)."""
+        """q (B, nh, T, hs) and k (B, nkv, T, hs) as half-heads, v (B, nkv/2, T, 2 hs) from x (B, T, C)."""
         B, T, _ = x.shape
+        nkv = self.n_kv_half_head
         q = self.q_proj(x).view(B, T, self.n_half_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
-        k = self.k_proj(x).view(B, T, self.n_half_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
-        v = self.v_proj(x).view(B, T, self.n_diff_head, 2 * self.head_size).transpose(1, 2)  # (B, nh/2, T, 2hs)
+        k = self.k_proj(x).view(B, T, nkv, self.head_size).transpose(1, 2)  # (B, nkv, T, hs)
+        v = self.v_proj(x).view(B, T, nkv // 2, 2 * self.head_size).transpose(1, 2)  # (B, nkv/2, T, 2hs)
         return q, k, v
+
+    def expand_kv(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Grouped K/V heads to one per query: k (B, nkv, T, hs) -> (B, nh, T, hs), v (B, nkv/2, T, 2hs) ->
+        (B, nh/2, T, 2hs), each head repeated n_rep times in place (the official `repeat_kv`); no-op without groups."""
+        if self.n_rep == 1:
+            return k, v
+        return k.repeat_interleave(self.n_rep, dim=1), v.repeat_interleave(self.n_rep, dim=1)
 
     def transform_qk(
         self, q: torch.Tensor, k: torch.Tensor, ctx: AttentionContext
@@ -223,8 +245,9 @@ class DifferentialAttention(AttentionBackend):
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.project(x)  # q, k (B, nh, T, hs); v (B, nh/2, T, 2hs)
-        q, k = self.transform_qk(q, k, ctx)  # (B, nh, T, hs) each
+        q, k, v = self.project(x)  # q (B, nh, T, hs); k (B, nkv, T, hs); v (B, nkv/2, T, 2hs)
+        q, k = self.transform_qk(q, k, ctx)  # q (B, nh, T, hs); k (B, nkv, T, hs)
+        k, v = self.expand_kv(k, v)  # k (B, nh, T, hs); v (B, nh/2, T, 2hs)
         y = self.attend(q, k, v)  # (B, nh/2, T, 2hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.out_proj(y))  # (B, T, C)
@@ -232,8 +255,9 @@ class DifferentialAttention(AttentionBackend):
     def attention_logits(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """Logits of the nh half-head softmax maps (q1 k1^T and q2 k2^T of every differential head, interleaved as
         heads (2i, 2i+1)), / sqrt(hs): (B, nh, T, T) fp32. Each is a proper softmax map; their difference is not."""
-        q, k, _ = self.project(x)  # (B, nh, T, hs) each
+        q, k, v = self.project(x)  # q (B, nh, T, hs); k (B, nkv, T, hs)
         q, k = self.transform_qk(q, k, ctx)
+        k, _ = self.expand_kv(k, v)  # (B, nh, T, hs)
         return causal_logits(q, k)  # (B, nh, T, T)
 
     @classmethod
@@ -253,11 +277,25 @@ class DifferentialAttention(AttentionBackend):
                 f"lambda_init={lam!r} must be null (the depth schedule 0.8 - 0.6 exp(-0.3 depth)) or a number in "
                 "[0, 1): heads are scaled by 1 - lambda_init, which must stay positive (the paper tries 0.8 and 0.5)."
             )
+        groups, nh = options.n_kv_groups, config.n_head
+        if groups is not None:
+            valid = [g for g in range(2, nh + 1, 2) if nh % g == 0]
+            if isinstance(groups, bool) or not isinstance(groups, int) or groups not in valid:
+                raise ValueError(
+                    f"differential n_kv_groups={groups!r} must be null (n_head={nh}, no grouping) or the baseline's K/V "
+                    f"head count: even (each differential K/V head has two key half-heads) and a divisor of n_head; "
+                    f"choose among {valid}."
+                )
 
     @classmethod
     def forward_flops_per_token(cls, config: ModelConfig, options: DifferentialOptions, seq_len: int) -> int:
         C = config.n_embd
-        projections = 4 * 2 * C * C  # q, k, v, out
+        kv_width = (options.n_kv_groups or config.n_head) * config.head_size
+        projections = 2 * 2 * C * C + 2 * 2 * C * kv_width  # q, out; k, v
         # nh score maps of hs (2 T C), then (A1 - lambda A2) @ v over nh/2 heads of 2 hs (2 T C): as standard.
         scores_and_values = 2 * 2 * seq_len * C
         return projections + scores_and_values
+
+    @classmethod
+    def kv_cache_values_per_token(cls, config: ModelConfig, options: DifferentialOptions) -> int:
+        return 2 * (options.n_kv_groups or config.n_head) * config.head_size  # k and v, nkv hs each

@@ -41,7 +41,9 @@ option is None:
     d_nope [None = hs = n_embd / n_head]: per-head no-position q/k width.
     d_rope [None = hs]: per-head width of the rotary part (even under RoPE); the shared rope key has this width.
     d_v [None = hs]: per-head value width; out_proj maps nh d_v -> C.
-    d_cq [None = 3 n_embd // 4]: query latent width.
+    d_cq [None = 3 n_embd // 4]: query latent width. 0: no query latent (DeepSeek-V2-Lite, `q_lora_rank` None):
+        no W_dq and no query latent norm, the query is a plain projection of x (`uq_proj`, `qr_proj`: C -> nh d),
+        i.e. the latent form with W_dq = I (tested). QuacK's MLA rule then takes |W_dq| = 1 (`optim/quack.py`).
     d_ckv [None = n_embd // 4]: key/value latent width.
 
 Choice of defaults [NS in arXiv 2511.21377 beyond its one 1B config]. Its §3.4 setting (d_model 2048, 32 heads, MHA
@@ -97,7 +99,7 @@ class MLAOptions(AttentionOptions):
     Attributes:
         qk_norm: per-head RMSNorm with a learned gain on q and k (training-only QK-norm baseline).
         latent_norm: RMSNorm with a learned gain on the latents c_q and c_kv.
-        d_cq: query latent width (None: 3 n_embd // 4).
+        d_cq: query latent width (None: 3 n_embd // 4; 0: no query latent, q = [W_uq; W_qr] x).
         d_ckv: key/value latent width (None: n_embd // 4).
         d_rope: per-head rotary q/k width and width of the shared rope key (None: head size).
         d_nope: per-head non-rotary q/k width (None: head size).
@@ -114,7 +116,7 @@ class MLAOptions(AttentionOptions):
 
 
 class MLADims(NamedTuple):
-    """Resolved MLA widths."""
+    """Resolved MLA widths (d_cq 0: no query latent)."""
 
     d_cq: int
     d_ckv: int
@@ -153,9 +155,9 @@ class MultiHeadLatentAttention(AttentionBackend):
     """Low-rank (latent) queries and keys/values with a decoupled, head-shared rotary key (DeepSeek-V2 MLA).
 
     Attributes:
-        dq_proj: W_dq, C -> d_cq.
-        uq_proj: W_uq, d_cq -> nh d_nope (head h: rows [h d_nope, (h+1) d_nope)).
-        qr_proj: W_qr, d_cq -> nh d_rope.
+        dq_proj: W_dq, C -> d_cq (None when d_cq = 0: no query latent).
+        uq_proj: W_uq, d_cq -> nh d_nope (head h: rows [h d_nope, (h+1) d_nope)); C -> nh d_nope without latent.
+        qr_proj: W_qr, d_cq -> nh d_rope (C -> nh d_rope without latent).
         dkv_proj: W_dkv, C -> d_ckv.
         uk_proj: W_uk, d_ckv -> nh d_nope.
         uv_proj: W_uv, d_ckv -> nh d_v.
@@ -174,16 +176,17 @@ class MultiHeadLatentAttention(AttentionBackend):
         self.n_head = nh
         self.dims = dims = mla_dims(config, options)
         self.scale = 1.0 / math.sqrt(dims.d_nope + dims.d_rope)
-        self.dq_proj = nn.Linear(C, dims.d_cq, bias=bias)
-        self.uq_proj = nn.Linear(dims.d_cq, nh * dims.d_nope, bias=bias)
-        self.qr_proj = nn.Linear(dims.d_cq, nh * dims.d_rope, bias=bias)
+        q_in = dims.d_cq or C  # no query latent: the query projections read x
+        self.dq_proj = nn.Linear(C, dims.d_cq, bias=bias) if dims.d_cq else None
+        self.uq_proj = nn.Linear(q_in, nh * dims.d_nope, bias=bias)
+        self.qr_proj = nn.Linear(q_in, nh * dims.d_rope, bias=bias)
         self.dkv_proj = nn.Linear(C, dims.d_ckv, bias=bias)
         self.uk_proj = nn.Linear(dims.d_ckv, nh * dims.d_nope, bias=bias)
         self.uv_proj = nn.Linear(dims.d_ckv, nh * dims.d_v, bias=bias)
         self.kr_proj = nn.Linear(C, dims.d_rope, bias=bias)
         self.out_proj = nn.Linear(nh * dims.d_v, C, bias=bias)
         if options.latent_norm:
-            self.q_latent_norm = nn.RMSNorm(dims.d_cq, eps=config.norm_eps)
+            self.q_latent_norm = nn.RMSNorm(dims.d_cq, eps=config.norm_eps) if dims.d_cq else None
             self.kv_latent_norm = nn.RMSNorm(dims.d_ckv, eps=config.norm_eps)
         else:
             self.q_latent_norm = self.kv_latent_norm = None
@@ -192,15 +195,18 @@ class MultiHeadLatentAttention(AttentionBackend):
             self.k_norm = nn.RMSNorm(dims.d_nope + dims.d_rope, eps=config.norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.attn_dropout = config.dropout
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.attn_dropout = config.attn_dropout_p
+        self.resid_dropout = nn.Dropout(config.resid_dropout_p)
 
     def latents(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """c_q (B, T, d_cq) and c_kv (B, T, d_ckv), normalised when latent_norm."""
-        c_q = self.dq_proj(x)  # (B, T, d_cq)
+        """c_q (B, T, d_cq) and c_kv (B, T, d_ckv), normalised when latent_norm; c_q is x itself without a query
+        latent (d_cq 0)."""
+        c_q = x if self.dq_proj is None else self.dq_proj(x)  # (B, T, d_cq or C)
         c_kv = self.dkv_proj(x)  # (B, T, d_ckv)
         if self.q_latent_norm is not None:
-            c_q, c_kv = self.q_latent_norm(c_q), self.kv_latent_norm(c_kv)
+            c_q = self.q_latent_norm(c_q)  # (B, T, d_cq)
+        if self.kv_latent_norm is not None:
+            c_kv = self.kv_latent_norm(c_kv)  # (B, T, d_ckv)
         return c_q, c_kv
 
     def rope_tables(self, ctx: AttentionContext) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -263,10 +269,12 @@ class MultiHeadLatentAttention(AttentionBackend):
             raise ValueError(f"impl={options.impl!r} is not available for mla; choose 'sdpa' or 'math'.")
         for key in MLADims._fields:
             value = getattr(options, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            low = 0 if key == "d_cq" else 1  # d_cq 0: no query latent
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                zero = " (d_cq 0: no query latent)" if key == "d_cq" else ""
                 raise ValueError(
-                    f"mla option {key}={value!r} must be a positive integer, or null for the default "
-                    f"({getattr(mla_dims(config, MLAOptions()), key)} for this config)."
+                    f"mla option {key}={value!r} must be a {'non-negative' if low == 0 else 'positive'} integer{zero}, "
+                    f"or null for the default ({getattr(mla_dims(config, MLAOptions()), key)} for this config)."
                 )
         d_rope = mla_dims(config, options).d_rope
         if config.position == "rope" and d_rope % 2:
@@ -280,8 +288,8 @@ class MultiHeadLatentAttention(AttentionBackend):
         C, nh = config.n_embd, config.n_head
         d = mla_dims(config, options)
         projections = (
-            C * d.d_cq  # W_dq
-            + d.d_cq * nh * (d.d_nope + d.d_rope)  # W_uq, W_qr
+            C * d.d_cq  # W_dq (0 without a query latent)
+            + (d.d_cq or C) * nh * (d.d_nope + d.d_rope)  # W_uq, W_qr
             + C * d.d_ckv  # W_dkv
             + d.d_ckv * nh * (d.d_nope + d.d_v)  # W_uk, W_uv
             + C * d.d_rope  # W_kr

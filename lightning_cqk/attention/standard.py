@@ -166,8 +166,8 @@ class StandardAttention(AttentionBackend):
             self.k_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.attn_dropout = config.dropout
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.attn_dropout = config.attn_dropout_p
+        self.resid_dropout = nn.Dropout(config.resid_dropout_p)
 
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
         """(B, T, n * hs) -> (B, n, T, hs)."""

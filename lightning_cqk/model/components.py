@@ -19,7 +19,7 @@ class GeluMLP(nn.Module):
         super().__init__()
         self.up_proj = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
         self.out_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.resid_dropout_p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.out_proj(F.gelu(self.up_proj(x))))  # (B, T, C)
@@ -33,7 +33,7 @@ class SwiGLUMLP(nn.Module):
         self.gate_proj = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
         self.up_proj = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
         self.out_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.resid_dropout_p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.out_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))  # (B, T, C)

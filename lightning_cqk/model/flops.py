@@ -33,7 +33,7 @@ def _mlp_flops(config: ModelConfig) -> int:
 def forward_flops_per_token(config: ModelConfig, seq_len: int | None = None) -> int:
     """Forward FLOPs per token of the whole model (attention + MLP per layer, and the output head)."""
     seq_len = config.block_size if seq_len is None else seq_len
-    total = 2 * config.n_embd * config.vocab_size  # lm_head
+    total = 2 * config.n_embd * config.padded_vocab_size  # lm_head
     for cls, options in _layer_backends(config):
         total += cls.forward_flops_per_token(config, options, seq_len) + _mlp_flops(config)
     return total

@@ -9,9 +9,14 @@ knows which variant it holds. Backends whose q and k come from a fixed input (`u
 `rnd_emb_qk`) get it through `reference_states`: the model runs that input through its own blocks before the batch
 and hands every layer's state to attention in the context.
 
-Initialisation follows GPT-2: N(0, init_std) for linear and embedding weights, zero biases, and
-N(0, init_std / sqrt(2 * n_layer)) for the projections that write into the residual stream (every module attribute
-named `out_proj`), so the residual variance does not grow with depth.
+Initialisation follows GPT-2: N(0, init_std) for linear and embedding weights, zero biases, and (with
+`residual_init: scaled`, the default) N(0, init_std / sqrt(2 * n_layer)) for the projections that write into the
+residual stream (every module attribute named `out_proj`), so the residual variance does not grow with depth.
+`residual_init: plain` keeps N(0, init_std) there too, as the official code of arXiv 2606.04032 (Q-K=V).
+
+Dropout: `embd_dropout_p` on the block input, `attn_dropout_p` on the attention weights (inside each backend) and
+`resid_dropout_p` on each residual branch's output (`ModelConfig.dropout` is the shorthand for the three).
+The embedding table and output head have `padded_vocab_size` rows (`vocab_multiple`).
 """
 
 from __future__ import annotations
@@ -48,14 +53,14 @@ class GPT(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position == "learned" else None
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = nn.Dropout(config.embd_dropout_p)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self._share_backend_modules()
         self.reference_layers = self._find_reference_layers()
         self.norm_f = make_norm(config)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
         if config.position == "rope":
@@ -89,7 +94,6 @@ class GPT(nn.Module):
     def reset_parameters(self) -> None:
         """GPT-2 initialisation, then each backend's own init for its special parameters."""
         std = self.config.init_std
-        residual_std = std / math.sqrt(2 * self.config.n_layer)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -97,10 +101,7 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
-        for module in self.modules():
-            out_proj = getattr(module, "out_proj", None)
-            if isinstance(out_proj, nn.Linear):
-                nn.init.normal_(out_proj.weight, mean=0.0, std=residual_std)
+        self.init_residual_projections()
         for module in self.modules():
             if isinstance(module, AttentionBackend):
                 module.reset_backend_parameters()
@@ -110,6 +111,17 @@ class GPT(nn.Module):
             )
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
+
+    def init_residual_projections(self) -> None:
+        """`residual_init`: "scaled" redraws every `out_proj` weight from N(0, init_std / sqrt(2 n_layer)) (GPT-2,
+        Radford et al. 2019 §2.3); "plain" leaves it at N(0, init_std), like every other linear layer."""
+        if self.config.residual_init == "plain":
+            return
+        residual_std = self.config.init_std / math.sqrt(2 * self.config.n_layer)
+        for module in self.modules():
+            out_proj = getattr(module, "out_proj", None)
+            if isinstance(out_proj, nn.Linear):
+                nn.init.normal_(out_proj.weight, mean=0.0, std=residual_std)
 
     def context(
         self, T: int, embeddings: torch.Tensor, reference: list[torch.Tensor] | None = None
@@ -156,8 +168,8 @@ class GPT(nn.Module):
         return states
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) -> logits (B, T, vocab_size)."""
-        return self.lm_head(self.hidden_states(idx))  # (B, T, vocab_size)
+        """Token ids (B, T) -> logits (B, T, padded_vocab_size); the padding rows are never targets."""
+        return self.lm_head(self.hidden_states(idx))  # (B, T, padded_vocab_size)
 
     def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) -> the final-normed hidden states (B, T, C) the LM head reads (downstream heads too)."""

@@ -184,7 +184,7 @@ class UpdateScaler(nn.Module):
 def qk_heads(attn: nn.Module) -> tuple[int, int]:
     """(query heads, key heads) of the row blocks of `q_proj`/`k_proj` (differential: its nh half-heads)."""
     if isinstance(attn, DifferentialAttention):
-        return attn.n_half_head, attn.n_half_head
+        return attn.n_half_head, attn.n_kv_half_head
     return attn.n_head, attn.n_kv_head
 
 
@@ -202,10 +202,13 @@ MLA_ROLES += (("dkv_proj", "dkv", False), ("uk_proj", "uk", True), ("kr_proj", "
 
 
 def mla_targets(layer: int, attn: MultiHeadLatentAttention) -> list[HeadRows]:
-    """The six latent Q/K matrices of an MLA layer, in the order dq, uq, qr, dkv, uk, kr."""
+    """The six latent Q/K matrices of an MLA layer, in the order dq, uq, qr, dkv, uk, kr (five without a query
+    latent: no dq)."""
     base = f"blocks.{layer}.attn"
     return [
-        HeadRows(f"{base}.{name}", attn.n_head if per_head else 1, role, layer) for name, role, per_head in MLA_ROLES
+        HeadRows(f"{base}.{name}", attn.n_head if per_head else 1, role, layer)
+        for name, role, per_head in MLA_ROLES
+        if getattr(attn, name) is not None
     ]
 
 
@@ -244,9 +247,10 @@ class QuacK(UpdateScaler):
             elif target.role == "q":
                 raws += self._mha(self.targets[i], self.targets[i + 1])
                 i += 2
-            else:  # MLA: six consecutive targets
-                raws += self._mla(self.targets[i : i + 6])
-                i += 6
+            else:  # MLA: six consecutive targets (five without a query latent: no dq)
+                n = 6 if target.role == "dq" else 5
+                raws += self._mla(self.targets[i : i + n])
+                i += n
         return raws
 
     def _mha(self, q: HeadRows, k: HeadRows) -> list[torch.Tensor]:
@@ -259,12 +263,18 @@ class QuacK(UpdateScaler):
         return [raw_q, raw_k]
 
     def _mla(self, targets: list[HeadRows]) -> list[torch.Tensor]:
-        """Eq. 22 of arXiv 2511.21377 for one MLA layer, in the order dq, uq, qr, dkv, uk, kr."""
-        dq, uq, qr, dkv, uk, kr = (head_norms(self.weight(t), t.n_blocks) for t in targets)  # shared ones (1,)
+        """Eq. 22 of arXiv 2511.21377 for one MLA layer, in the order dq, uq, qr, dkv, uk, kr.
+
+        Without a query latent (no dq target) W_dq is the identity: |W_dq| = 1 and dq gets no factor."""
+        norms = [head_norms(self.weight(t), t.n_blocks) for t in targets]  # shared ones (1,)
+        if len(targets) == 5:
+            norms.insert(0, torch.ones(1, device=norms[0].device))
+        dq, uq, qr, dkv, uk, kr = norms
         raw_uq = 1.0 / (dq * uk * dkv)  # (nh,)
         raw_dq = torch.minimum(1.0 / (uq * uk * dkv).amax(), 1.0 / (qr * kr).amax()).reshape(1)
         raw_qr = (1.0 / (dq * kr)).expand_as(qr)  # (nh,)
         raw_dkv = (1.0 / (uq * dq * uk).amax()).reshape(1)
         raw_uk = 1.0 / (uq * dq * dkv)  # (nh,)
         raw_kr = (1.0 / (qr * dq).amax()).reshape(1)
-        return [raw_dq, raw_uq, raw_qr.clone(), raw_dkv, raw_uk, raw_kr]
+        raws = [raw_dq, raw_uq, raw_qr.clone(), raw_dkv, raw_uk, raw_kr]
+        return raws if len(targets) == 6 else raws[1:]

@@ -260,8 +260,8 @@ def test_check_config_refuses_impossible_options():
     with pytest.raises(ValueError, match="d_rope=5 must be even"):
         make_config(d_rope=5)
     make_config(position="none", d_rope=5)  # no rotation, no constraint
-    with pytest.raises(ValueError, match="positive integer"):
-        make_config(d_cq=0)
+    with pytest.raises(ValueError, match="non-negative integer"):
+        make_config(d_cq=-1)  # 0 is allowed: no query latent
     with pytest.raises(ValueError, match="positive integer"):
         make_config(d_v=2.5)
     with pytest.raises(ValueError, match="impl"):
