@@ -36,7 +36,7 @@ from torchmetrics.aggregation import SumMetric
 from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import training_flops_per_batch
-from lightning_cqk.optim import OptimConfig, build_logit_control, warmup_cosine, weight_decay_groups
+from lightning_cqk.optim import OptimConfig, build_logit_control, build_optimizer, warmup_cosine
 
 
 class LitLM(L.LightningModule):
@@ -154,9 +154,9 @@ class LitLM(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         cfg = self.optim
         fused = cfg.fused and self.device.type == "cuda"
-        optimizer = torch.optim.AdamW(
-            weight_decay_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused
-        )
+        # AdamW, or Muon for the hidden matrices + AdamW as one optimizer (optim/muon.py): Lightning's automatic
+        # optimisation, gradient clipping, the one schedule below and the checkpoint format stay as they are.
+        optimizer = build_optimizer(self.model, cfg, fused)
         # Without a Trainer (a plain loop calling this), model.optim.decay_steps alone sets the schedule's length.
         max_steps = self.trainer.max_steps if self._trainer is not None else None
         if max_steps == 0:
@@ -205,6 +205,15 @@ class LitLM(L.LightningModule):
         path = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
         stage = getattr(getattr(self._trainer, "state", None), "fn", None)
         check_checkpoint_config(checkpoint, self.config, path, resuming=stage == "fit")
+        saved_optim = (checkpoint.get("hyper_parameters") or {}).get("optim")
+        if stage == "fit" and isinstance(saved_optim, dict) and checkpoint.get("optimizer_states"):
+            saved_name = saved_optim.get("name", "adamw")  # checkpoints from before optim.name trained with AdamW
+            if saved_name != self.optim.name:
+                raise ValueError(
+                    f"Checkpoint {path or ''} was trained with optim.name {saved_name!r}, this run uses "
+                    f"{self.optim.name!r}: its optimizer state cannot resume another optimizer. Resume with "
+                    f"--model.optim.name {saved_name}, or drop --ckpt_path to train from scratch."
+                )
         self.tokens_seen = int(checkpoint.get("tokens_seen", 0))
         self.flops_seen = int(checkpoint.get("flops_seen", 0))
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 LOGIT_CONTROL_METHODS = ("none", "quack", "fixed", "qk_clip")
+OPTIMIZERS = ("adamw", "muon")
+ADJUST_LR_FNS = ("original", "match_rms_adamw", "spectral_unclamped")
 
 
 @dataclass
@@ -45,16 +47,75 @@ class LogitControl:
 
 
 @dataclass
-class OptimConfig:
-    """AdamW with decoupled weight decay on matrices only, linear warmup and cosine decay to a floor.
+class MuonSettings:
+    """Settings of Muon (`torch.optim.Muon`) for the hidden matrices when `optim.name` is "muon".
+
+    arXiv 2511.21377 (QuacK) trains with Muon but states none of these [NS] (shared/papers_update.md), apart from
+    one base learning rate eta "for all parameters", swept over 3e-4, 3e-3, 3e-2. The defaults therefore follow
+    Moonlight (J. Liu et al. 2025, "Muon is Scalable for LLM Training", arXiv 2502.16982), whose update-RMS matching
+    makes one learning rate and weight decay serve Muon and AdamW alike, with torch's / K. Jordan's values for the
+    iteration itself.
 
     Attributes:
-        lr: peak learning rate.
+        lr: Muon's peak learning rate; None: `optim.lr` (one rate for all parameters, as the QuacK paper). The
+            schedule (warmup, cosine, floor) scales it as it scales AdamW's.
+        weight_decay: Muon's decoupled weight decay (theta <- theta (1 - lr wd), with the unadjusted lr, as torch);
+            None: `optim.weight_decay` (Moonlight uses 0.1 for both).
+        momentum: momentum mu (0.95: torch, K. Jordan, Moonlight).
+        nesterov: Nesterov momentum (True: torch, K. Jordan, Moonlight).
+        ns_steps: Newton-Schulz iterations (5: all three).
+        ns_coefficients: quintic Newton-Schulz coefficients (a, b, c) (torch's / K. Jordan's 3.4445, -4.7750, 2.0315).
+        eps: added to the norm the momentum is divided by before the iteration (torch's 1e-7).
+        adjust_lr_fn: shape scaling of Muon's step, `torch.optim.Muon`'s names: "match_rms_adamw" (the default here,
+            Moonlight: lr * 0.2 sqrt(max(A, B)) for an A x B matrix, update RMS about AdamW's, so `optim.lr` tuned for
+            AdamW carries over), "original" (K. Jordan: lr * sqrt(max(1, A / B)); use with its own lr, about 0.02,
+            e.g. `muon: {lr: 0.02, adjust_lr_fn: original}`) or "spectral_unclamped" (J. Bernstein: lr sqrt(A / B)).
+    """
+
+    lr: float | None = None
+    weight_decay: float | None = None
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+    eps: float = 1e-7
+    adjust_lr_fn: Literal["original", "match_rms_adamw", "spectral_unclamped"] = "match_rms_adamw"
+
+    def __post_init__(self) -> None:
+        self.ns_coefficients = tuple(self.ns_coefficients)
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"optim.muon.lr must be positive or null (use optim.lr), got {self.lr}.")
+        if self.weight_decay is not None and self.weight_decay < 0:
+            raise ValueError(f"optim.muon.weight_decay must be >= 0 or null (use optim.weight_decay), got {self.weight_decay}.")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"optim.muon.momentum must be in [0, 1), got {self.momentum}.")
+        if not 1 <= self.ns_steps < 100:
+            raise ValueError(f"optim.muon.ns_steps must be in [1, 99] (torch's limit), got {self.ns_steps}.")
+        if len(self.ns_coefficients) != 3:
+            raise ValueError(f"optim.muon.ns_coefficients must be three numbers (a, b, c), got {self.ns_coefficients}.")
+        if self.adjust_lr_fn not in ADJUST_LR_FNS:
+            raise ValueError(
+                f"optim.muon.adjust_lr_fn={self.adjust_lr_fn!r} is not one of {', '.join(map(repr, ADJUST_LR_FNS))}."
+            )
+
+
+@dataclass
+class OptimConfig:
+    """AdamW (or Muon for the hidden matrices + AdamW), linear warmup and cosine decay to a floor.
+
+    Attributes:
+        name: "adamw" (every parameter) or "muon": `torch.optim.Muon` for the 2-D hidden weight matrices of the
+            blocks, AdamW for the token embedding, output head, position table, norm gains, biases and every
+            parameter that is not 2-D (`lightning_cqk.optim.muon`; Muon's own settings: `muon`).
+        muon: `MuonSettings` (used with name "muon").
+        lr: peak learning rate (of AdamW; of Muon too unless `muon.lr` is set).
         betas: AdamW betas.
         eps: AdamW epsilon.
         weight_decay: decoupled weight decay, applied to parameters with 2 or more dimensions only (matrices:
             projections, embeddings, per-head MLP banks); vectors and scalars (norm gains, biases, lambda, dt) are
-            never decayed.
+            never decayed (see `weight_decay_scope`).
+        weight_decay_scope: "matrices" (the rule above, the default) or "all" (every parameter decayed, as the official
+            code of arXiv 2606.04032).
         warmup_steps: linear warmup from 0 to `lr` over this many optimizer steps.
         min_lr_ratio: the cosine decays to `lr * min_lr_ratio`.
         decay_steps: length of warmup + cosine in optimizer steps; None uses `trainer.max_steps`. After it the
@@ -63,10 +124,13 @@ class OptimConfig:
         logit_control: QuacK, the fixed Q/K factor or QK-clip (`LogitControl`); off by default.
     """
 
+    name: Literal["adamw", "muon"] = "adamw"
+    muon: MuonSettings = field(default_factory=MuonSettings)
     lr: float = 6e-4
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.1
+    weight_decay_scope: Literal["matrices", "all"] = "matrices"
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1
     decay_steps: int | None = None
@@ -76,6 +140,12 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if isinstance(self.logit_control, dict):  # checkpoints store plain dicts
             self.logit_control = LogitControl(**self.logit_control)
+        if isinstance(self.muon, dict):
+            self.muon = MuonSettings(**self.muon)
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"optim.name={self.name!r} is not one of {', '.join(map(repr, OPTIMIZERS))}.")
+        if self.weight_decay_scope not in ("matrices", "all"):
+            raise ValueError(f"optim.weight_decay_scope={self.weight_decay_scope!r} is not 'matrices' or 'all'.")
         if self.lr <= 0:
             raise ValueError(f"optim.lr must be positive, got {self.lr}.")
         if self.warmup_steps < 0:
