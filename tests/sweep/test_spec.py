@@ -24,7 +24,7 @@ COUNTS = {
     "scale": (3 * 3 * 1, 3 * 3 * 3),
     "sharing": (8, 8),
     "deconstruction": (19, 19),
-    "logit_control": (2 * 2 * 4, 2 * 3 * 4),
+    "logit_control": (2 * 2 * 4, 2 * 3 * 8),  # paper: 4 methods x AdamW, Muon
 }
 
 
