@@ -181,3 +181,27 @@ def test_resume_equals_uninterrupted_run_with_clipping_schedule_and_quack(tmp_pa
     # Resuming this Muon checkpoint as an AdamW run is refused with the fix.
     with pytest.raises(ValueError, match="--model.optim.name muon"):
         fit(tmp_path / "other", 6, ckpt=path, optim=OptimConfig(lr=1e-2, warmup_steps=2, decay_steps=6))
+
+
+def test_qk_clip_through_lightning_under_muon(tmp_path):
+    """LitLM.optimizer_step with MuonAdamW and QK-clip: after the step every head peaks at tau_clip on its batch
+    (a negligible learning rate isolates the clipping from Muon's own update; one layer, so that clipping a layer
+    below does not change the input the checked layer sees)."""
+    L.seed_everything(0, verbose=False)
+    config = ModelConfig(vocab_size=64, n_layer=1, n_embd=32, n_head=4, block_size=16)
+    clip = {"method": "qk_clip", "tau_clip": 0.01}
+    optim = OptimConfig(name="muon", lr=1e-12, warmup_steps=1, decay_steps=4, logit_control=clip)
+    module = LitLM(config, optim)
+    batch = torch.randint(0, 64, (4, 17))
+    trainer = L.Trainer(
+        max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(module, DataLoader(batch, batch_size=4))
+    assert isinstance(trainer.optimizers[0], MuonAdamW)
+    module.train()
+    module.loss(batch)  # a training forward: the hooks measure the per-head max logits again
+    measured = module.logit_control.measured()
+    assert list(measured) == [0]
+    for layer, maxima in measured.items():
+        torch.testing.assert_close(maxima, torch.full_like(maxima, 0.01), rtol=1e-4, atol=0, msg=f"layer {layer}")
