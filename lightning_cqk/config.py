@@ -207,9 +207,12 @@ class ModelConfig:
         for name in ("dropout", "embd_dropout", "attn_dropout", "resid_dropout"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be in [0, 1){'' if name == 'dropout' else ' or null (use dropout)'}, got {value}.")
+                null = "" if name == "dropout" else " or null (use dropout)"
+                raise ValueError(f"{name} must be in [0, 1){null}, got {value}.")
         if self.residual_init not in ("scaled", "plain"):
-            raise ValueError(f"residual_init={self.residual_init!r} is not 'scaled' (GPT-2) or 'plain' (N(0, init_std)).")
+            raise ValueError(
+                f"residual_init={self.residual_init!r} is not 'scaled' (GPT-2) or 'plain' (N(0, init_std))."
+            )
         if isinstance(self.vocab_multiple, bool) or not isinstance(self.vocab_multiple, int) or self.vocab_multiple < 1:
             raise ValueError(f"vocab_multiple must be a positive integer (1: no padding), got {self.vocab_multiple!r}.")
         seen: dict[int, int] = {}

@@ -56,7 +56,7 @@ Options (`DifferentialOptions`), defaults in brackets:
     Fixed choices of the official code that the paper does not state [NS]: 0-based depth in the schedule (0.2 at
     the first layer; 1-based would give 0.356), RMSNorm eps 1e-5 with a learned gain initialised to 1, N(0, 0.1)
     lambda vectors of size hs, lambda shared by all heads, no attention-weight dropout in the official code (here
-    `config.attn_dropout_p` drops each map's weights independently, default 0). Biases follow `config.bias`; the official
+    `attn_dropout` drops each map's weights independently, default 0). Biases follow `config.bias`; the official
     projections have none (our default). The half-split RoPE convention of this repo replaces the official
     interleaved one (equivalent up to a fixed permutation of q/k features).
 
@@ -282,9 +282,9 @@ class DifferentialAttention(AttentionBackend):
             valid = [g for g in range(2, nh + 1, 2) if nh % g == 0]
             if isinstance(groups, bool) or not isinstance(groups, int) or groups not in valid:
                 raise ValueError(
-                    f"differential n_kv_groups={groups!r} must be null (n_head={nh}, no grouping) or the baseline's K/V "
-                    f"head count: even (each differential K/V head has two key half-heads) and a divisor of n_head; "
-                    f"choose among {valid}."
+                    f"differential n_kv_groups={groups!r} must be null (n_head={nh}, no grouping) or the baseline's "
+                    f"K/V head count: even (each differential K/V head has two key half-heads) and a divisor of "
+                    f"n_head; choose among {valid}."
                 )
 
     @classmethod

@@ -1,4 +1,4 @@
-"""Optimisation: AdamW and Muon settings, parameter groups, the learning-rate schedule and Q/K update control. Torch only."""
+"""Optimisation: AdamW / Muon, parameter groups, the learning-rate schedule and Q/K update control. Torch only."""
 
 from lightning_cqk.optim.config import LogitControl, MuonSettings, OptimConfig
 from lightning_cqk.optim.groups import weight_decay_groups

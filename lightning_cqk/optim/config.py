@@ -86,7 +86,9 @@ class MuonSettings:
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"optim.muon.lr must be positive or null (use optim.lr), got {self.lr}.")
         if self.weight_decay is not None and self.weight_decay < 0:
-            raise ValueError(f"optim.muon.weight_decay must be >= 0 or null (use optim.weight_decay), got {self.weight_decay}.")
+            raise ValueError(
+                f"optim.muon.weight_decay must be >= 0 or null (use optim.weight_decay), got {self.weight_decay}."
+            )
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"optim.muon.momentum must be in [0, 1), got {self.momentum}.")
         if not 1 <= self.ns_steps < 100:
