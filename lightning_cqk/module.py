@@ -1,4 +1,5 @@
-"""The LightningModule: next-token loss, validation perplexity and bits per byte, AdamW with warmup + cosine.
+"""The LightningModule: next-token loss, validation perplexity and bits per byte, AdamW (or Muon + AdamW, `optim.name`)
+with warmup + cosine.
 
 This is the only Lightning-aware model file; the network itself is `lightning_cqk.model.GPT` (torch only).
 

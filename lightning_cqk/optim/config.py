@@ -18,7 +18,7 @@ class LogitControl:
     QK-norm, the fourth intervention of the paper, is the backend option `qk_norm`.
 
     Attributes:
-        method: "none" (plain AdamW, the default), "quack" (per-head Q/K learning rates
+        method: "none" (the optimizer's own update, the default), "quack" (per-head Q/K learning rates
             tau * lr * |W_K^h|_0 / |W_K^h| and the mirror rule, recomputed before every step; the MLA rule for `mla`),
             "fixed" (the paper's "Ablation": a constant factor tau on the Q/K learning rate) or "qk_clip" (after every
             step, rescale W_Q^h, W_K^h of each head whose max logit since the last step exceeded tau_clip).
