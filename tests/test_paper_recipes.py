@@ -78,3 +78,30 @@ def test_qkv_sharing_recipe_fields():
     assert cli.trainer.accumulate_grad_batches * cli.datamodule.batch_size * 2048 == 2_359_296
     spike = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "LossSpikeMonitor")
     assert spike.max_grad_norm == 100.0
+
+
+def test_a_paper_recipe_trains_end_to_end_when_shrunk(tmp_path: Path):
+    """The arXiv 2606.04032 recipe (learned positions, biases, padded vocabulary, plain init, residual-only dropout,
+    decay on all parameters, the grad-norm skip rule's callbacks) runs through `fit`, shrunk to a few CPU steps."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(f'{{"text": "Document {i}: queries, keys and values. {"abc " * (20 + i)}"}}\n' for i in range(40))
+    )
+    from lightning_cqk.cli import main
+
+    shrink = {"n_layer": 2, "n_embd": 64, "n_head": 4, "mlp_hidden": 128}
+    main(
+        ["fit", "--config", str(PAPERS / "qkv_sharing" / "300m_q_gqa4.yaml")]
+        + [f"--model.config.{k}={v}" for k, v in shrink.items()]
+        + [f"--data.source={corpus}", "--data.corpus=null", f"--data.data_dir={tmp_path / 'shards'}"]
+        + ["--data.tokenizer=bytes", "--data.seq_len=32", "--data.batch_size=2", "--data.val_batch_size=2"]
+        + ["--data.num_workers=0", "--data.prepare_workers=1", "--data.val_fraction=0.2", "--budget.tokens=null"]
+        + ["--trainer.max_steps=2", "--trainer.accumulate_grad_batches=2", "--trainer.val_check_interval=2"]
+        + ["--trainer.limit_val_batches=1", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false"]
+    )
+    run = next((tmp_path / "runs" / "papers-qkv_sharing-300m-q_gqa4").iterdir())
+    saved = yaml.safe_load((run / "config.yaml").read_text())["model"]["config"]
+    assert (saved["vocab_multiple"], saved["residual_init"], saved["resid_dropout"]) == (64, "plain", 0.1)
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert ckpt["state_dict"]["model.wte.weight"].shape == (320, 64)  # 257 byte ids padded to a multiple of 64
+    assert ckpt["global_step"] == 2
