@@ -33,12 +33,15 @@ resumed run equals an uninterrupted one (weights and optimizer state); an AdamW 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from lightning_cqk.optim.groups import weight_decay_groups
+
+if TYPE_CHECKING:
+    from lightning_cqk.optim.config import OptimConfig
 
 
 def muon_split(model: nn.Module) -> tuple[list[nn.Parameter], list[str]]:
@@ -146,7 +149,7 @@ class MuonAdamW(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
 
-def build_muon_adamw(model: nn.Module, cfg: Any, fused: bool) -> MuonAdamW:
+def build_muon_adamw(model: nn.Module, cfg: OptimConfig, fused: bool) -> MuonAdamW:
     """The optimizer `optim.name: muon` asks for, from an `OptimConfig` (see `OptimConfig.muon`)."""
     muon_params, _ = muon_split(model)
     chosen = {id(p) for p in muon_params}
@@ -167,7 +170,7 @@ def build_muon_adamw(model: nn.Module, cfg: Any, fused: bool) -> MuonAdamW:
     return MuonAdamW(muon_params, adamw_groups, muon_kwargs, adamw_kwargs)
 
 
-def build_optimizer(model: nn.Module, cfg: Any, fused: bool) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: OptimConfig, fused: bool) -> torch.optim.Optimizer:
     """`torch.optim.AdamW` on every parameter (`optim.name` "adamw") or `MuonAdamW` ("muon"), from an `OptimConfig`."""
     if cfg.name == "muon":
         return build_muon_adamw(model, cfg, fused)

@@ -100,12 +100,14 @@ def test_skipped_step_changes_nothing():
             assert torch.equal(torch.as_tensor(v), torch.as_tensor(after["state"][key][k]))
 
 
-def test_quack_scales_each_heads_muon_update():
-    """Per-head QuacK factor on W_Q^h applied to the update torch.optim.Muon makes, against a direct computation."""
+@pytest.mark.parametrize("scale_weight_decay", [True, False])
+def test_quack_scales_each_heads_muon_update(scale_weight_decay: bool):
+    """Per-head QuacK factor on W_Q^h applied to the update torch.optim.Muon makes, against a direct computation;
+    without scale_weight_decay only Muon's orthogonalised step is scaled, the decay keeps the scheduled rate."""
     torch.manual_seed(0)
     model = tiny()
     tau = 0.7
-    control = QuacK(model, tau=tau)  # init norms recorded here
+    control = QuacK(model, tau=tau, scale_weight_decay=scale_weight_decay)  # init norms recorded here
     with torch.no_grad():
         model.blocks[0].attn.k_proj.weight[2 * HS : 3 * HS] *= 2.0  # head 2's key grows: its query slows down
         model.blocks[1].attn.q_proj.weight[1 * HS : 2 * HS] *= 3.0  # layer 1 head 1's query grows: its key slows down
@@ -132,7 +134,11 @@ def test_quack_scales_each_heads_muon_update():
                 rows = slice(h * HS, (h + 1) * HS)
                 # lr(W_Q^h) = tau eta |W_K^h|_0 / |W_K^h| (and the mirror rule), norms before the step.
                 factor = tau * init[partner_name][rows].norm() / before[partner_name][rows].norm()
-                expected = before[name][rows] + factor * (plain[name][rows] - before[name][rows])
+                decayed = before[name][rows] * (1 - 1e-2 * 0.1)  # theta (1 - lr wd), as torch's Muon
+                if scale_weight_decay:
+                    expected = before[name][rows] + factor * (plain[name][rows] - before[name][rows])
+                else:
+                    expected = decayed + factor * (plain[name][rows] - decayed)
                 torch.testing.assert_close(ours[name][rows], expected, rtol=1e-5, atol=1e-8, msg=f"{name} head {h}")
                 factors.append(float(factor.detach()))
     assert factors[2] == pytest.approx(tau / 2, rel=1e-4) and factors[12 + 1] == pytest.approx(tau / 3, rel=1e-4)
