@@ -68,6 +68,10 @@ class Manifest:
         litdata_version: litdata that wrote the shards.
         created: UTC time, ISO 8601.
         seconds: wall time of the prepare run.
+        corpus: the named corpus (``data.corpus``) the sources were read as, or None.
+        left_out: what the source held but the shards do not, one entry per file or group:
+            ``{"path", "reason", "documents", "bytes"}`` (``documents`` None where they were not counted), so a
+            source that leaves out most of its input says so (see ``corpora.py``).
         format_version: version of this file's layout.
         extra: free-form additions (ignored by readers that do not know them).
     """
@@ -88,6 +92,8 @@ class Manifest:
     litdata_version: str
     created: str
     seconds: float = 0.0
+    corpus: str | None = None
+    left_out: list[dict[str, Any]] = field(default_factory=list)
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -53,22 +53,22 @@ from pathlib import Path
 import numpy as np
 
 from lightning_cqk.data import remote
-from lightning_cqk.data.builtin import BUILTIN_CORPORA, builtin_name, stdlib_root
+from lightning_cqk.data.builtin import BUILTIN_CORPORA
 from lightning_cqk.data.manifest import MANIFEST_NAME, Manifest, SplitStats
-from lightning_cqk.data.sources import (
-    WorkUnit,
-    as_source_list,
-    check_documents_mode,
-    iter_unit_documents,
-    list_source_files,
-    plan_work_units,
+from lightning_cqk.data.request import (
+    SourceFile,
+    build_request,
+    describe,
+    differences,
+    file_entries,
+    fingerprint_of,
+    owned_split_dir,
 )
+from lightning_cqk.data.sources import WorkUnit, check_documents_mode, iter_unit_documents, plan_work_units, unsupported_entries
 from lightning_cqk.data.tokenizers import get_tokenizer, token_dtype
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata pings PyPI on import otherwise
 
-SPLIT_RULE = "int(blake2b(utf8(text)).hexdigest()[:15], 16) / 16**15 < val_fraction -> val"
-VAL_SOURCE_RULE = "source -> train, val_source -> val"
 _FLUSH_TOKENS = 1 << 20  # tokens per array handed to litdata: per-item overhead is ~10 us, so batch documents
 _MIN_UNIT_BYTES = 256 << 10
 _MAX_UNIT_BYTES = 64 << 20
@@ -94,6 +94,7 @@ def prepare(
     overwrite: bool = False,
     corpus: str | None = None,
     max_documents: int | None = None,
+    other_files: str = "refuse",
 ) -> Manifest:
     """Tokenize text into litdata token shards with a train/val split and a manifest.
 
@@ -117,6 +118,9 @@ def prepare(
             ``documents``/``text_field`` come from the corpus; with ``source`` None it is downloaded into
             ``<output_dir>/raw/`` (needs the ``datasets`` package and a network).
         max_documents: with a download, keep at most this many rows of each online split.
+        other_files: with a corpus whose files name their splits, what to do with files that name none
+            (``corpora.OTHER_FILES``): ``refuse`` (default: stop and show the counts), ``train``, ``hash`` (ignore the
+            file names, split every non-test file by document hash) or ``leave_out``.
 
     Returns:
         The manifest of the new or reused shards.
@@ -125,35 +129,56 @@ def prepare(
         FileNotFoundError: a source path does not exist.
         ValueError: bad settings, a mismatching existing directory, or a split that would be empty.
     """
+    left_out: list[dict] = []
     if corpus is not None:
         from lightning_cqk.data.corpora import resolve_corpus
 
         if val_source is not None:
             raise ValueError(f"corpus={corpus!r} takes its validation split from its own files; drop val_source.")
         raw = Path(output_dir).expanduser() / "raw"
-        resolved = resolve_corpus(corpus, source, download_dir=raw, max_documents=max_documents)
+        resolved = resolve_corpus(
+            corpus, source, download_dir=raw, max_documents=max_documents, other_files=other_files
+        )
         source, val_source = resolved.source, resolved.val_source
         documents, text_field = resolved.documents, resolved.text_field
-        if resolved.held_out:
-            print(
-                f"prepare: corpus {corpus!r}: left out (test split or no split named): {', '.join(resolved.held_out)}."
-            )
+        left_out = resolved.left_out_entries()
+        print(resolved.summary())
     elif source is None:
         raise ValueError("prepare needs a source (text files) or a corpus name (see lightning_cqk.data.corpora).")
+    kwargs = dict(
+        tokenizer=tokenizer,
+        bpe_file=bpe_file,
+        val_fraction=val_fraction,
+        val_source=val_source,
+        text_field=text_field,
+        documents=documents,
+        num_workers=num_workers,
+        chunk_bytes=chunk_bytes,
+        overwrite=overwrite,
+        corpus=corpus,
+        left_out=left_out,
+    )
     if remote.is_remote(output_dir):
-        return _prepare_remote(
-            source,
-            output_dir,
-            tokenizer=tokenizer,
-            bpe_file=bpe_file,
-            val_fraction=val_fraction,
-            val_source=val_source,
-            text_field=text_field,
-            documents=documents,
-            num_workers=num_workers,
-            chunk_bytes=chunk_bytes,
-            overwrite=overwrite,
-        )
+        return _prepare_remote(source, output_dir, **kwargs)
+    return _prepare_local(source, output_dir, **kwargs)
+
+
+def _prepare_local(
+    source: str | list[str],
+    output_dir: str,
+    tokenizer: str,
+    bpe_file: str | None,
+    val_fraction: float,
+    val_source: str | list[str] | None,
+    text_field: str,
+    documents: str,
+    num_workers: int,
+    chunk_bytes: str,
+    overwrite: bool,
+    corpus: str | None,
+    left_out: list[dict],
+) -> Manifest:
+    """``prepare`` into a local directory, once a corpus (if any) is resolved into plain sources."""
     check_documents_mode(documents)
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
@@ -161,29 +186,29 @@ def prepare(
         raise ValueError("val_fraction=0 leaves the validation split empty; give val_source or a fraction > 0.")
     num_workers = max(1, int(num_workers))
     out = Path(output_dir).expanduser()
-    tok = get_tokenizer(tokenizer, bpe_file)  # loads the vocabulary now: a missing BPE file fails before any work
-    sources = as_source_list(source)
-    val_sources = as_source_list(val_source) if val_source is not None else None
-    train_files = _resolve(sources, "train" if val_sources is not None else "hash")
-    val_files = _resolve(val_sources, "val") if val_sources is not None else []
-    _check_disjoint(train_files, val_files)
-    request = {
-        "tokenizer": tokenizer,
-        "tokenizer_fingerprint": tok.fingerprint,
-        "sources": sources,
-        "val_sources": val_sources,
-        "val_fraction": val_fraction,
-        "split_rule": SPLIT_RULE if val_sources is None else VAL_SOURCE_RULE,
-        "documents_mode": documents,
-        "text_field": text_field,
-        "files": _signature(train_files + val_files),
-    }
+    fingerprint = fingerprint_of(tokenizer, bpe_file)
+    request = build_request(source, tokenizer, fingerprint, val_fraction, val_source, text_field, documents, corpus)
+    train_files, val_files = request.train_files, request.val_files
+    left_out = left_out + unsupported_entries(request.sources + (request.val_sources or []))
 
     if Manifest.exists(out) and not overwrite:
         manifest = Manifest.load(out)
-        _check_reusable(manifest, request, out)
+        differ = differences(manifest, request)
+        if differ:
+            raise ValueError(
+                f"{out} holds shards made from {describe(manifest)}, not what is asked now ({'; '.join(differ)}). "
+                "Prepare into another output_dir, or pass overwrite=True (CLI: --overwrite true) to rebuild it."
+            )
         print(f"prepare: reusing finished shards at {out} ({manifest.splits['train'].tokens:,} train tokens).")
         return manifest
+    tok = get_tokenizer(tokenizer, bpe_file)  # loads the vocabulary now: a missing BPE file fails before any work
+    for split in ("train", "val"):
+        if not owned_split_dir(out / split):
+            raise ValueError(
+                f"{out / split} is not a token-shard folder written by lightning_cqk (no litdata index.json, and it "
+                "holds other files), so prepare will not replace it: a rebuild deletes only what prepare wrote. "
+                "Prepare into another output_dir, or move that folder away."
+            )
     if (out / "train").exists() or (out / "val").exists():
         why = "overwrite=True" if Manifest.exists(out) else "no manifest.json, so an earlier run did not finish"
         print(f"prepare: rebuilding {out} ({why}).")
@@ -211,6 +236,7 @@ def prepare(
             )
             settings = _Settings(tokenizer, bpe_file, val_fraction, text_field, documents, dtype.name)
             # val first: it is small, so a split that comes out empty fails fast, not after tokenizing train.
+            val_sources = request.val_sources
             if val_sources is None:
                 jobs = {"val": [(u, "val") for u in train_units], "train": [(u, "train") for u in train_units]}
             else:
@@ -242,16 +268,18 @@ def prepare(
         eos_id=tok.eos_id,
         dtype=dtype.name,
         splits={"train": stats["train"], "val": stats["val"]},
-        sources=sources,
-        val_sources=val_sources,
-        files=_file_entries(train_files + val_files),
+        sources=request.sources,
+        val_sources=request.val_sources,
+        files=file_entries(train_files + val_files),
         val_fraction=val_fraction,
-        split_rule=request["split_rule"],
+        split_rule=request.split_rule,
         documents_mode=documents,
         text_field=text_field,
         litdata_version=litdata.__version__,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         seconds=round(seconds, 3),
+        corpus=corpus,
+        left_out=left_out,
     )
     manifest.save(out)
     _report(out, manifest, seconds, tokenize_seconds, num_workers)
@@ -268,7 +296,7 @@ def _prepare_remote(source: str | list[str], output_dir: str, overwrite: bool, *
         local = Path(tmp)
         if Manifest.exists(output_dir) and not overwrite:
             (local / MANIFEST_NAME).write_text(remote.read_text(remote.join(output_dir, MANIFEST_NAME)))
-        manifest = prepare(source, str(local), overwrite=overwrite, **kwargs)
+        manifest = _prepare_local(source, str(local), overwrite=overwrite, **kwargs)
         if (local / "train").is_dir():  # built here, not reused
             start = time.perf_counter()
             sent = remote.upload_dir(local, output_dir, last=(MANIFEST_NAME,))
@@ -289,81 +317,7 @@ class _Settings:
     dtype: str
 
 
-@dataclass(frozen=True)
-class _SourceFile:
-    """A file to read and which split its documents may go to (``hash``, ``train`` or ``val``)."""
-
-    path: Path
-    split: str
-    builtin: str | None = None
-
-
-def _resolve(sources: list[str], split: str) -> list[_SourceFile]:
-    files: list[_SourceFile] = []
-    for spec in sources:
-        name = builtin_name(spec)
-        if name is not None:
-            files.append(_SourceFile(Path(spec), split, builtin=name))
-        else:
-            files.extend(_SourceFile(p.resolve(), split) for p in list_source_files(spec))
-    return files
-
-
-def _check_disjoint(train: list[_SourceFile], val: list[_SourceFile]) -> None:
-    shared = {f.path for f in train} & {f.path for f in val}
-    if shared:
-        raise ValueError(
-            f"{len(shared)} file(s) are in both source and val_source (e.g. {sorted(shared)[0]}); their documents "
-            "would be in both splits. Make the two sources disjoint."
-        )
-
-
-def _signature(files: list[_SourceFile]) -> list[list]:
-    """What must match for a finished directory to be reused: each file's path, split and size (or Python)."""
-    return [[str(f.path), f.split, platform.python_version() if f.builtin else f.path.stat().st_size] for f in files]
-
-
-def _file_entries(files: list[_SourceFile]) -> list[dict]:
-    entries = []
-    for f, (path, split, size) in zip(files, _signature(files)):
-        entry = {"path": path, "split": split}
-        if f.builtin:
-            entry.update(python=size, stdlib=str(stdlib_root()))
-        else:
-            entry["bytes"] = size
-        entries.append(entry)
-    return entries
-
-
-def _check_reusable(manifest: Manifest, request: dict, out: Path) -> None:
-    if manifest.tokenizer != request["tokenizer"] or manifest.tokenizer_fingerprint != request["tokenizer_fingerprint"]:
-        raise ValueError(
-            f"{out} holds shards made with tokenizer {manifest.tokenizer!r} (fingerprint "
-            f"{manifest.tokenizer_fingerprint[:12]}), not {request['tokenizer']!r} "
-            f"({request['tokenizer_fingerprint'][:12]}). Prepare into another output_dir, or pass overwrite=True "
-            "(CLI: --overwrite true) to rebuild it."
-        )
-    found = {k: getattr(manifest, k) for k in request if k != "files"}
-    found["files"] = [
-        [f.get("path"), f.get("split"), f.get("python") if "python" in f else f.get("bytes")] for f in manifest.files
-    ]
-    differ = [k for k in request if found[k] != request[k]]
-    if manifest.val_sources is not None and request["val_sources"] is not None and differ == ["val_fraction"]:
-        return  # val_fraction is unused when val_source is given
-    if differ:
-        detail = "; ".join(f"{k}: prepared {_short(found[k])}, asked {_short(request[k])}" for k in differ)
-        raise ValueError(
-            f"{out} was prepared with other settings ({detail}). Prepare into another output_dir, or pass "
-            "overwrite=True (CLI: --overwrite true) to rebuild it."
-        )
-
-
-def _short(value: object, limit: int = 160) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _materialise(files: list[_SourceFile], tmp: Path, num_workers: int) -> list[Path]:
+def _materialise(files: list[SourceFile], tmp: Path, num_workers: int) -> list[Path]:
     """Paths to read; built-in corpora are first gathered (in parallel) into several small JSON-lines files."""
     paths: list[Path] = []
     for f in files:

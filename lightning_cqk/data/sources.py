@@ -133,6 +133,38 @@ def list_source_files(source: str | list[str]) -> list[Path]:
     return unique
 
 
+def unsupported_entries(source: str | list[str]) -> list[dict]:
+    """Files under a source's folders and globs that ``list_source_files`` does not read (unsupported suffixes).
+
+    Hidden files and folders are not listed (never data by convention). One entry per file, in the manifest's
+    ``left_out`` form: ``{"path", "reason", "documents": None, "bytes"}``.
+    """
+    found: list[Path] = []
+    for spec in as_source_list(source):
+        if is_builtin(spec):
+            continue
+        path = Path(spec).expanduser()
+        if path.is_dir():
+            roots = [path]
+        elif path.is_file():
+            roots = []
+        else:
+            roots = [Path(m) for m in sorted(glob.glob(os.path.expanduser(spec), recursive=True))]
+        for root in roots:
+            for f in _walk(root, supported=False) if root.is_dir() else [root]:
+                if f.is_file() and not _supported(f) and not f.name.startswith("."):
+                    found.append(f)
+    return [
+        {
+            "path": str(f.resolve()),
+            "reason": f"unsupported file type ({''.join(f.suffixes[-2:]) or 'no suffix'}): not read",
+            "documents": None,
+            "bytes": f.stat().st_size,
+        }
+        for f in dict.fromkeys(found)
+    ]
+
+
 def iter_documents(
     path_or_glob: str | list[str], text_field: str = "text", documents: str = "file"
 ) -> Iterator[Document]:
@@ -348,12 +380,17 @@ def _supported(path: Path) -> bool:
     return path.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES and not path.name.startswith(".")
 
 
-def _walk(root: Path) -> list[Path]:
-    """Supported files under ``root`` in sorted relative-path order, skipping hidden files and folders."""
+def _walk(root: Path, supported: bool = True) -> list[Path]:
+    """Supported files (``supported=False``: all files) under ``root`` in sorted relative-path order, skipping
+    hidden files and folders."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found.extend(Path(dirpath) / name for name in sorted(filenames) if _supported(Path(name)))
+        found.extend(
+            Path(dirpath) / name
+            for name in sorted(filenames)
+            if not name.startswith(".") and (_supported(Path(name)) or not supported)
+        )
     return sorted(found, key=lambda p: p.relative_to(root).parts)
 
 
