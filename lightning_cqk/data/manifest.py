@@ -31,12 +31,16 @@ class SplitStats:
         tokens: tokens written, including the EOS after every document.
         bytes: UTF-8 bytes of the documents' text (EOS has none).
         replaced_bytes: undecodable input bytes that were replaced with U+FFFD.
+        replaced_surrogates: lone surrogate escapes in JSON text that were replaced with U+FFFD.
+        first_replaced: ``path:line`` of the first document with a replacement, or "".
     """
 
     documents: int = 0
     tokens: int = 0
     bytes: int = 0
     replaced_bytes: int = 0
+    replaced_surrogates: int = 0
+    first_replaced: str = ""
 
     def add(self, other: SplitStats) -> None:
         """Accumulate another set of counts into this one."""
@@ -44,6 +48,8 @@ class SplitStats:
         self.tokens += other.tokens
         self.bytes += other.bytes
         self.replaced_bytes += other.replaced_bytes
+        self.replaced_surrogates += other.replaced_surrogates
+        self.first_replaced = self.first_replaced or other.first_replaced
 
 
 @dataclass

@@ -433,10 +433,17 @@ def _tokenize_unit(item: tuple[int, WorkUnit, str], settings: _Settings, report_
         eos = np.array([tok.eos_id], dtype=dtype)
         for doc in iter_unit_documents(unit, settings.text_field, settings.documents):
             seen += 1
-            if keep != "all" and in_val(doc.text, settings.val_fraction) != (keep == "val"):
-                continue
-            ids = tok.encode_array(doc.text).astype(dtype, copy=False)
-            stats.add(SplitStats(1, len(ids) + 1, len(doc.text.encode("utf-8")), doc.replaced))
+            try:
+                if keep != "all" and in_val(doc.text, settings.val_fraction) != (keep == "val"):
+                    continue
+                ids = tok.encode_array(doc.text).astype(dtype, copy=False)
+                size = len(doc.text.encode("utf-8"))
+            except Exception as err:  # name the document: a worker's error has no other context
+                raise type(err)(f"{doc.source}: {err}") if isinstance(err, (ValueError, RuntimeError)) else ValueError(
+                    f"{doc.source}: cannot tokenize this document ({type(err).__name__}: {err})."
+                ) from err
+            first = doc.source if doc.replaced or doc.surrogates else ""
+            stats.add(SplitStats(1, len(ids) + 1, size, doc.replaced, doc.surrogates, first))
             pending += [ids, eos]
             n_pending += len(ids) + 1
             if n_pending >= _FLUSH_TOKENS:
@@ -546,5 +553,19 @@ def _report(out: Path, manifest: Manifest, seconds: float, tokenize_seconds: flo
         f"{seconds:.1f} s in all."
     )
     replaced = train.replaced_bytes + val.replaced_bytes
+    surrogates = train.replaced_surrogates + val.replaced_surrogates
+    first = val.first_replaced or train.first_replaced
     if replaced:
-        print(f"prepare: {replaced:,} bytes that were not UTF-8 were replaced with U+FFFD.")
+        print(f"prepare: {replaced:,} bytes that were not UTF-8 were replaced with U+FFFD (first in {first}).")
+    if surrogates:
+        print(
+            f"prepare: {surrogates:,} lone surrogate escapes in JSON text (\\ud800-\\udfff without a pair: not a "
+            f"character) were replaced with U+FFFD (first in {first})."
+        )
+    if manifest.left_out:
+        docs = sum(e.get("documents") or 0 for e in manifest.left_out)
+        print(
+            f"prepare: LEFT OUT: {len(manifest.left_out)} file(s) of the source, {docs:,} documents counted in them "
+            f"({sum(e['bytes'] for e in manifest.left_out) / 1e6:.2f} MB), beside {train.documents + val.documents:,} "
+            f"documents used; listed above and in {out / MANIFEST_NAME} (left_out)."
+        )

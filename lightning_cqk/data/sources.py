@@ -12,7 +12,9 @@ corpus named ``builtin:<name>`` (see ``builtin.py``).
   ``title\\nabstract``, any other block is kept as a plain paragraph).
 * JSON lines (``.jsonl``, ``.json``): one document per line, the string in ``text_field`` (a line that is a bare
   JSON string is accepted too). A ``.json`` file that starts with ``[`` is read as one array of such records.
-  Records whose text is null or blank are skipped.
+  Records whose text is null or blank are skipped. A lone surrogate escape (``"\\ud800"`` without its pair: not
+  a character, and not encodable as UTF-8) is replaced with U+FFFD and counted (``Document.surrogates``), like
+  undecodable bytes; the first one's file and line are reported by ``prepare``.
 
 Only ``\\n`` ends a line: JSON writers may leave U+2028 or form feeds unescaped inside strings, and
 ``str.splitlines`` would cut records there. Bytes that are not UTF-8 are replaced with U+FFFD and counted per
@@ -42,15 +44,24 @@ BUILTIN_PREFIX = "builtin:"
 # A WikiText article heading: " = Title = " (one "=" each side; " = = Section = = " is a sub-heading).
 _WIKI_HEADING = re.compile(rb"^ = [^=].*[^=] = $|^ = [^=] = $")
 _PUBTATOR_TEXT = re.compile(rb"^\d+\|[ta]\|")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # left by json.loads only for unpaired escapes
 
 
 @dataclass(frozen=True)
 class Document:
-    """One document, where it came from, and how many undecodable bytes were replaced while reading it."""
+    """One document, where it came from (``path:line``), and what was replaced with U+FFFD while reading it.
+
+    Attributes:
+        text: the document.
+        source: ``path:line`` (or ``path[i]`` in a JSON array).
+        replaced: undecodable input bytes replaced.
+        surrogates: lone surrogate escapes of JSON text replaced.
+    """
 
     text: str
     source: str
     replaced: int = 0
+    surrogates: int = 0
 
 
 @dataclass(frozen=True)
@@ -302,7 +313,8 @@ def _jsonl_documents(data: bytes, unit: WorkUnit, text_field: str) -> Iterator[D
             raise ValueError(f"{where} is not valid JSON ({err.msg}); each line must be one JSON object.") from None
         value = _record_text(record, text_field, where)
         if value is not None:
-            yield Document(value, where, replaced)
+            value, surrogates = _SURROGATE.subn("\ufffd", value)
+            yield Document(value, where, replaced, surrogates)
 
 
 def _json_array_documents(data: bytes, unit: WorkUnit, text_field: str) -> Iterator[Document]:
@@ -314,7 +326,8 @@ def _json_array_documents(data: bytes, unit: WorkUnit, text_field: str) -> Itera
     for i, record in enumerate(records):
         value = _record_text(record, text_field, f"{unit.path}[{i}]")
         if value is not None:
-            yield Document(value, f"{unit.path}[{i}]", replaced)
+            value, surrogates = _SURROGATE.subn("\ufffd", value)
+            yield Document(value, f"{unit.path}[{i}]", replaced, surrogates)
             replaced = 0  # a whole-file count is attributed to the first document
 
 
