@@ -35,6 +35,7 @@ from lightning_cqk.data.sources import WorkUnit, iter_unit_documents, list_sourc
 OTHER_FILES = ("refuse", "train", "hash", "leave_out")
 """What ``resolve_corpus`` does with files that name no split beside files that do (see the module docstring)."""
 _DOCUMENTATION = {"readme", "license", "licence", "copying", "notice", "source", "changelog", "citation", "authors"}
+DOCUMENTATION = "documentation (README, LICENSE, SOURCE, ...)"
 _COUNT_LIMIT = 256 << 20  # left-out files larger than this are not read to count their documents
 
 
@@ -189,7 +190,7 @@ class ResolvedCorpus:
     @property
     def held_out(self) -> list[str]:
         """The left-out corpus files (test splits and files that name no split), not documentation."""
-        return [e.path for e in self.left_out if not e.reason.startswith("documentation")]
+        return [e.path for e in self.left_out if not e.reason.startswith(DOCUMENTATION)]
 
     def left_out_entries(self) -> list[dict]:
         """``left_out`` in the manifest's form."""
@@ -203,13 +204,17 @@ class ResolvedCorpus:
         """What is read and what is left out, for ``prepare``'s output (one block, every left-out file counted)."""
         n_train, n_val = len(self.source), len(self.val_source or [])
         lines = [f"prepare: corpus {self.name!r}: {self.rule} ({n_train + n_val} file(s) read)."]
-        if self.left_out:
-            docs = sum(e.documents or 0 for e in self.left_out)
+        docs = [e for e in self.left_out if e.reason.startswith(DOCUMENTATION)]
+        data = [e for e in self.left_out if not e.reason.startswith(DOCUMENTATION)]
+        if docs:
+            lines.append(f"prepare: {DOCUMENTATION}, not read: {', '.join(Path(e.path).name for e in docs)}.")
+        if data:
+            counted = sum(e.documents or 0 for e in data)
             lines.append(
-                f"prepare: LEFT OUT of corpus {self.name!r}: {len(self.left_out)} file(s), {docs:,} documents counted "
-                f"in them, {sum(e.bytes for e in self.left_out) / 1e6:.2f} MB:"
+                f"prepare: LEFT OUT of corpus {self.name!r}: {len(data)} file(s), {counted:,} documents counted in "
+                f"them, {sum(e.bytes for e in data) / 1e6:.2f} MB:"
             )
-            lines += [f"prepare:   {e.reason}: {e.describe()}" for e in self.left_out]
+            lines += [f"prepare:   {e.reason}: {e.describe()}" for e in data]
         return "\n".join(lines)
 
 
@@ -279,7 +284,7 @@ def resolve_corpus(
     by_split: dict[str | None, list[str]] = {}
     for path in files:
         if _is_documentation(path):
-            left_out.append(LeftOut(str(path), "documentation, not corpus text", None, path.stat().st_size))
+            left_out.append(LeftOut(str(path), DOCUMENTATION, None, path.stat().st_size))
         elif path.suffix.lower() not in corpus.suffixes:
             reason = f"not a {'/'.join(corpus.suffixes)} file of the {name!r} format"
             left_out.append(LeftOut(str(path), reason, None, path.stat().st_size))

@@ -109,6 +109,8 @@ class TokenDataModule(L.LightningDataModule):
             ``~/.lightning/chunks``); put it on fast local disk on clusters.
         other_files: with a corpus whose files name their splits, what to do with files that name none:
             ``refuse`` (default), ``train``, ``hash`` or ``leave_out`` (see ``lightning_cqk.data.corpora``).
+        val_overlap: with explicit validation text (``val_source`` or a corpus's val files), training documents
+            equal to a validation document are left out (``drop``, default, counted in the manifest) or kept.
 
     When ``data_dir`` already holds finished shards, ``source`` (with ``corpus``, ``val_source``, ``documents``,
     ``text_field``, ``val_fraction``) and ``tokenizer`` must be what they were made from, else the run is refused
@@ -137,6 +139,7 @@ class TokenDataModule(L.LightningDataModule):
         val_seq_len: int | None = None,
         cache_dir: str | None = None,
         other_files: str = "refuse",
+        val_overlap: str = "drop",
     ) -> None:
         super().__init__()
         if seq_len < 1 or batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
@@ -172,6 +175,7 @@ class TokenDataModule(L.LightningDataModule):
             num_workers=prepare_workers,
             max_documents=max_documents,
             other_files=other_files,
+            val_overlap=val_overlap,
         )
         self.manifest: Manifest | None = None
         self.train_dataset = None
@@ -285,10 +289,11 @@ class TokenDataModule(L.LightningDataModule):
                 if resolved is not None:
                     source, val_source = resolved.source, resolved.val_source
         args = (self.tokenizer, fingerprint, kw["val_fraction"], val_source, text_field, documents, self.corpus)
+        overlap = kw["val_overlap"]
         try:
-            return build_request(source, *args)
+            return build_request(source, *args, val_overlap=overlap)
         except (FileNotFoundError, ValueError):  # the source is not here (shards made elsewhere): compare by name
-            return build_request(source, *args, listable=False)
+            return build_request(source, *args, listable=False, val_overlap=overlap)
 
     def _check_source(self, manifest: Manifest) -> None:
         """Refuse shards made from another source/tokenizer/settings than asked for (``source: null``: any)."""
@@ -310,6 +315,7 @@ class TokenDataModule(L.LightningDataModule):
             documents=kw["documents"] if self.corpus is None and kw["documents"] != "file" else None,
             text_field=kw["text_field"] if self.corpus is None and kw["text_field"] != "text" else None,
             max_documents=kw["max_documents"],
+            val_overlap=kw["val_overlap"] if kw["val_overlap"] != "drop" else None,
             overwrite=True,
         )
         asked = f"corpus {self.corpus!r} from " if self.corpus else ""

@@ -33,6 +33,9 @@ class SplitStats:
         replaced_bytes: undecodable input bytes that were replaced with U+FFFD.
         replaced_surrogates: lone surrogate escapes in JSON text that were replaced with U+FFFD.
         first_replaced: ``path:line`` of the first document with a replacement, or "".
+        dropped_val_copies: (train) documents left out because their text equals a validation document's.
+        dropped_val_copy_bytes: their UTF-8 bytes.
+        first_val_copy: ``path:line`` of the first of them, or "".
     """
 
     documents: int = 0
@@ -41,6 +44,9 @@ class SplitStats:
     replaced_bytes: int = 0
     replaced_surrogates: int = 0
     first_replaced: str = ""
+    dropped_val_copies: int = 0
+    dropped_val_copy_bytes: int = 0
+    first_val_copy: str = ""
 
     def add(self, other: SplitStats) -> None:
         """Accumulate another set of counts into this one."""
@@ -50,6 +56,9 @@ class SplitStats:
         self.replaced_bytes += other.replaced_bytes
         self.replaced_surrogates += other.replaced_surrogates
         self.first_replaced = self.first_replaced or other.first_replaced
+        self.dropped_val_copies += other.dropped_val_copies
+        self.dropped_val_copy_bytes += other.dropped_val_copy_bytes
+        self.first_val_copy = self.first_val_copy or other.first_val_copy
 
 
 @dataclass
@@ -78,6 +87,9 @@ class Manifest:
         left_out: what the source held but the shards do not, one entry per file or group:
             ``{"path", "reason", "documents", "bytes"}`` (``documents`` None where they were not counted), so a
             source that leaves out most of its input says so (see ``corpora.py``).
+        val_overlap: ``drop`` or ``keep``: training documents equal to a validation document were left out or
+            kept (explicit validation text only; ``n/a`` for a hash split; ``keep`` for manifests older than this
+            field, which kept them).
         format_version: version of this file's layout.
         extra: free-form additions (ignored by readers that do not know them).
     """
@@ -100,6 +112,7 @@ class Manifest:
     seconds: float = 0.0
     corpus: str | None = None
     left_out: list[dict[str, Any]] = field(default_factory=list)
+    val_overlap: str = "keep"
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 

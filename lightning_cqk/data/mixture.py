@@ -41,7 +41,7 @@ class MixtureDataModule(L.LightningDataModule):
     Args:
         components: the corpora and their weights.
         tokenizer, bpe_file, seq_len, batch_size, val_batch_size, num_workers, val_fraction, shuffle, seed,
-            prepare_workers, max_documents, val_seq_len, cache_dir, other_files: as for ``TokenDataModule`` (shared by
+            prepare_workers, max_documents, val_seq_len, cache_dir, other_files, val_overlap: as for ``TokenDataModule`` (shared by
             every component; each component caches under ``cache_dir/<index>``). A component whose ``data_dir`` holds
             shards of another source or tokenizer is refused like a ``TokenDataModule``'s.
     """
@@ -63,6 +63,7 @@ class MixtureDataModule(L.LightningDataModule):
         val_seq_len: int | None = None,
         cache_dir: str | None = None,
         other_files: str = "refuse",
+        val_overlap: str = "drop",
     ) -> None:
         super().__init__()
         if len(components) < 1:
@@ -99,6 +100,7 @@ class MixtureDataModule(L.LightningDataModule):
                 val_seq_len=val_seq_len,
                 cache_dir=None if cache_dir is None else f"{cache_dir}/{i}",
                 other_files=other_files,
+                val_overlap=val_overlap,
             )
             for i, c in enumerate(components)
         ]

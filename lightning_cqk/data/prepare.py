@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -56,6 +56,7 @@ from lightning_cqk.data import remote
 from lightning_cqk.data.builtin import BUILTIN_CORPORA
 from lightning_cqk.data.manifest import MANIFEST_NAME, Manifest, SplitStats
 from lightning_cqk.data.request import (
+    VAL_OVERLAP,
     SourceFile,
     build_request,
     describe,
@@ -95,6 +96,7 @@ def prepare(
     corpus: str | None = None,
     max_documents: int | None = None,
     other_files: str = "refuse",
+    val_overlap: str = "drop",
 ) -> Manifest:
     """Tokenize text into litdata token shards with a train/val split and a manifest.
 
@@ -121,6 +123,10 @@ def prepare(
         other_files: with a corpus whose files name their splits, what to do with files that name none
             (``corpora.OTHER_FILES``): ``refuse`` (default: stop and show the counts), ``train``, ``hash`` (ignore the
             file names, split every non-test file by document hash) or ``leave_out``.
+        val_overlap: with explicit validation text (``val_source``, or a corpus's own val files), what to do with
+            training documents whose text equals a validation document's: ``drop`` (default: leave them out of
+            train, counted in the manifest's ``left_out`` and printed; training on validation text makes the
+            validation loss a lie) or ``keep``. A hash split never overlaps (equal texts share a split).
 
     Returns:
         The manifest of the new or reused shards.
@@ -157,6 +163,7 @@ def prepare(
         overwrite=overwrite,
         corpus=corpus,
         left_out=left_out,
+        val_overlap=val_overlap,
     )
     if remote.is_remote(output_dir):
         return _prepare_remote(source, output_dir, **kwargs)
@@ -177,9 +184,12 @@ def _prepare_local(
     overwrite: bool,
     corpus: str | None,
     left_out: list[dict],
+    val_overlap: str = "drop",
 ) -> Manifest:
     """``prepare`` into a local directory, once a corpus (if any) is resolved into plain sources."""
     check_documents_mode(documents)
+    if val_overlap not in VAL_OVERLAP:
+        raise ValueError(f"val_overlap={val_overlap!r} is not one of {', '.join(map(repr, VAL_OVERLAP))}.")
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
     if val_source is None and val_fraction == 0.0:
@@ -187,9 +197,10 @@ def _prepare_local(
     num_workers = max(1, int(num_workers))
     out = Path(output_dir).expanduser()
     fingerprint = fingerprint_of(tokenizer, bpe_file)
-    request = build_request(source, tokenizer, fingerprint, val_fraction, val_source, text_field, documents, corpus)
+    request = build_request(
+        source, tokenizer, fingerprint, val_fraction, val_source, text_field, documents, corpus, val_overlap=val_overlap
+    )
     train_files, val_files = request.train_files, request.val_files
-    left_out = left_out + unsupported_entries(request.sources + (request.val_sources or []))
 
     if Manifest.exists(out) and not overwrite:
         manifest = Manifest.load(out)
@@ -201,6 +212,9 @@ def _prepare_local(
             )
         print(f"prepare: reusing finished shards at {out} ({manifest.splits['train'].tokens:,} train tokens).")
         return manifest
+    unsupported = unsupported_entries(request.sources + (request.val_sources or []))
+    _check_unsupported(unsupported, request)
+    left_out = left_out + unsupported
     tok = get_tokenizer(tokenizer, bpe_file)  # loads the vocabulary now: a missing BPE file fails before any work
     for split in ("train", "val"):
         if not owned_split_dir(out / split):
@@ -237,16 +251,20 @@ def _prepare_local(
             settings = _Settings(tokenizer, bpe_file, val_fraction, text_field, documents, dtype.name)
             # val first: it is small, so a split that comes out empty fails fast, not after tokenizing train.
             val_sources = request.val_sources
-            if val_sources is None:
+            explicit = val_sources is not None
+            if not explicit:
                 jobs = {"val": [(u, "val") for u in train_units], "train": [(u, "train") for u in train_units]}
             else:
                 jobs = {"val": [(u, "all") for u in val_units], "train": [(u, "all") for u in train_units]}
-            stats = {
-                split: _write_split(
-                    split, jobs[split], build / split, tmp, settings, num_workers, chunk_bytes, val_sources is not None
-                )
-                for split in ("val", "train")
-            }
+            drop = explicit and val_overlap == "drop"  # (a hash split cannot overlap: equal texts share a split)
+            val_settings = replace(settings, record_digests=drop)
+            stats = {"val": _write_split("val", jobs["val"], build / "val", tmp, val_settings, num_workers,
+                                         chunk_bytes, explicit)}
+            exclude = _gather_digests(tmp / "reports" / "val", tmp / "val_digests.npy") if drop else None
+            train_settings = replace(settings, exclude_digests=exclude)
+            stats["train"] = _write_split(
+                "train", jobs["train"], build / "train", tmp, train_settings, num_workers, chunk_bytes, explicit
+            )
         for stale in (out / MANIFEST_NAME, out / "train", out / "val"):
             if stale.is_dir():
                 shutil.rmtree(stale)
@@ -279,7 +297,8 @@ def _prepare_local(
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         seconds=round(seconds, 3),
         corpus=corpus,
-        left_out=left_out,
+        left_out=left_out + _val_copies_entry(stats["train"], val_overlap),
+        val_overlap=val_overlap if request.val_sources is not None else "n/a",
     )
     manifest.save(out)
     _report(out, manifest, seconds, tokenize_seconds, num_workers)
@@ -305,6 +324,24 @@ def _prepare_remote(source: str | list[str], output_dir: str, overwrite: bool, *
         return manifest
 
 
+def _check_unsupported(unsupported: list[dict], request) -> None:
+    """Say which files under the source are not read; refuse when they hold most of its bytes."""
+    if not unsupported:
+        return
+    used = sum(size for _, _, size in request.files or [] if isinstance(size, int))
+    skipped = sum(e["bytes"] for e in unsupported)
+    shown = "; ".join(f"{e['path']} ({e['bytes'] / 1e6:.2f} MB)" for e in unsupported[:5])
+    more = f" and {len(unsupported) - 5} more" if len(unsupported) > 5 else ""
+    if skipped > used:
+        raise ValueError(
+            f"Most of the source is in files prepare cannot read: {len(unsupported)} file(s), {skipped / 1e6:.2f} MB "
+            f"({shown}{more}), against {used / 1e6:.2f} MB of readable text. Decompress or convert them to "
+            ".txt/.md/.raw/.text or .jsonl/.json, or give as source only the files you mean (e.g. a glob such as "
+            "'folder/**/*.jsonl')."
+        )
+    print(f"prepare: LEFT OUT: {len(unsupported)} file(s) of unsupported type, {skipped / 1e6:.2f} MB: {shown}{more}.")
+
+
 @dataclass(frozen=True)
 class _Settings:
     """What every worker needs besides its unit (pickled once per work item; small)."""
@@ -315,6 +352,31 @@ class _Settings:
     text_field: str
     documents: str
     dtype: str
+    record_digests: bool = False  # write each kept document's text digest (the val split, to drop its copies)
+    exclude_digests: str | None = None  # .npy of val digests: train documents with these are left out and counted
+
+
+def _digest(text: str) -> int:
+    """64-bit blake2b of a document's UTF-8 text: equal texts, equal digests (collisions ~ n^2 / 2^65)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def _gather_digests(report_dir: Path, path: Path) -> str:
+    """Merge the val workers' digest files into one sorted ``.npy``; return its path."""
+    parts = [np.load(p) for p in sorted(report_dir.glob("digests-*.npy"))]
+    np.save(path, np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64))
+    return str(path)
+
+
+_DIGEST_CACHE: dict[str, frozenset[int]] = {}
+
+
+def _excluded(path: str) -> frozenset[int]:
+    """The val digests, loaded once per worker process."""
+    if path not in _DIGEST_CACHE:
+        _DIGEST_CACHE.clear()
+        _DIGEST_CACHE[path] = frozenset(int(d) for d in np.load(path))
+    return _DIGEST_CACHE[path]
 
 
 def _materialise(files: list[SourceFile], tmp: Path, num_workers: int) -> list[Path]:
@@ -431,11 +493,22 @@ def _tokenize_unit(item: tuple[int, WorkUnit, str], settings: _Settings, report_
         tok = get_tokenizer(settings.tokenizer, settings.bpe_file)
         dtype = np.dtype(settings.dtype)
         eos = np.array([tok.eos_id], dtype=dtype)
+        exclude = _excluded(settings.exclude_digests) if settings.exclude_digests else None
+        digests: list[int] | None = [] if settings.record_digests else None
         for doc in iter_unit_documents(unit, settings.text_field, settings.documents):
             seen += 1
             try:
                 if keep != "all" and in_val(doc.text, settings.val_fraction) != (keep == "val"):
                     continue
+                if exclude is not None or digests is not None:
+                    digest = _digest(doc.text)
+                    if exclude is not None and digest in exclude:
+                        stats.dropped_val_copies += 1
+                        stats.dropped_val_copy_bytes += len(doc.text.encode("utf-8"))
+                        stats.first_val_copy = stats.first_val_copy or doc.source
+                        continue
+                    if digests is not None:
+                        digests.append(digest)
                 ids = tok.encode_array(doc.text).astype(dtype, copy=False)
                 size = len(doc.text.encode("utf-8"))
             except Exception as err:  # name the document: a worker's error has no other context
@@ -454,6 +527,8 @@ def _tokenize_unit(item: tuple[int, WorkUnit, str], settings: _Settings, report_
     except Exception as err:  # reported to the parent, which raises it with its original type
         _write_json(reports / f"error-{index:06d}.json", {"type": type(err).__name__, "message": str(err)})
         return
+    if digests is not None:
+        np.save(reports / f"digests-{index:06d}.npy", np.array(digests, dtype=np.uint64))
     _write_json(reports / f"stats-{index:06d}.json", {"stats": asdict(stats), "seen": seen})
 
 
@@ -538,6 +613,20 @@ def _litdata_sandbox(tmp: Path) -> Iterator[None]:
             signal.signal(signal.SIGINT, saved_sigint)
 
 
+def _val_copies_entry(train: SplitStats, val_overlap: str) -> list[dict]:
+    """The manifest's ``left_out`` entry for training documents dropped as copies of validation documents."""
+    if not train.dropped_val_copies:
+        return []
+    return [
+        {
+            "path": f"training documents identical to a validation document (first: {train.first_val_copy})",
+            "reason": f"val_overlap={val_overlap}: a copy of validation text is not trained on",
+            "documents": train.dropped_val_copies,
+            "bytes": train.dropped_val_copy_bytes,
+        }
+    ]
+
+
 def _report(out: Path, manifest: Manifest, seconds: float, tokenize_seconds: float, num_workers: int) -> None:
     train, val = manifest.splits["train"], manifest.splits["val"]
     text_mb = (train.bytes + val.bytes) / 1e6
@@ -562,10 +651,17 @@ def _report(out: Path, manifest: Manifest, seconds: float, tokenize_seconds: flo
             f"prepare: {surrogates:,} lone surrogate escapes in JSON text (\\ud800-\\udfff without a pair: not a "
             f"character) were replaced with U+FFFD (first in {first})."
         )
-    if manifest.left_out:
-        docs = sum(e.get("documents") or 0 for e in manifest.left_out)
+    if train.dropped_val_copies:
         print(
-            f"prepare: LEFT OUT: {len(manifest.left_out)} file(s) of the source, {docs:,} documents counted in them "
-            f"({sum(e['bytes'] for e in manifest.left_out) / 1e6:.2f} MB), beside {train.documents + val.documents:,} "
-            f"documents used; listed above and in {out / MANIFEST_NAME} (left_out)."
+            f"prepare: {train.dropped_val_copies:,} training documents are identical to validation documents and were "
+            f"left out of train (first: {train.first_val_copy}); val_overlap='keep' keeps them."
         )
+    data = [e for e in manifest.left_out if not e["reason"].startswith("documentation")]
+    if data:
+        docs = sum(e.get("documents") or 0 for e in data)
+        print(
+            f"prepare: LEFT OUT: {len(data)} file(s) or group(s) of the source, {docs:,} documents counted in them "
+            f"({sum(e['bytes'] for e in data) / 1e6:.2f} MB), beside {train.documents + val.documents:,} documents "
+            f"used; each is listed in {out / MANIFEST_NAME} (left_out) with the reason."
+        )
+

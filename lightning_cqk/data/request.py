@@ -32,6 +32,7 @@ from lightning_cqk.data.tokenizers import can_load_offline, get_tokenizer, known
 
 SPLIT_RULE = "int(blake2b(utf8(text)).hexdigest()[:15], 16) / 16**15 < val_fraction -> val"
 VAL_SOURCE_RULE = "source -> train, val_source -> val"
+VAL_OVERLAP = ("drop", "keep")
 _LITDATA_FILE = re.compile(r"^(index\.json|chunk-\d+-\d+\.bin|\d+-index\.json)$")
 
 
@@ -67,6 +68,7 @@ class Request:
     text_field: str
     corpus: str | None
     files: list[list] | None
+    val_overlap: str = "drop"
     train_files: list[SourceFile] = field(default_factory=list)
     val_files: list[SourceFile] = field(default_factory=list)
 
@@ -140,6 +142,7 @@ def build_request(
     documents: str,
     corpus: str | None = None,
     listable: bool = True,
+    val_overlap: str = "drop",
 ) -> Request:
     """The request for ``source`` (and ``val_source``); ``listable=False`` leaves ``files`` None (not read here).
 
@@ -166,6 +169,7 @@ def build_request(
         text_field=text_field,
         corpus=corpus,
         files=files,
+        val_overlap=val_overlap,
         train_files=train_files,
         val_files=val_files,
     )
@@ -189,6 +193,8 @@ def differences(manifest: Manifest, request: Request) -> list[str]:
         out.append(f"split_rule: prepared {manifest.split_rule!r}, asked {request.split_rule!r}")
     elif request.val_sources is None and manifest.val_fraction != request.val_fraction:
         out.append(f"val_fraction: prepared {manifest.val_fraction}, asked {request.val_fraction}")
+    if manifest.split_rule == VAL_SOURCE_RULE == request.split_rule and manifest.val_overlap != request.val_overlap:
+        out.append(f"val_overlap: prepared {manifest.val_overlap!r}, asked {request.val_overlap!r}")
     for key in ("documents_mode", "text_field"):
         if getattr(manifest, key) != getattr(request, key):
             out.append(f"{key}: prepared {getattr(manifest, key)!r}, asked {getattr(request, key)!r}")
