@@ -195,8 +195,12 @@ class ResolvedCorpus:
     def left_out_entries(self) -> list[dict]:
         """``left_out`` in the manifest's form."""
         return [
-            {"path": e.path, "reason": e.reason + (f" (unreadable: {e.unreadable})" if e.unreadable else ""),
-             "documents": e.documents, "bytes": e.bytes}
+            {
+                "path": e.path,
+                "reason": e.reason + (f" (unreadable: {e.unreadable})" if e.unreadable else ""),
+                "documents": e.documents,
+                "bytes": e.bytes,
+            }
             for e in self.left_out
         ]
 

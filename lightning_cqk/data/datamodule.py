@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from lightning_cqk.data import remote
-from lightning_cqk.data.integrity import check_split, check_stream_end, check_token_range, rebuild_hint
-from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.builtin import builtin_name
 from lightning_cqk.data.corpora import get_corpus, resolve_corpus
+from lightning_cqk.data.integrity import check_split, check_stream_end, check_token_range, rebuild_hint
+from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.prepare import prepare
 from lightning_cqk.data.request import (
     Request,

@@ -41,9 +41,10 @@ class MixtureDataModule(L.LightningDataModule):
     Args:
         components: the corpora and their weights.
         tokenizer, bpe_file, seq_len, batch_size, val_batch_size, num_workers, val_fraction, shuffle, seed,
-            prepare_workers, max_documents, val_seq_len, cache_dir, other_files, val_overlap: as for ``TokenDataModule`` (shared by
-            every component; each component caches under ``cache_dir/<index>``). A component whose ``data_dir`` holds
-            shards of another source or tokenizer is refused like a ``TokenDataModule``'s.
+            prepare_workers, max_documents, val_seq_len, cache_dir, other_files, val_overlap: as for
+            ``TokenDataModule`` (shared by every component; each component caches under ``cache_dir/<index>``). A
+            component whose ``data_dir`` holds shards of another source or tokenizer is refused like a
+            ``TokenDataModule``'s.
     """
 
     def __init__(

@@ -36,7 +36,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import platform
 import shutil
 import signal
 import sys
@@ -65,7 +64,13 @@ from lightning_cqk.data.request import (
     fingerprint_of,
     owned_split_dir,
 )
-from lightning_cqk.data.sources import WorkUnit, check_documents_mode, iter_unit_documents, plan_work_units, unsupported_entries
+from lightning_cqk.data.sources import (
+    WorkUnit,
+    check_documents_mode,
+    iter_unit_documents,
+    plan_work_units,
+    unsupported_entries,
+)
 from lightning_cqk.data.tokenizers import get_tokenizer, token_dtype
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata pings PyPI on import otherwise
@@ -258,8 +263,11 @@ def _prepare_local(
                 jobs = {"val": [(u, "all") for u in val_units], "train": [(u, "all") for u in train_units]}
             drop = explicit and val_overlap == "drop"  # (a hash split cannot overlap: equal texts share a split)
             val_settings = replace(settings, record_digests=drop)
-            stats = {"val": _write_split("val", jobs["val"], build / "val", tmp, val_settings, num_workers,
-                                         chunk_bytes, explicit)}
+            stats = {
+                "val": _write_split(
+                    "val", jobs["val"], build / "val", tmp, val_settings, num_workers, chunk_bytes, explicit
+                )
+            }
             exclude = _gather_digests(tmp / "reports" / "val", tmp / "val_digests.npy") if drop else None
             train_settings = replace(settings, exclude_digests=exclude)
             stats["train"] = _write_split(
@@ -512,8 +520,10 @@ def _tokenize_unit(item: tuple[int, WorkUnit, str], settings: _Settings, report_
                 ids = tok.encode_array(doc.text).astype(dtype, copy=False)
                 size = len(doc.text.encode("utf-8"))
             except Exception as err:  # name the document: a worker's error has no other context
-                raise type(err)(f"{doc.source}: {err}") if isinstance(err, (ValueError, RuntimeError)) else ValueError(
-                    f"{doc.source}: cannot tokenize this document ({type(err).__name__}: {err})."
+                raise (
+                    type(err)(f"{doc.source}: {err}")
+                    if isinstance(err, (ValueError, RuntimeError))
+                    else ValueError(f"{doc.source}: cannot tokenize this document ({type(err).__name__}: {err}).")
                 ) from err
             first = doc.source if doc.replaced or doc.surrogates else ""
             stats.add(SplitStats(1, len(ids) + 1, size, doc.replaced, doc.surrogates, first))
@@ -664,4 +674,3 @@ def _report(out: Path, manifest: Manifest, seconds: float, tokenize_seconds: flo
             f"({sum(e['bytes'] for e in data) / 1e6:.2f} MB), beside {train.documents + val.documents:,} documents "
             f"used; each is listed in {out / MANIFEST_NAME} (left_out) with the reason."
         )
-
