@@ -255,11 +255,13 @@ def resolve_corpus(
     download_dir: str | Path | None = None,
     max_documents: int | None = None,
     other_files: str = "refuse",
+    overwrite: bool = False,
 ) -> ResolvedCorpus:
     """The files to prepare for corpus ``name``, from ``source`` or (when None) downloaded into ``download_dir``.
 
     Args:
         other_files: what to do with files that name no split beside files that do (``OTHER_FILES``).
+        overwrite: a finished download made with another ``max_documents`` is downloaded again (else refused).
 
     Raises:
         FileNotFoundError: no offline source and no online one (or no ``download_dir``); the message names the
@@ -274,7 +276,7 @@ def resolve_corpus(
                 f"Corpus {name!r} needs a local source (data.source / --source): {corpus.description}.\n"
                 + corpus_options()
             )
-        source = [str(p) for p in download_corpus(corpus, download_dir, max_documents)]
+        source = [str(p) for p in download_corpus(corpus, download_dir, max_documents, overwrite)]
     try:
         files = list_source_files(source)
     except (FileNotFoundError, ValueError) as err:
@@ -355,7 +357,9 @@ def _left_out(corpus: Corpus, path: str, reason: str) -> LeftOut:
     return LeftOut(path, reason, documents, size)
 
 
-def download_corpus(corpus: Corpus, dest: str | Path, max_documents: int | None = None) -> list[Path]:
+def download_corpus(
+    corpus: Corpus, dest: str | Path, max_documents: int | None = None, overwrite: bool = False
+) -> list[Path]:
     """Download a corpus's online splits into ``dest`` in its own offline format; reuses a finished download.
 
     Rows are streamed (``streaming=True``), so ``max_documents`` can take the head of a corpus too large to fetch
@@ -370,6 +374,27 @@ def download_corpus(corpus: Corpus, dest: str | Path, max_documents: int | None 
         ) from None
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    record = dest / ".download.json"  # what was asked for: a finished download is reused only for the same ask
+    asked = {"hf_name": corpus.hf_name, "hf_config": corpus.hf_config, "max_documents": max_documents}
+    paths = [
+        dest / (f"wiki.{stem}.raw" if corpus.raw_format == "wikitext" else f"{stem}.jsonl")
+        for _, stem in corpus.hf_splits
+    ]
+    if record.is_file() and json.loads(record.read_text()) != asked and overwrite:
+        for path in paths:  # files this function wrote (named by the record's corpus), never anything else
+            path.unlink(missing_ok=True)
+        record.unlink()
+    if record.is_file():
+        done = json.loads(record.read_text())
+        if done != asked:
+            raise ValueError(
+                f"{dest} holds a download of {done} but {asked} is asked now; it would be reused as it is. Use "
+                f"another data_dir (the download goes to <data_dir>/raw), or ask for max_documents="
+                f"{done.get('max_documents')}, or rebuild with overwrite=True (CLI: --overwrite true), which downloads "
+                "again."
+            )
+    else:
+        record.write_text(json.dumps(asked) + "\n")
     written = []
     for hf_split, stem in corpus.hf_splits:
         path = dest / (f"wiki.{stem}.raw" if corpus.raw_format == "wikitext" else f"{stem}.jsonl")

@@ -300,6 +300,11 @@ class TokenDataModule(L.LightningDataModule):
         if self.source is None and self.corpus is None:
             return
         differ = differences(manifest, self._request())
+        record = Path(str(self.data_dir)) / "raw" / ".download.json"  # a corpus downloaded by prepare
+        if self.source is None and not remote.is_remote(self.data_dir) and record.is_file():
+            done = json.loads(record.read_text()).get("max_documents")
+            if done != self.prepare_kwargs["max_documents"]:
+                differ.append(f"max_documents: downloaded {done}, asked {self.prepare_kwargs['max_documents']}")
         if not differ:
             return
         kw = self.prepare_kwargs

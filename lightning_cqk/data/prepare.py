@@ -141,6 +141,11 @@ def prepare(
         ValueError: bad settings, a mismatching existing directory, or a split that would be empty.
     """
     left_out: list[dict] = []
+    if max_documents is not None and not (corpus is not None and source is None):
+        print(
+            f"prepare: NOTE: max_documents={max_documents} is not applied: it takes the head of a corpus download "
+            "(corpus set, source null), and this source is local."
+        )
     if corpus is not None:
         from lightning_cqk.data.corpora import resolve_corpus
 
@@ -148,7 +153,7 @@ def prepare(
             raise ValueError(f"corpus={corpus!r} takes its validation split from its own files; drop val_source.")
         raw = Path(output_dir).expanduser() / "raw"
         resolved = resolve_corpus(
-            corpus, source, download_dir=raw, max_documents=max_documents, other_files=other_files
+            corpus, source, download_dir=raw, max_documents=max_documents, other_files=other_files, overwrite=overwrite
         )
         source, val_source = resolved.source, resolved.val_source
         documents, text_field = resolved.documents, resolved.text_field
@@ -190,8 +195,12 @@ def _prepare_local(
     corpus: str | None,
     left_out: list[dict],
     val_overlap: str = "drop",
+    shown_as: str | None = None,
 ) -> Manifest:
-    """``prepare`` into a local directory, once a corpus (if any) is resolved into plain sources."""
+    """``prepare`` into a local directory, once a corpus (if any) is resolved into plain sources.
+
+    ``shown_as``: the directory's name in messages (the ``s3://`` URL when this is the local build of an upload).
+    """
     check_documents_mode(documents)
     if val_overlap not in VAL_OVERLAP:
         raise ValueError(f"val_overlap={val_overlap!r} is not one of {', '.join(map(repr, VAL_OVERLAP))}.")
@@ -212,7 +221,8 @@ def _prepare_local(
         differ = differences(manifest, request)
         if differ:
             raise ValueError(
-                f"{out} holds shards made from {describe(manifest)}, not what is asked now ({'; '.join(differ)}). "
+                f"{shown_as or out} holds shards made from {describe(manifest)}, with other settings than asked now "
+                f"({'; '.join(differ)}). "
                 "Prepare into another output_dir, or pass overwrite=True (CLI: --overwrite true) to rebuild it."
             )
         print(f"prepare: reusing finished shards at {out} ({manifest.splits['train'].tokens:,} train tokens).")
@@ -323,7 +333,7 @@ def _prepare_remote(source: str | list[str], output_dir: str, overwrite: bool, *
         local = Path(tmp)
         if Manifest.exists(output_dir) and not overwrite:
             (local / MANIFEST_NAME).write_text(remote.read_text(remote.join(output_dir, MANIFEST_NAME)))
-        manifest = _prepare_local(source, str(local), overwrite=overwrite, **kwargs)
+        manifest = _prepare_local(source, str(local), overwrite=overwrite, shown_as=output_dir, **kwargs)
         if (local / "train").is_dir():  # built here, not reused
             start = time.perf_counter()
             sent = remote.upload_dir(local, output_dir, last=(MANIFEST_NAME,))
