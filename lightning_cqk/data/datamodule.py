@@ -73,6 +73,23 @@ def count_windows(split_dir: str | Path, window: int) -> int:
     return sum(chunk["dim"] // window for chunk in index["chunks"])
 
 
+def _check_numbers(num_workers, prepare_workers, val_fraction, max_documents, val_seq_len) -> None:
+    """Refuse DataModule numbers that cannot mean what they say (issue 13, class 10)."""
+    problems = []
+    if not (isinstance(num_workers, int) and num_workers >= 0):
+        problems.append(f"data.num_workers={num_workers!r} must be an integer >= 0 (0: load in the main process)")
+    if not (isinstance(prepare_workers, int) and prepare_workers >= 1):
+        problems.append(f"data.prepare_workers={prepare_workers!r} must be an integer >= 1")
+    if not 0.0 <= val_fraction < 1.0:  # NaN fails this too
+        problems.append(f"data.val_fraction={val_fraction!r} must be in [0, 1) (the share of documents for val)")
+    if max_documents is not None and not (isinstance(max_documents, int) and max_documents >= 1):
+        problems.append(f"data.max_documents={max_documents!r} must be >= 1, or null for all rows")
+    if val_seq_len is not None and not (isinstance(val_seq_len, int) and val_seq_len >= 1):
+        problems.append(f"data.val_seq_len={val_seq_len!r} must be >= 1, or null for data.seq_len")
+    if problems:
+        raise ValueError("; ".join(problems) + ".")
+
+
 def _split_cache(cache_dir: str | None, split: str) -> str | None:
     """One cache folder per split: litdata keys a cache by folder, and two splits must not share one."""
     return None if cache_dir is None else str(Path(cache_dir) / split)
@@ -146,6 +163,7 @@ class TokenDataModule(L.LightningDataModule):
             raise ValueError(
                 f"seq_len and batch sizes must be positive, got {seq_len}, {batch_size}, {val_batch_size}."
             )
+        _check_numbers(num_workers, prepare_workers, val_fraction, max_documents, val_seq_len)
         self.save_hyperparameters()
         self.data_dir = data_dir
         self.source = source

@@ -9,6 +9,7 @@ loss over the union of the val splits, and ``bytes_per_token`` is that union's b
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import lightning as L
@@ -70,8 +71,8 @@ class MixtureDataModule(L.LightningDataModule):
         if len(components) < 1:
             raise ValueError("A mixture needs at least one component.")
         components = [c if isinstance(c, MixtureComponent) else MixtureComponent(**c) for c in components]
-        if any(not c.weight > 0 for c in components):
-            raise ValueError(f"Mixture weights must be positive, got {[c.weight for c in components]}.")
+        if any(not 0 < c.weight < math.inf for c in components):
+            raise ValueError(f"Mixture weights must be positive and finite, got {[c.weight for c in components]}.")
         self.save_hyperparameters()
         self.components = components
         self.tokenizer = tokenizer

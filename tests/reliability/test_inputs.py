@@ -312,3 +312,24 @@ def test_a_hand_edited_manifest_tokenizer_is_refused_without_the_vocabulary(two_
         dm.setup("fit")
     vocab = SHARED / "gpt2_bpe" / "gpt2.tiktoken"
     CQKCLI(args=cli_args(edited, tmp_path / "runs", "--data.source=null", f"--data.bpe_file={vocab}"), run=False)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (dict(num_workers=-1), r"data\.num_workers=-1 must be an integer >= 0"),
+        (dict(prepare_workers=0), r"data\.prepare_workers=0"),
+        (dict(val_fraction=1.0), r"data\.val_fraction=1\.0 must be in \[0, 1\)"),
+        (dict(val_fraction=float("nan")), r"data\.val_fraction=nan"),
+        (dict(max_documents=0), r"data\.max_documents=0"),
+        (dict(val_seq_len=0), r"data\.val_seq_len=0"),
+    ],
+)
+def test_meaningless_data_numbers_are_refused(setting, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        TokenDataModule(data_dir=str(tmp_path), **setting)
+
+
+def test_mixture_weights_must_be_finite(tmp_path):
+    with pytest.raises(ValueError, match="positive and finite"):
+        MixtureDataModule(components=[{"corpus": "text", "data_dir": str(tmp_path), "weight": float("inf")}])
