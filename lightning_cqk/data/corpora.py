@@ -256,12 +256,14 @@ def resolve_corpus(
     max_documents: int | None = None,
     other_files: str = "refuse",
     overwrite: bool = False,
+    count_documents: bool = True,
 ) -> ResolvedCorpus:
     """The files to prepare for corpus ``name``, from ``source`` or (when None) downloaded into ``download_dir``.
 
     Args:
         other_files: what to do with files that name no split beside files that do (``OTHER_FILES``).
         overwrite: a finished download made with another ``max_documents`` is downloaded again (else refused).
+        count_documents: read the left-out files to count their documents (False: only a refusal counts them).
 
     Raises:
         FileNotFoundError: no offline source and no online one (or no ``download_dir``); the message names the
@@ -303,7 +305,7 @@ def resolve_corpus(
         )
 
     def count(paths: list[str], reason: str) -> list[LeftOut]:
-        return [_left_out(corpus, p, reason) for p in paths]
+        return [_left_out(corpus, p, reason, count_documents) for p in paths]
 
     train, val, test, other = (by_split.get(k, []) for k in ("train", "val", "test", None))
     if not (train and val):
@@ -314,8 +316,9 @@ def resolve_corpus(
         return ResolvedCorpus(everything, None, corpus.documents, corpus.text_field, tuple(left_out), name, rule)
     left_out += count(test, "test split (kept unseen)")
     if other and other_files == "refuse":
-        unnamed = count(other, "names no split")
-        tests = [e for e in left_out if e.reason.startswith("test")]
+        unnamed = [_left_out(corpus, p, "names no split") for p in other]
+        tests = [_left_out(corpus, e.path, e.reason) if e.reason.startswith("test") else e for e in left_out]
+        tests = [e for e in tests if e.reason.startswith("test")]
         named = [_left_out(corpus, p, "train") for p in train] + [_left_out(corpus, p, "val") for p in val]
         biggest = max(unnamed, key=lambda e: (e.documents or 0, e.bytes))
         raise ValueError(
@@ -345,10 +348,11 @@ def _is_documentation(path: Path) -> bool:
     return path.name.split(".")[0].lower() in _DOCUMENTATION
 
 
-def _left_out(corpus: Corpus, path: str, reason: str) -> LeftOut:
-    """A file with its document count under the corpus's rule (None when too large to read, or unreadable)."""
+def _left_out(corpus: Corpus, path: str, reason: str, count: bool = True) -> LeftOut:
+    """A file with its document count under the corpus's rule (None when too large to read, unreadable, or not
+    ``count``)."""
     size = Path(path).stat().st_size
-    if size > _COUNT_LIMIT:
+    if size > _COUNT_LIMIT or not count:
         return LeftOut(path, reason, None, size)
     try:
         documents = sum(1 for _ in iter_unit_documents(WorkUnit(path), corpus.text_field, corpus.documents))

@@ -301,7 +301,7 @@ class TokenDataModule(L.LightningDataModule):
             documents, text_field = corpus.documents, corpus.text_field
             if source is not None:
                 try:
-                    resolved = resolve_corpus(self.corpus, source, other_files=kw["other_files"])
+                    resolved = resolve_corpus(self.corpus, source, other_files=kw["other_files"], count_documents=False)
                 except FileNotFoundError:  # not readable here: compared by name below
                     resolved = None
                 if resolved is not None:

@@ -19,9 +19,15 @@ that ``num_workers`` processes tokenize. litdata keeps the units in order (``kee
 stream of a split is the same for any worker count; only chunk boundaries move. Each unit writes its counts to a
 small JSON file that the parent adds up and checks against the token counts in litdata's ``index.json``.
 
-**Reuse.** A finished directory is reused when asked for again with the same tokenizer, sources, files and
-settings; asked for with different ones it raises (pass ``overwrite=True`` to rebuild). A directory without a
-manifest (an interrupted run) is rebuilt from scratch.
+**Reuse.** A finished directory is reused when asked for again with the same tokenizer, files and settings
+(``request.py``, the comparison the DataModules run too); asked for with different ones it raises (pass
+``overwrite=True`` to rebuild). A directory without a manifest (an interrupted run) is rebuilt from scratch. A
+rebuild replaces only what prepare wrote: a ``train/`` or ``val/`` that is not a litdata split folder is refused.
+
+**Nothing left out silently.** Files under the source that cannot be read (unsupported types) are listed and
+refused when they hold most of its bytes; a corpus's left-out files are counted (``corpora.py``); with explicit
+validation text, training documents identical to a validation document are dropped (``val_overlap="drop"``) and
+counted. All of it is printed and recorded in the manifest's ``left_out``.
 
 **litdata side effects we undo.** ``optimize`` sets the process-wide multiprocessing start method, replaces the
 SIGINT handler, sets ``DATA_OPTIMIZER_NUM_WORKERS`` and deletes ``$TMPDIR/chunks`` and ``$TMPDIR/data`` (shared by
@@ -225,7 +231,9 @@ def _prepare_local(
                 f"({'; '.join(differ)}). "
                 "Prepare into another output_dir, or pass overwrite=True (CLI: --overwrite true) to rebuild it."
             )
-        print(f"prepare: reusing finished shards at {out} ({manifest.splits['train'].tokens:,} train tokens).")
+        print(
+            f"prepare: reusing finished shards at {shown_as or out} ({manifest.splits['train'].tokens:,} train tokens)."
+        )
         return manifest
     unsupported = unsupported_entries(request.sources + (request.val_sources or []))
     _check_unsupported(unsupported, request)
