@@ -36,6 +36,9 @@ class SplitStats:
         dropped_val_copies: (train) documents left out because their text equals a validation document's.
         dropped_val_copy_bytes: their UTF-8 bytes.
         first_val_copy: ``path:line`` of the first of them, or "".
+        skipped_blank: JSON records with blank or null text, and blank files, that were skipped (counted in
+            ``train`` for a hash split, where they belong to no split).
+        first_skipped: ``path:line`` of the first of them, or "".
     """
 
     documents: int = 0
@@ -47,6 +50,8 @@ class SplitStats:
     dropped_val_copies: int = 0
     dropped_val_copy_bytes: int = 0
     first_val_copy: str = ""
+    skipped_blank: int = 0
+    first_skipped: str = ""
 
     def add(self, other: SplitStats) -> None:
         """Accumulate another set of counts into this one."""
@@ -59,6 +64,8 @@ class SplitStats:
         self.dropped_val_copies += other.dropped_val_copies
         self.dropped_val_copy_bytes += other.dropped_val_copy_bytes
         self.first_val_copy = self.first_val_copy or other.first_val_copy
+        self.skipped_blank += other.skipped_blank
+        self.first_skipped = self.first_skipped or other.first_skipped
 
 
 @dataclass

@@ -521,7 +521,13 @@ def _tokenize_unit(item: tuple[int, WorkUnit, str], settings: _Settings, report_
         eos = np.array([tok.eos_id], dtype=dtype)
         exclude = _excluded(settings.exclude_digests) if settings.exclude_digests else None
         digests: list[int] | None = [] if settings.record_digests else None
-        for doc in iter_unit_documents(unit, settings.text_field, settings.documents):
+
+        def skipped(where: str) -> None:
+            if keep != "val":  # a hash split reads each unit twice: count in the train pass only
+                stats.skipped_blank += 1
+                stats.first_skipped = stats.first_skipped or where
+
+        for doc in iter_unit_documents(unit, settings.text_field, settings.documents, on_skip=skipped):
             seen += 1
             try:
                 if keep != "all" and in_val(doc.text, settings.val_fraction) != (keep == "val"):
@@ -678,6 +684,13 @@ def _report(out: Path, manifest: Manifest, seconds: float, tokenize_seconds: flo
         print(
             f"prepare: {surrogates:,} lone surrogate escapes in JSON text (\\ud800-\\udfff without a pair: not a "
             f"character) were replaced with U+FFFD (first in {first})."
+        )
+    blank = train.skipped_blank + val.skipped_blank
+    if blank:
+        first = val.first_skipped or train.first_skipped
+        print(
+            f"prepare: LEFT OUT: {blank:,} records or files with blank or null text (first: {first}); check text_field "
+            f"if that is more than expected ({train.documents + val.documents:,} documents were used)."
         )
     if train.dropped_val_copies:
         print(

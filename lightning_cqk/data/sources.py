@@ -12,9 +12,9 @@ corpus named ``builtin:<name>`` (see ``builtin.py``).
   ``title\\nabstract``, any other block is kept as a plain paragraph).
 * JSON lines (``.jsonl``, ``.json``): one document per line, the string in ``text_field`` (a line that is a bare
   JSON string is accepted too). A ``.json`` file that starts with ``[`` is read as one array of such records.
-  Records whose text is null or blank are skipped. A lone surrogate escape (``"\\ud800"`` without its pair: not
-  a character, and not encodable as UTF-8) is replaced with U+FFFD and counted (``Document.surrogates``), like
-  undecodable bytes; the first one's file and line are reported by ``prepare``.
+  Records whose text is null or blank are skipped (and counted by ``prepare``). A lone surrogate escape
+  (``"\\ud800"`` without its pair: not a character, and not encodable as UTF-8) is replaced with U+FFFD and counted
+  (``Document.surrogates``), like undecodable bytes; the first one's file and line are reported by ``prepare``.
 
 Only ``\\n`` ends a line: JSON writers may leave U+2028 or form feeds unescaped inside strings, and
 ``str.splitlines`` would cut records there. Bytes that are not UTF-8 are replaced with U+FFFD and counted per
@@ -32,7 +32,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -225,8 +225,15 @@ def plan_work_units(files: list[Path], documents: str, target_bytes: int) -> lis
     return units
 
 
-def iter_unit_documents(unit: WorkUnit, text_field: str = "text", documents: str = "file") -> Iterator[Document]:
-    """The documents of one work unit (a whole file or a byte range of it)."""
+def iter_unit_documents(
+    unit: WorkUnit, text_field: str = "text", documents: str = "file", on_skip: Callable[[str], None] | None = None
+) -> Iterator[Document]:
+    """The documents of one work unit (a whole file or a byte range of it).
+
+    ``on_skip(where)`` is called for each record skipped for blank or null text (JSON) and each blank file
+    (``documents="file"``), so what is left out can be counted.
+    """
+    skip = on_skip or (lambda where: None)
     path = Path(unit.path)
     with path.open("rb") as f:
         f.seek(unit.start)
@@ -234,13 +241,15 @@ def iter_unit_documents(unit: WorkUnit, text_field: str = "text", documents: str
     suffix = path.suffix.lower()
     if suffix in JSONL_SUFFIXES:
         if suffix == ".json" and unit.start == 0 and data.lstrip()[:1] == b"[":
-            yield from _json_array_documents(data, unit, text_field)
+            yield from _json_array_documents(data, unit, text_field, skip)
         else:
-            yield from _jsonl_documents(data, unit, text_field)
+            yield from _jsonl_documents(data, unit, text_field, skip)
     elif documents == "file":
         text, replaced = decode_counting(data)
         if text.strip():
             yield Document(text, unit.path, replaced)
+        else:
+            skip(unit.path)
     else:
         yield from _text_documents(data, unit, documents)
 
@@ -301,7 +310,7 @@ def _pubtator_document(doc: Document) -> Document:
     return Document("\n".join(p for p in parts if p.strip()), doc.source, doc.replaced)
 
 
-def _jsonl_documents(data: bytes, unit: WorkUnit, text_field: str) -> Iterator[Document]:
+def _jsonl_documents(data: bytes, unit: WorkUnit, text_field: str, skip: Callable[[str], None]) -> Iterator[Document]:
     for lineno, line in enumerate(data.split(b"\n"), start=1):
         if not line.strip():
             continue
@@ -315,9 +324,13 @@ def _jsonl_documents(data: bytes, unit: WorkUnit, text_field: str) -> Iterator[D
         if value is not None:
             value, surrogates = _SURROGATE.subn("\ufffd", value)
             yield Document(value, where, replaced, surrogates)
+        else:
+            skip(where)
 
 
-def _json_array_documents(data: bytes, unit: WorkUnit, text_field: str) -> Iterator[Document]:
+def _json_array_documents(
+    data: bytes, unit: WorkUnit, text_field: str, skip: Callable[[str], None]
+) -> Iterator[Document]:
     text, replaced = decode_counting(data)
     try:
         records = json.loads(text)
@@ -329,6 +342,8 @@ def _json_array_documents(data: bytes, unit: WorkUnit, text_field: str) -> Itera
             value, surrogates = _SURROGATE.subn("\ufffd", value)
             yield Document(value, f"{unit.path}[{i}]", replaced, surrogates)
             replaced = 0  # a whole-file count is attributed to the first document
+        else:
+            skip(f"{unit.path}[{i}]")
 
 
 def _record_text(record: object, text_field: str, where: str) -> str | None:

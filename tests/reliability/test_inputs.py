@@ -220,12 +220,18 @@ def test_a_lone_surrogate_is_replaced_counted_and_located(tmp_path, capsys):
     src = tmp_path / "s.jsonl"
     lines = [json.dumps({"text": f"fine document {i} " * 4}) for i in range(30)]
     lines[6] = '{"text": "broken \\ud800 escape, and a pair \\ud83d\\ude00 that is fine"}'
+    lines[8], lines[9] = '{"text": null}', '{"text": "   "}'  # skipped, and counted once (not per hash pass)
     src.write_text("\n".join(lines) + "\n")
     manifest = prepare(str(src), str(tmp_path / "o"), val_fraction=0.3)
     stats = [manifest.splits[s] for s in ("train", "val")]
     assert sum(s.replaced_surrogates for s in stats) == 1
     assert any(s.first_replaced == f"{src}:7" for s in stats)
-    assert "1 lone surrogate escapes in JSON text" in capsys.readouterr().out
+    assert sum(s.documents for s in stats) == 28 and sum(s.skipped_blank for s in stats) == 2
+    out = capsys.readouterr().out
+    assert (
+        "1 lone surrogate escapes in JSON text" in out
+        and f"2 records or files with blank or null text (first: {src}:9" in out
+    )
 
 
 @pytest.mark.parametrize(
