@@ -257,7 +257,12 @@ def prepare_command(output_dir: Any, source: Any, **settings: Any) -> str:
 
 
 def free_dir_beside(data_dir: Any, stem: str) -> str:
-    """A directory name beside ``data_dir`` that does not exist yet: ``<parent>/<stem>``, ``<stem>-2``, ..."""
+    """A directory name beside ``data_dir`` that does not exist yet: ``<parent>/<stem>``, ``<stem>-2``, ...
+
+    For an ``s3://`` prefix, the sibling prefix ``<parent>/<stem>`` (not checked).
+    """
+    if "://" in str(data_dir):
+        return f"{str(data_dir).rstrip('/').rsplit('/', 1)[0]}/{stem}"
     parent = Path(str(data_dir)).expanduser().parent
     candidate = parent / stem
     n = 2
