@@ -165,7 +165,10 @@ class Manifest:
             raw = json.loads(remote.read_text(path) if remote.is_remote(directory) else path.read_text())
             known = {f.name for f in fields(cls)}
             raw = {k: v for k, v in raw.items() if k in known}  # tolerate keys added by newer versions
-            raw["splits"] = {k: SplitStats(**v) for k, v in raw["splits"].items()}
+            counts = {f.name for f in fields(SplitStats)}
+            raw["splits"] = {
+                k: SplitStats(**{c: n for c, n in v.items() if c in counts}) for k, v in raw["splits"].items()
+            }
             manifest = cls(**raw)
         except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError, AttributeError) as err:
             raise ValueError(f"Corrupt shard manifest {path} ({type(err).__name__}: {err}). {rebuild}") from None
