@@ -32,12 +32,14 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics.aggregation import SumMetric
 
 from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import training_flops_per_batch
 from lightning_cqk.optim import OptimConfig, build_logit_control, build_optimizer, warmup_cosine
+from lightning_cqk.optim.config import check_schedule, check_trainer_numbers
 
 
 class LitLM(L.LightningModule):
@@ -171,6 +173,11 @@ class LitLM(L.LightningModule):
                 "The learning-rate schedule needs a length: set trainer.max_steps or model.optim.decay_steps "
                 f"(got max_steps={max_steps}, decay_steps={cfg.decay_steps})."
             )
+
+        if self._trainer is not None:  # refuse a negative clip; warn when the warmup outlasts the run
+            check_trainer_numbers(self.trainer)
+            if (warning := check_schedule(cfg, decay_steps)) is not None:
+                rank_zero_warn(warning)
 
         def schedule(step: int) -> float:
             return warmup_cosine(step, cfg.warmup_steps, decay_steps, cfg.min_lr_ratio)

@@ -57,13 +57,31 @@ def checkpoint_problem(path: str | Path) -> str | None:
     """What is wrong with a `torch.save` checkpoint file (a zip archive), or None when it reads back intact.
 
     Checks the zip structure and every member's CRC: a truncated file has no central directory, a damaged one fails
-    a CRC. Reads the whole file once.
+    a CRC. A file that is not a zip at all, or a zip without the ``<name>/data.pkl`` that ``torch.save`` writes, is
+    named as not a checkpoint. (A legacy non-zip ``torch.save`` file, a pickle, is left to ``torch.load``.) Reads
+    the whole file once.
     """
     path = Path(path)
     try:
         if path.stat().st_size == 0:
             return "the file is empty"
+        with path.open("rb") as f:
+            head = f.read(4)
+        if head[:1] != b"\x80" and head != b"PK\x03\x04":  # neither a pickle nor a zip archive
+            return (
+                f"it is not a checkpoint: a checkpoint is the zip archive torch.save writes, and this file starts "
+                f"with {head!r}"
+            )
+        if head[:1] == b"\x80":
+            return None
         with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+                shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+                return (
+                    f"it is a zip archive but not a checkpoint: torch.save writes <name>/data.pkl, and this archive "
+                    f"holds {shown or 'nothing'}"
+                )
             bad = archive.testzip()
     except zipfile.BadZipFile as err:
         return f"not a complete checkpoint archive ({err}); it was probably cut short while being written"

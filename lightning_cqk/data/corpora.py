@@ -12,9 +12,15 @@
 
 **Splits.** The corpus's own splits are kept where the files carry them: a file whose name says train
 (``train``, ``training``) goes to train, one that says validation (``valid``, ``validation``, ``dev``,
-``development``) to val; test files, and files that name no split, are left out (the shards have train and val
-only).
-Without both a train and a validation file, all files are split by the document hash of ``prepare``.
+``development``) to val; test files are left out (the shards have train and val only; the test split stays unseen
+for a final evaluation). Files that name no split beside named ones are ambiguous (more training text? another
+corpus in the same folder?), so ``other_files`` says what to do with them: ``refuse`` (the default: stop and show
+what each file holds), ``train`` (add them to train), ``hash`` (ignore the file names: every non-test file is split
+by the document hash of ``prepare``) or ``leave_out``. Documentation files (README, LICENSE, SOURCE, ...) are never
+read as text. Without both a train and a validation file, all files are split by the document hash.
+
+Nothing is left out silently: every file left out is counted (documents and bytes) and printed by ``prepare`` as
+one block, and recorded in the manifest's ``left_out`` (issue 13, class 9).
 """
 
 from __future__ import annotations
@@ -24,7 +30,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_cqk.data.sources import list_source_files
+from lightning_cqk.data.sources import WorkUnit, iter_unit_documents, list_source_files
+
+OTHER_FILES = ("refuse", "train", "hash", "leave_out")
+"""What ``resolve_corpus`` does with files that name no split beside files that do (see the module docstring)."""
+_DOCUMENTATION = {"readme", "license", "licence", "copying", "notice", "source", "changelog", "citation", "authors"}
+DOCUMENTATION = "documentation (README, LICENSE, SOURCE, ...)"
+_COUNT_LIMIT = 256 << 20  # left-out files larger than this are not read to count their documents
 
 
 @dataclass(frozen=True)
@@ -129,14 +141,85 @@ _SPLIT_WORDS = {
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """A file of the source that the shards do not hold: why, and how much it holds.
+
+    Attributes:
+        path: the file.
+        reason: why it is left out, in words.
+        documents: its documents under the corpus's rule (None: not counted, or not readable in that format).
+        bytes: its size.
+        unreadable: why it could not be read in the corpus's format, when it could not.
+    """
+
+    path: str
+    reason: str
+    documents: int | None
+    bytes: int
+    unreadable: str | None = None
+
+    def describe(self) -> str:
+        """``path (N documents, X MB)``."""
+        if self.unreadable:
+            docs = f"not readable in this corpus's format: {self.unreadable}"
+        else:
+            docs = f"{self.documents:,} documents" if self.documents is not None else "documents not counted"
+        return f"{self.path} ({docs}; {self.bytes / 1e6:.2f} MB)"
+
+
+@dataclass(frozen=True)
 class ResolvedCorpus:
-    """What ``prepare`` reads for a corpus: sources (``val_source`` None: hash split) and the document rule."""
+    """What ``prepare`` reads for a corpus: sources (``val_source`` None: hash split) and the document rule.
+
+    Attributes:
+        name: the corpus.
+        source, val_source: the files for train (or for the hash split) and for val.
+        documents, text_field: the corpus's document rule and JSON field.
+        left_out: every file of the source that is not read, with the reason and its size.
+        rule: how the splits were decided, in words.
+    """
 
     source: list[str]
     val_source: list[str] | None
     documents: str
     text_field: str
-    held_out: list[str]
+    left_out: tuple[LeftOut, ...] = ()
+    name: str = ""
+    rule: str = ""
+
+    @property
+    def held_out(self) -> list[str]:
+        """The left-out corpus files (test splits and files that name no split), not documentation."""
+        return [e.path for e in self.left_out if not e.reason.startswith(DOCUMENTATION)]
+
+    def left_out_entries(self) -> list[dict]:
+        """``left_out`` in the manifest's form."""
+        return [
+            {
+                "path": e.path,
+                "reason": e.reason + (f" (unreadable: {e.unreadable})" if e.unreadable else ""),
+                "documents": e.documents,
+                "bytes": e.bytes,
+            }
+            for e in self.left_out
+        ]
+
+    def summary(self) -> str:
+        """What is read and what is left out, for ``prepare``'s output (one block, every left-out file counted)."""
+        n_train, n_val = len(self.source), len(self.val_source or [])
+        lines = [f"prepare: corpus {self.name!r}: {self.rule} ({n_train + n_val} file(s) read)."]
+        docs = [e for e in self.left_out if e.reason.startswith(DOCUMENTATION)]
+        data = [e for e in self.left_out if not e.reason.startswith(DOCUMENTATION)]
+        if docs:
+            lines.append(f"prepare: {DOCUMENTATION}, not read: {', '.join(Path(e.path).name for e in docs)}.")
+        if data:
+            counted = sum(e.documents or 0 for e in data)
+            lines.append(
+                f"prepare: LEFT OUT of corpus {self.name!r}: {len(data)} file(s), {counted:,} documents counted in "
+                f"them, {sum(e.bytes for e in data) / 1e6:.2f} MB:"
+            )
+            lines += [f"prepare:   {e.reason}: {e.describe()}" for e in data]
+        return "\n".join(lines)
 
 
 def get_corpus(name: str) -> Corpus:
@@ -167,13 +250,26 @@ def split_of(path: str | Path) -> str | None:
 
 
 def resolve_corpus(
-    name: str, source: str | list[str] | None, download_dir: str | Path | None = None, max_documents: int | None = None
+    name: str,
+    source: str | list[str] | None,
+    download_dir: str | Path | None = None,
+    max_documents: int | None = None,
+    other_files: str = "refuse",
+    overwrite: bool = False,
+    count_documents: bool = True,
 ) -> ResolvedCorpus:
     """The files to prepare for corpus ``name``, from ``source`` or (when None) downloaded into ``download_dir``.
+
+    Args:
+        other_files: what to do with files that name no split beside files that do (``OTHER_FILES``).
+        overwrite: a finished download made with another ``max_documents`` is downloaded again (else refused).
+        count_documents: read the left-out files to count their documents (False: only a refusal counts them).
 
     Raises:
         FileNotFoundError: no offline source and no online one (or no ``download_dir``); the message names the
             options.
+        ValueError: files that name no split beside named ones, with ``other_files="refuse"``: the message lists
+            every file with its documents and the choices.
     """
     corpus = get_corpus(name)
     if source is None:
@@ -182,7 +278,7 @@ def resolve_corpus(
                 f"Corpus {name!r} needs a local source (data.source / --source): {corpus.description}.\n"
                 + corpus_options()
             )
-        source = [str(p) for p in download_corpus(corpus, download_dir, max_documents)]
+        source = [str(p) for p in download_corpus(corpus, download_dir, max_documents, overwrite)]
     try:
         files = list_source_files(source)
     except (FileNotFoundError, ValueError) as err:
@@ -190,23 +286,84 @@ def resolve_corpus(
             f"Corpus {name!r}: {err}\nExpected {corpus.description}, or no source to download "
             f"{corpus.hf_name or '(no online source)'}.\n" + corpus_options()
         ) from None
-    files = [p for p in files if p.suffix.lower() in corpus.suffixes]
-    if not files:
+    if other_files not in OTHER_FILES:
+        raise ValueError(f"other_files={other_files!r} is not one of {', '.join(map(repr, OTHER_FILES))}.")
+    left_out: list[LeftOut] = []
+    by_split: dict[str | None, list[str]] = {}
+    for path in files:
+        if _is_documentation(path):
+            left_out.append(LeftOut(str(path), DOCUMENTATION, None, path.stat().st_size))
+        elif path.suffix.lower() not in corpus.suffixes:
+            reason = f"not a {'/'.join(corpus.suffixes)} file of the {name!r} format"
+            left_out.append(LeftOut(str(path), reason, None, path.stat().st_size))
+        else:
+            by_split.setdefault(split_of(path), []).append(str(path))
+    if not by_split:
         raise FileNotFoundError(
             f"Corpus {name!r}: {source!r} holds no {'/'.join(corpus.suffixes)} files. Expected "
             f"{corpus.description}.\n" + corpus_options()
         )
-    by_split: dict[str | None, list[str]] = {}
-    for path in files:
-        by_split.setdefault(split_of(path), []).append(str(path))
-    if by_split.get("train") and by_split.get("val"):
-        held_out = by_split.get("test", []) + by_split.get(None, [])  # test, and files that name no split
-        return ResolvedCorpus(by_split["train"], by_split["val"], corpus.documents, corpus.text_field, held_out)
-    everything = [str(p) for p in files]
-    return ResolvedCorpus(everything, None, corpus.documents, corpus.text_field, [])
+
+    def count(paths: list[str], reason: str) -> list[LeftOut]:
+        return [_left_out(corpus, p, reason, count_documents) for p in paths]
+
+    train, val, test, other = (by_split.get(k, []) for k in ("train", "val", "test", None))
+    if not (train and val):
+        everything = train + val + test + other
+        rule = "no train and validation file pair: every file is split by document hash"
+        if test:
+            rule += f" (test-named files included: {', '.join(Path(p).name for p in test)})"
+        return ResolvedCorpus(everything, None, corpus.documents, corpus.text_field, tuple(left_out), name, rule)
+    left_out += count(test, "test split (kept unseen)")
+    if other and other_files == "refuse":
+        unnamed = [_left_out(corpus, p, "names no split") for p in other]
+        tests = [_left_out(corpus, e.path, e.reason) if e.reason.startswith("test") else e for e in left_out]
+        tests = [e for e in tests if e.reason.startswith("test")]
+        named = [_left_out(corpus, p, "train") for p in train] + [_left_out(corpus, p, "val") for p in val]
+        biggest = max(unnamed, key=lambda e: (e.documents or 0, e.bytes))
+        raise ValueError(
+            f"Corpus {name!r} at {source!r}: some files name their split, but {len(unnamed)} file(s) name none and "
+            "would be left out.\n"
+            + "".join(f"  {e.reason}: {e.describe()}\n" for e in named + unnamed + tests)
+            + "Say what to do with the files that name no split: other_files=train (add them to train), hash (ignore "
+            "the file names; split every non-test file by document hash) or leave_out (prepare: --other_files "
+            "train|hash|leave_out; fit: --data.other_files ...); or point the source at the files you mean, e.g. "
+            f"{biggest.path}."
+        )
+    if other_files == "hash":
+        rule = "other_files=hash: file-name splits ignored, every non-test file split by document hash"
+        return ResolvedCorpus(
+            train + val + other, None, corpus.documents, corpus.text_field, tuple(left_out), name, rule
+        )
+    if other_files == "train":
+        train = train + other
+    else:
+        left_out += count(other, "names no split (other_files=leave_out)")
+    rule = f"the files' own splits: train {len(train)} file(s), val {len(val)} file(s)"
+    return ResolvedCorpus(train, val, corpus.documents, corpus.text_field, tuple(left_out), name, rule)
 
 
-def download_corpus(corpus: Corpus, dest: str | Path, max_documents: int | None = None) -> list[Path]:
+def _is_documentation(path: Path) -> bool:
+    """README, LICENSE, SOURCE.md and the like: about the corpus, not part of it."""
+    return path.name.split(".")[0].lower() in _DOCUMENTATION
+
+
+def _left_out(corpus: Corpus, path: str, reason: str, count: bool = True) -> LeftOut:
+    """A file with its document count under the corpus's rule (None when too large to read, unreadable, or not
+    ``count``)."""
+    size = Path(path).stat().st_size
+    if size > _COUNT_LIMIT or not count:
+        return LeftOut(path, reason, None, size)
+    try:
+        documents = sum(1 for _ in iter_unit_documents(WorkUnit(path), corpus.text_field, corpus.documents))
+    except ValueError as err:
+        return LeftOut(path, reason, None, size, unreadable=str(err))
+    return LeftOut(path, reason, documents, size)
+
+
+def download_corpus(
+    corpus: Corpus, dest: str | Path, max_documents: int | None = None, overwrite: bool = False
+) -> list[Path]:
     """Download a corpus's online splits into ``dest`` in its own offline format; reuses a finished download.
 
     Rows are streamed (``streaming=True``), so ``max_documents`` can take the head of a corpus too large to fetch
@@ -221,6 +378,27 @@ def download_corpus(corpus: Corpus, dest: str | Path, max_documents: int | None 
         ) from None
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    record = dest / ".download.json"  # what was asked for: a finished download is reused only for the same ask
+    asked = {"hf_name": corpus.hf_name, "hf_config": corpus.hf_config, "max_documents": max_documents}
+    paths = [
+        dest / (f"wiki.{stem}.raw" if corpus.raw_format == "wikitext" else f"{stem}.jsonl")
+        for _, stem in corpus.hf_splits
+    ]
+    if record.is_file() and json.loads(record.read_text()) != asked and overwrite:
+        for path in paths:  # files this function wrote (named by the record's corpus), never anything else
+            path.unlink(missing_ok=True)
+        record.unlink()
+    if record.is_file():
+        done = json.loads(record.read_text())
+        if done != asked:
+            raise ValueError(
+                f"{dest} holds a download of {done} but {asked} is asked now; it would be reused as it is. Use "
+                f"another data_dir (the download goes to <data_dir>/raw), or ask for max_documents="
+                f"{done.get('max_documents')}, or rebuild with overwrite=True (CLI: --overwrite true), which downloads "
+                "again."
+            )
+    else:
+        record.write_text(json.dumps(asked) + "\n")
     written = []
     for hf_split, stem in corpus.hf_splits:
         path = dest / (f"wiki.{stem}.raw" if corpus.raw_format == "wikitext" else f"{stem}.jsonl")

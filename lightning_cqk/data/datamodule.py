@@ -20,10 +20,22 @@ import numpy as np
 import torch
 
 from lightning_cqk.data import remote
-from lightning_cqk.data.integrity import check_split, check_token_range
+from lightning_cqk.data.builtin import builtin_name
+from lightning_cqk.data.corpora import get_corpus, resolve_corpus
+from lightning_cqk.data.integrity import check_split, check_stream_end, check_token_range, rebuild_hint
 from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.prepare import prepare
-from lightning_cqk.data.tokenizers import can_load_offline, eos_id_of, get_tokenizer, vocab_size_of
+from lightning_cqk.data.request import (
+    Request,
+    build_request,
+    describe,
+    differences,
+    fingerprint_of,
+    free_dir_beside,
+    prepare_command,
+)
+from lightning_cqk.data.sources import as_source_list
+from lightning_cqk.data.tokenizers import eos_id_of, vocab_size_of
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata pings PyPI on import otherwise
 
@@ -61,6 +73,23 @@ def count_windows(split_dir: str | Path, window: int) -> int:
     return sum(chunk["dim"] // window for chunk in index["chunks"])
 
 
+def _check_numbers(num_workers, prepare_workers, val_fraction, max_documents, val_seq_len) -> None:
+    """Refuse DataModule numbers that cannot mean what they say (issue 13, class 10)."""
+    problems = []
+    if not (isinstance(num_workers, int) and num_workers >= 0):
+        problems.append(f"data.num_workers={num_workers!r} must be an integer >= 0 (0: load in the main process)")
+    if not (isinstance(prepare_workers, int) and prepare_workers >= 1):
+        problems.append(f"data.prepare_workers={prepare_workers!r} must be an integer >= 1")
+    if not 0.0 <= val_fraction < 1.0:  # NaN fails this too
+        problems.append(f"data.val_fraction={val_fraction!r} must be in [0, 1) (the share of documents for val)")
+    if max_documents is not None and not (isinstance(max_documents, int) and max_documents >= 1):
+        problems.append(f"data.max_documents={max_documents!r} must be >= 1, or null for all rows")
+    if val_seq_len is not None and not (isinstance(val_seq_len, int) and val_seq_len >= 1):
+        problems.append(f"data.val_seq_len={val_seq_len!r} must be >= 1, or null for data.seq_len")
+    if problems:
+        raise ValueError("; ".join(problems) + ".")
+
+
 def _split_cache(cache_dir: str | None, split: str) -> str | None:
     """One cache folder per split: litdata keys a cache by folder, and two splits must not share one."""
     return None if cache_dir is None else str(Path(cache_dir) / split)
@@ -95,6 +124,14 @@ class TokenDataModule(L.LightningDataModule):
             its block_size at once.
         cache_dir: where litdata caches chunks streamed from an ``s3://`` data_dir (default: litdata's, under
             ``~/.lightning/chunks``); put it on fast local disk on clusters.
+        other_files: with a corpus whose files name their splits, what to do with files that name none:
+            ``refuse`` (default), ``train``, ``hash`` or ``leave_out`` (see ``lightning_cqk.data.corpora``).
+        val_overlap: with explicit validation text (``val_source`` or a corpus's val files), training documents
+            equal to a validation document are left out (``drop``, default, counted in the manifest) or kept.
+
+    When ``data_dir`` already holds finished shards, ``source`` (with ``corpus``, ``val_source``, ``documents``,
+    ``text_field``, ``val_fraction``) and ``tokenizer`` must be what they were made from, else the run is refused
+    naming both (``source: null`` trains on whatever shards are there).
     """
 
     def __init__(
@@ -118,12 +155,15 @@ class TokenDataModule(L.LightningDataModule):
         max_documents: int | None = None,
         val_seq_len: int | None = None,
         cache_dir: str | None = None,
+        other_files: str = "refuse",
+        val_overlap: str = "drop",
     ) -> None:
         super().__init__()
         if seq_len < 1 or batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
             raise ValueError(
                 f"seq_len and batch sizes must be positive, got {seq_len}, {batch_size}, {val_batch_size}."
             )
+        _check_numbers(num_workers, prepare_workers, val_fraction, max_documents, val_seq_len)
         self.save_hyperparameters()
         self.data_dir = data_dir
         self.source = source
@@ -152,6 +192,8 @@ class TokenDataModule(L.LightningDataModule):
             documents=documents,
             num_workers=prepare_workers,
             max_documents=max_documents,
+            other_files=other_files,
+            val_overlap=val_overlap,
         )
         self.manifest: Manifest | None = None
         self.train_dataset = None
@@ -175,8 +217,14 @@ class TokenDataModule(L.LightningDataModule):
         return self.manifest.bytes_per_token("val") if self.manifest else None
 
     def prepare_data(self) -> None:
-        """Build the shards from ``source`` unless ``data_dir`` already holds finished ones."""
+        """Build the shards from ``source`` unless ``data_dir`` already holds finished ones made from it.
+
+        Raises:
+            ValueError: ``data_dir`` holds finished shards made from another source, tokenizer or settings; the
+                message names both and the fixes.
+        """
         if Manifest.exists(self.data_dir):
+            self._check_source(Manifest.load(self.data_dir))
             return
         if self.source is None and self.corpus is None:
             raise FileNotFoundError(
@@ -205,7 +253,8 @@ class TokenDataModule(L.LightningDataModule):
         world = self.trainer.world_size if self.trainer is not None else 1
         need = {"train": self.batch_size * world, "val": world}  # drop_last batches / one window per rank
         for split in ("train", "val"):
-            check_split(self.data_dir, split, self.tokenizer)  # a missing, truncated or corrupt shard fails here
+            index = check_split(self.data_dir, split, self.tokenizer)  # a missing, truncated or corrupt shard fails
+            check_stream_end(self.data_dir, split, index, self.eos_id, manifest.dtype, self.tokenizer)
             size = window if split == "train" else val_window
             tokens, windows = manifest.splits[split].tokens, count_windows(remote.join(self.data_dir, split), size)
             if windows < need[split]:
@@ -242,6 +291,68 @@ class TokenDataModule(L.LightningDataModule):
             self.val_dataset, self.val_batch_size, self.num_workers, False, self.vocab_size, self.data_dir
         )
 
+    def _request(self) -> Request:
+        """What this DataModule would prepare, in the manifest's terms (nothing is read but file sizes)."""
+        kw = self.prepare_kwargs
+        fingerprint = fingerprint_of(self.tokenizer, self.bpe_file, self.data_dir)
+        source, val_source, documents, text_field = self.source, kw["val_source"], kw["documents"], kw["text_field"]
+        if self.corpus is not None:
+            corpus = get_corpus(self.corpus)
+            documents, text_field = corpus.documents, corpus.text_field
+            if source is not None:
+                try:
+                    resolved = resolve_corpus(self.corpus, source, other_files=kw["other_files"], count_documents=False)
+                except FileNotFoundError:  # not readable here: compared by name below
+                    resolved = None
+                if resolved is not None:
+                    source, val_source = resolved.source, resolved.val_source
+        args = (self.tokenizer, fingerprint, kw["val_fraction"], val_source, text_field, documents, self.corpus)
+        overlap = kw["val_overlap"]
+        try:
+            return build_request(source, *args, val_overlap=overlap)
+        except (FileNotFoundError, ValueError):  # the source is not here (shards made elsewhere): compare by name
+            return build_request(source, *args, listable=False, val_overlap=overlap)
+
+    def _check_source(self, manifest: Manifest) -> None:
+        """Refuse shards made from another source/tokenizer/settings than asked for (``source: null``: any)."""
+        if self.source is None and self.corpus is None:
+            return
+        differ = differences(manifest, self._request())
+        record = Path(str(self.data_dir)) / "raw" / ".download.json"  # a corpus downloaded by prepare
+        if self.source is None and not remote.is_remote(self.data_dir) and record.is_file():
+            done = json.loads(record.read_text()).get("max_documents")
+            if done != self.prepare_kwargs["max_documents"]:
+                differ.append(f"max_documents: downloaded {done}, asked {self.prepare_kwargs['max_documents']}")
+        if not differ:
+            return
+        kw = self.prepare_kwargs
+        first = as_source_list(self.source)[0] if self.source is not None else self.corpus
+        stem = builtin_name(first) or Path(str(first).rstrip("/")).stem or "data"
+        settings = dict(
+            tokenizer=self.tokenizer,
+            bpe_file=self.bpe_file,
+            corpus=self.corpus,
+            other_files=kw["other_files"] if self.corpus is not None and kw["other_files"] != "refuse" else None,
+            val_source=kw["val_source"],
+            val_fraction=kw["val_fraction"] if kw["val_fraction"] != 0.05 else None,
+            documents=kw["documents"] if self.corpus is None and kw["documents"] != "file" else None,
+            text_field=kw["text_field"] if self.corpus is None and kw["text_field"] != "text" else None,
+            max_documents=kw["max_documents"],
+            val_overlap=kw["val_overlap"] if kw["val_overlap"] != "drop" else None,
+            overwrite=True,
+        )
+        asked = f"corpus {self.corpus!r} from " if self.corpus else ""
+        asked += f"{self.source!r}" if self.source is not None else "its download"
+        raise ValueError(
+            f"data.source does not match the shards in data.data_dir={self.data_dir}: they were made from "
+            f"{describe(manifest)}, but this run asks for {asked} with tokenizer {self.tokenizer!r} "
+            f"({'; '.join(differ)}). Training on them would silently ignore what was asked. Either prepare it into "
+            f"its own directory: --data.data_dir {free_dir_beside(self.data_dir, f'{stem}-{self.tokenizer}')}; or "
+            "train on the existing shards as they are: --data.source null; or rebuild "
+            f"{self.data_dir} in place (no other run may be reading it; only prepare's own files are replaced): "
+            f"{prepare_command(self.data_dir, self.source, **settings)}"
+        )
+
     def _check_tokenizer(self, manifest: Manifest) -> None:
         if manifest.tokenizer != self.tokenizer:
             raise ValueError(
@@ -250,13 +361,19 @@ class TokenDataModule(L.LightningDataModule):
                 f"data.tokenizer={manifest.tokenizer!r}, or re-run prepare with {self.tokenizer!r} into another "
                 "data_dir."
             )
-        # The vocabulary itself is compared only when it loads without network: training needs no tokenizer.
-        if not can_load_offline(self.tokenizer, self.bpe_file):
-            return
-        fingerprint = get_tokenizer(self.tokenizer, self.bpe_file).fingerprint
+        # Compared without loading the vocabulary where its fingerprint is a known constant (bytes, gpt2): a
+        # manifest edited by hand is caught offline too. Otherwise the vocabulary must load, or the run is refused.
+        fingerprint = fingerprint_of(self.tokenizer, self.bpe_file, self.data_dir)
         if manifest.tokenizer_fingerprint != fingerprint:
             raise ValueError(
                 f"The shards at {self.data_dir} were made with a different {self.tokenizer!r} vocabulary "
-                f"(fingerprint {manifest.tokenizer_fingerprint[:12]}, this one {fingerprint[:12]}). Check "
-                "data.bpe_file, or re-run prepare into another data_dir."
+                f"(fingerprint {manifest.tokenizer_fingerprint[:12]}, this one {fingerprint[:12]}): the manifest was "
+                "edited, or another vocabulary file was used. Check data.bpe_file, or re-run prepare into another "
+                "data_dir."
+            )
+        if (manifest.vocab_size, manifest.eos_id) != (self.vocab_size, self.eos_id):
+            raise ValueError(
+                f"The manifest of {self.data_dir} records vocab_size {manifest.vocab_size} and eos_id "
+                f"{manifest.eos_id}, but tokenizer {self.tokenizer!r} has {self.vocab_size} and {self.eos_id}: the "
+                f"manifest was edited by hand. {rebuild_hint(self.data_dir, self.tokenizer)}"
             )

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from lightning_cqk.data import remote
 
 
@@ -64,6 +66,28 @@ def check_split(data_dir: str | Path, split: str, tokenizer: str | None = None) 
                 f"prepare that made it was cut short, or the file was changed since. {hint}"
             )
     return index
+
+
+def check_stream_end(data_dir: str | Path, split: str, index: dict, eos_id: int, dtype: str, tokenizer: str) -> None:
+    """Refuse a split whose token stream does not end with ``eos_id`` (one token read from the last chunk).
+
+    Every document ``prepare`` writes ends with the tokenizer's EOS, so the last token of a split is EOS. Shards made
+    with another tokenizer (a manifest edited by hand to name this one) end with that tokenizer's EOS instead.
+    Remote shards are not read here.
+    """
+    if remote.is_remote(data_dir) or not index.get("chunks"):
+        return
+    last = Path(remote.join(data_dir, split)) / index["chunks"][-1]["filename"]
+    width = np.dtype(dtype).itemsize
+    with last.open("rb") as f:
+        f.seek(-width, 2)
+        token = int(np.frombuffer(f.read(width), dtype=dtype)[0])
+    if token != eos_id:
+        raise ValueError(
+            f"The {split} shards at {data_dir} end with token id {token}, not {tokenizer!r}'s end-of-document id "
+            f"{eos_id}: they were made with another tokenizer than their manifest.json says (edited by hand?), or "
+            f"the last chunk {last} is damaged. {rebuild_hint(data_dir, tokenizer)}"
+        )
 
 
 def check_token_range(batch, vocab_size: int, where: str) -> None:

@@ -31,12 +31,27 @@ class SplitStats:
         tokens: tokens written, including the EOS after every document.
         bytes: UTF-8 bytes of the documents' text (EOS has none).
         replaced_bytes: undecodable input bytes that were replaced with U+FFFD.
+        replaced_surrogates: lone surrogate escapes in JSON text that were replaced with U+FFFD.
+        first_replaced: ``path:line`` of the first document with a replacement, or "".
+        dropped_val_copies: (train) documents left out because their text equals a validation document's.
+        dropped_val_copy_bytes: their UTF-8 bytes.
+        first_val_copy: ``path:line`` of the first of them, or "".
+        skipped_blank: JSON records with blank or null text, and blank files, that were skipped (counted in
+            ``train`` for a hash split, where they belong to no split).
+        first_skipped: ``path:line`` of the first of them, or "".
     """
 
     documents: int = 0
     tokens: int = 0
     bytes: int = 0
     replaced_bytes: int = 0
+    replaced_surrogates: int = 0
+    first_replaced: str = ""
+    dropped_val_copies: int = 0
+    dropped_val_copy_bytes: int = 0
+    first_val_copy: str = ""
+    skipped_blank: int = 0
+    first_skipped: str = ""
 
     def add(self, other: SplitStats) -> None:
         """Accumulate another set of counts into this one."""
@@ -44,6 +59,13 @@ class SplitStats:
         self.tokens += other.tokens
         self.bytes += other.bytes
         self.replaced_bytes += other.replaced_bytes
+        self.replaced_surrogates += other.replaced_surrogates
+        self.first_replaced = self.first_replaced or other.first_replaced
+        self.dropped_val_copies += other.dropped_val_copies
+        self.dropped_val_copy_bytes += other.dropped_val_copy_bytes
+        self.first_val_copy = self.first_val_copy or other.first_val_copy
+        self.skipped_blank += other.skipped_blank
+        self.first_skipped = self.first_skipped or other.first_skipped
 
 
 @dataclass
@@ -68,6 +90,13 @@ class Manifest:
         litdata_version: litdata that wrote the shards.
         created: UTC time, ISO 8601.
         seconds: wall time of the prepare run.
+        corpus: the named corpus (``data.corpus``) the sources were read as, or None.
+        left_out: what the source held but the shards do not, one entry per file or group:
+            ``{"path", "reason", "documents", "bytes"}`` (``documents`` None where they were not counted), so a
+            source that leaves out most of its input says so (see ``corpora.py``).
+        val_overlap: ``drop`` or ``keep``: training documents equal to a validation document were left out or
+            kept (explicit validation text only; ``n/a`` for a hash split; ``keep`` for manifests older than this
+            field, which kept them).
         format_version: version of this file's layout.
         extra: free-form additions (ignored by readers that do not know them).
     """
@@ -88,6 +117,9 @@ class Manifest:
     litdata_version: str
     created: str
     seconds: float = 0.0
+    corpus: str | None = None
+    left_out: list[dict[str, Any]] = field(default_factory=list)
+    val_overlap: str = "keep"
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -133,7 +165,10 @@ class Manifest:
             raw = json.loads(remote.read_text(path) if remote.is_remote(directory) else path.read_text())
             known = {f.name for f in fields(cls)}
             raw = {k: v for k, v in raw.items() if k in known}  # tolerate keys added by newer versions
-            raw["splits"] = {k: SplitStats(**v) for k, v in raw["splits"].items()}
+            counts = {f.name for f in fields(SplitStats)}
+            raw["splits"] = {
+                k: SplitStats(**{c: n for c, n in v.items() if c in counts}) for k, v in raw["splits"].items()
+            }
             manifest = cls(**raw)
         except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError, AttributeError) as err:
             raise ValueError(f"Corrupt shard manifest {path} ({type(err).__name__}: {err}). {rebuild}") from None

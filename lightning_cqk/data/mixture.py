@@ -9,6 +9,7 @@ loss over the union of the val splits, and ``bytes_per_token`` is that union's b
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import lightning as L
@@ -41,8 +42,10 @@ class MixtureDataModule(L.LightningDataModule):
     Args:
         components: the corpora and their weights.
         tokenizer, bpe_file, seq_len, batch_size, val_batch_size, num_workers, val_fraction, shuffle, seed,
-            prepare_workers, max_documents, val_seq_len, cache_dir: as for ``TokenDataModule`` (shared by every
-            component; each component caches under ``cache_dir/<index>``).
+            prepare_workers, max_documents, val_seq_len, cache_dir, other_files, val_overlap: as for
+            ``TokenDataModule`` (shared by every component; each component caches under ``cache_dir/<index>``). A
+            component whose ``data_dir`` holds shards of another source or tokenizer is refused like a
+            ``TokenDataModule``'s.
     """
 
     def __init__(
@@ -61,13 +64,15 @@ class MixtureDataModule(L.LightningDataModule):
         max_documents: int | None = None,
         val_seq_len: int | None = None,
         cache_dir: str | None = None,
+        other_files: str = "refuse",
+        val_overlap: str = "drop",
     ) -> None:
         super().__init__()
         if len(components) < 1:
             raise ValueError("A mixture needs at least one component.")
         components = [c if isinstance(c, MixtureComponent) else MixtureComponent(**c) for c in components]
-        if any(not c.weight > 0 for c in components):
-            raise ValueError(f"Mixture weights must be positive, got {[c.weight for c in components]}.")
+        if any(not 0 < c.weight < math.inf for c in components):
+            raise ValueError(f"Mixture weights must be positive and finite, got {[c.weight for c in components]}.")
         self.save_hyperparameters()
         self.components = components
         self.tokenizer = tokenizer
@@ -96,6 +101,8 @@ class MixtureDataModule(L.LightningDataModule):
                 max_documents=max_documents,
                 val_seq_len=val_seq_len,
                 cache_dir=None if cache_dir is None else f"{cache_dir}/{i}",
+                other_files=other_files,
+                val_overlap=val_overlap,
             )
             for i, c in enumerate(components)
         ]

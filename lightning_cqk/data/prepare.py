@@ -19,9 +19,15 @@ that ``num_workers`` processes tokenize. litdata keeps the units in order (``kee
 stream of a split is the same for any worker count; only chunk boundaries move. Each unit writes its counts to a
 small JSON file that the parent adds up and checks against the token counts in litdata's ``index.json``.
 
-**Reuse.** A finished directory is reused when asked for again with the same tokenizer, sources, files and
-settings; asked for with different ones it raises (pass ``overwrite=True`` to rebuild). A directory without a
-manifest (an interrupted run) is rebuilt from scratch.
+**Reuse.** A finished directory is reused when asked for again with the same tokenizer, files and settings
+(``request.py``, the comparison the DataModules run too); asked for with different ones it raises (pass
+``overwrite=True`` to rebuild). A directory without a manifest (an interrupted run) is rebuilt from scratch. A
+rebuild replaces only what prepare wrote: a ``train/`` or ``val/`` that is not a litdata split folder is refused.
+
+**Nothing left out silently.** Files under the source that cannot be read (unsupported types) are listed and
+refused when they hold most of its bytes; a corpus's left-out files are counted (``corpora.py``); with explicit
+validation text, training documents identical to a validation document are dropped (``val_overlap="drop"``) and
+counted. All of it is printed and recorded in the manifest's ``left_out``.
 
 **litdata side effects we undo.** ``optimize`` sets the process-wide multiprocessing start method, replaces the
 SIGINT handler, sets ``DATA_OPTIMIZER_NUM_WORKERS`` and deletes ``$TMPDIR/chunks`` and ``$TMPDIR/data`` (shared by
@@ -36,7 +42,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import platform
 import shutil
 import signal
 import sys
@@ -45,7 +50,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
@@ -53,22 +58,29 @@ from pathlib import Path
 import numpy as np
 
 from lightning_cqk.data import remote
-from lightning_cqk.data.builtin import BUILTIN_CORPORA, builtin_name, stdlib_root
+from lightning_cqk.data.builtin import BUILTIN_CORPORA
 from lightning_cqk.data.manifest import MANIFEST_NAME, Manifest, SplitStats
+from lightning_cqk.data.request import (
+    VAL_OVERLAP,
+    SourceFile,
+    build_request,
+    describe,
+    differences,
+    file_entries,
+    fingerprint_of,
+    owned_split_dir,
+)
 from lightning_cqk.data.sources import (
     WorkUnit,
-    as_source_list,
     check_documents_mode,
     iter_unit_documents,
-    list_source_files,
     plan_work_units,
+    unsupported_entries,
 )
 from lightning_cqk.data.tokenizers import get_tokenizer, token_dtype
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata pings PyPI on import otherwise
 
-SPLIT_RULE = "int(blake2b(utf8(text)).hexdigest()[:15], 16) / 16**15 < val_fraction -> val"
-VAL_SOURCE_RULE = "source -> train, val_source -> val"
 _FLUSH_TOKENS = 1 << 20  # tokens per array handed to litdata: per-item overhead is ~10 us, so batch documents
 _MIN_UNIT_BYTES = 256 << 10
 _MAX_UNIT_BYTES = 64 << 20
@@ -94,6 +106,8 @@ def prepare(
     overwrite: bool = False,
     corpus: str | None = None,
     max_documents: int | None = None,
+    other_files: str = "refuse",
+    val_overlap: str = "drop",
 ) -> Manifest:
     """Tokenize text into litdata token shards with a train/val split and a manifest.
 
@@ -117,6 +131,13 @@ def prepare(
             ``documents``/``text_field`` come from the corpus; with ``source`` None it is downloaded into
             ``<output_dir>/raw/`` (needs the ``datasets`` package and a network).
         max_documents: with a download, keep at most this many rows of each online split.
+        other_files: with a corpus whose files name their splits, what to do with files that name none
+            (``corpora.OTHER_FILES``): ``refuse`` (default: stop and show the counts), ``train``, ``hash`` (ignore the
+            file names, split every non-test file by document hash) or ``leave_out``.
+        val_overlap: with explicit validation text (``val_source``, or a corpus's own val files), what to do with
+            training documents whose text equals a validation document's: ``drop`` (default: leave them out of
+            train, counted in the manifest's ``left_out`` and printed; training on validation text makes the
+            validation loss a lie) or ``keep``. A hash split never overlaps (equal texts share a split).
 
     Returns:
         The manifest of the new or reused shards.
@@ -125,65 +146,106 @@ def prepare(
         FileNotFoundError: a source path does not exist.
         ValueError: bad settings, a mismatching existing directory, or a split that would be empty.
     """
+    left_out: list[dict] = []
+    if max_documents is not None and not (corpus is not None and source is None):
+        print(
+            f"prepare: NOTE: max_documents={max_documents} is not applied: it takes the head of a corpus download "
+            "(corpus set, source null), and this source is local."
+        )
     if corpus is not None:
         from lightning_cqk.data.corpora import resolve_corpus
 
         if val_source is not None:
             raise ValueError(f"corpus={corpus!r} takes its validation split from its own files; drop val_source.")
         raw = Path(output_dir).expanduser() / "raw"
-        resolved = resolve_corpus(corpus, source, download_dir=raw, max_documents=max_documents)
+        resolved = resolve_corpus(
+            corpus, source, download_dir=raw, max_documents=max_documents, other_files=other_files, overwrite=overwrite
+        )
         source, val_source = resolved.source, resolved.val_source
         documents, text_field = resolved.documents, resolved.text_field
-        if resolved.held_out:
-            print(
-                f"prepare: corpus {corpus!r}: left out (test split or no split named): {', '.join(resolved.held_out)}."
-            )
+        left_out = resolved.left_out_entries()
+        print(resolved.summary())
     elif source is None:
         raise ValueError("prepare needs a source (text files) or a corpus name (see lightning_cqk.data.corpora).")
+    kwargs = dict(
+        tokenizer=tokenizer,
+        bpe_file=bpe_file,
+        val_fraction=val_fraction,
+        val_source=val_source,
+        text_field=text_field,
+        documents=documents,
+        num_workers=num_workers,
+        chunk_bytes=chunk_bytes,
+        overwrite=overwrite,
+        corpus=corpus,
+        left_out=left_out,
+        val_overlap=val_overlap,
+    )
     if remote.is_remote(output_dir):
-        return _prepare_remote(
-            source,
-            output_dir,
-            tokenizer=tokenizer,
-            bpe_file=bpe_file,
-            val_fraction=val_fraction,
-            val_source=val_source,
-            text_field=text_field,
-            documents=documents,
-            num_workers=num_workers,
-            chunk_bytes=chunk_bytes,
-            overwrite=overwrite,
-        )
+        return _prepare_remote(source, output_dir, **kwargs)
+    return _prepare_local(source, output_dir, **kwargs)
+
+
+def _prepare_local(
+    source: str | list[str],
+    output_dir: str,
+    tokenizer: str,
+    bpe_file: str | None,
+    val_fraction: float,
+    val_source: str | list[str] | None,
+    text_field: str,
+    documents: str,
+    num_workers: int,
+    chunk_bytes: str,
+    overwrite: bool,
+    corpus: str | None,
+    left_out: list[dict],
+    val_overlap: str = "drop",
+    shown_as: str | None = None,
+) -> Manifest:
+    """``prepare`` into a local directory, once a corpus (if any) is resolved into plain sources.
+
+    ``shown_as``: the directory's name in messages (the ``s3://`` URL when this is the local build of an upload).
+    """
     check_documents_mode(documents)
+    if val_overlap not in VAL_OVERLAP:
+        raise ValueError(f"val_overlap={val_overlap!r} is not one of {', '.join(map(repr, VAL_OVERLAP))}.")
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
     if val_source is None and val_fraction == 0.0:
         raise ValueError("val_fraction=0 leaves the validation split empty; give val_source or a fraction > 0.")
     num_workers = max(1, int(num_workers))
     out = Path(output_dir).expanduser()
-    tok = get_tokenizer(tokenizer, bpe_file)  # loads the vocabulary now: a missing BPE file fails before any work
-    sources = as_source_list(source)
-    val_sources = as_source_list(val_source) if val_source is not None else None
-    train_files = _resolve(sources, "train" if val_sources is not None else "hash")
-    val_files = _resolve(val_sources, "val") if val_sources is not None else []
-    _check_disjoint(train_files, val_files)
-    request = {
-        "tokenizer": tokenizer,
-        "tokenizer_fingerprint": tok.fingerprint,
-        "sources": sources,
-        "val_sources": val_sources,
-        "val_fraction": val_fraction,
-        "split_rule": SPLIT_RULE if val_sources is None else VAL_SOURCE_RULE,
-        "documents_mode": documents,
-        "text_field": text_field,
-        "files": _signature(train_files + val_files),
-    }
+    fingerprint = fingerprint_of(tokenizer, bpe_file)
+    request = build_request(
+        source, tokenizer, fingerprint, val_fraction, val_source, text_field, documents, corpus, val_overlap=val_overlap
+    )
+    train_files, val_files = request.train_files, request.val_files
 
     if Manifest.exists(out) and not overwrite:
         manifest = Manifest.load(out)
-        _check_reusable(manifest, request, out)
-        print(f"prepare: reusing finished shards at {out} ({manifest.splits['train'].tokens:,} train tokens).")
+        differ = differences(manifest, request)
+        if differ:
+            raise ValueError(
+                f"{shown_as or out} holds shards made from {describe(manifest)}, with other settings than asked now "
+                f"({'; '.join(differ)}). "
+                "Prepare into another output_dir, or pass overwrite=True (CLI: --overwrite true) to rebuild it."
+            )
+        print(
+            f"prepare: reusing finished shards at {shown_as or out} ({manifest.splits['train'].tokens:,} train tokens)."
+        )
         return manifest
+    unsupported = unsupported_entries(request.sources + (request.val_sources or []))
+    _check_unsupported(unsupported, request)
+    left_out = left_out + unsupported
+    tok = get_tokenizer(tokenizer, bpe_file)  # loads the vocabulary now: a missing BPE file fails before any work
+    for split in ("train", "val"):
+        if not owned_split_dir(out / split):
+            raise ValueError(
+                f"{out / split} is not a token-shard folder written by lightning_cqk (no litdata index.json, and it "
+                "holds other files), so prepare will not replace it: a rebuild deletes only what prepare wrote. "
+                "Prepare into another output_dir, or move that folder away."
+            )
     if (out / "train").exists() or (out / "val").exists():
         why = "overwrite=True" if Manifest.exists(out) else "no manifest.json, so an earlier run did not finish"
         print(f"prepare: rebuilding {out} ({why}).")
@@ -211,16 +273,24 @@ def prepare(
             )
             settings = _Settings(tokenizer, bpe_file, val_fraction, text_field, documents, dtype.name)
             # val first: it is small, so a split that comes out empty fails fast, not after tokenizing train.
-            if val_sources is None:
+            val_sources = request.val_sources
+            explicit = val_sources is not None
+            if not explicit:
                 jobs = {"val": [(u, "val") for u in train_units], "train": [(u, "train") for u in train_units]}
             else:
                 jobs = {"val": [(u, "all") for u in val_units], "train": [(u, "all") for u in train_units]}
+            drop = explicit and val_overlap == "drop"  # (a hash split cannot overlap: equal texts share a split)
+            val_settings = replace(settings, record_digests=drop)
             stats = {
-                split: _write_split(
-                    split, jobs[split], build / split, tmp, settings, num_workers, chunk_bytes, val_sources is not None
+                "val": _write_split(
+                    "val", jobs["val"], build / "val", tmp, val_settings, num_workers, chunk_bytes, explicit
                 )
-                for split in ("val", "train")
             }
+            exclude = _gather_digests(tmp / "reports" / "val", tmp / "val_digests.npy") if drop else None
+            train_settings = replace(settings, exclude_digests=exclude)
+            stats["train"] = _write_split(
+                "train", jobs["train"], build / "train", tmp, train_settings, num_workers, chunk_bytes, explicit
+            )
         for stale in (out / MANIFEST_NAME, out / "train", out / "val"):
             if stale.is_dir():
                 shutil.rmtree(stale)
@@ -242,16 +312,19 @@ def prepare(
         eos_id=tok.eos_id,
         dtype=dtype.name,
         splits={"train": stats["train"], "val": stats["val"]},
-        sources=sources,
-        val_sources=val_sources,
-        files=_file_entries(train_files + val_files),
+        sources=request.sources,
+        val_sources=request.val_sources,
+        files=file_entries(train_files + val_files),
         val_fraction=val_fraction,
-        split_rule=request["split_rule"],
+        split_rule=request.split_rule,
         documents_mode=documents,
         text_field=text_field,
         litdata_version=litdata.__version__,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         seconds=round(seconds, 3),
+        corpus=corpus,
+        left_out=left_out + _val_copies_entry(stats["train"], val_overlap),
+        val_overlap=val_overlap if request.val_sources is not None else "n/a",
     )
     manifest.save(out)
     _report(out, manifest, seconds, tokenize_seconds, num_workers)
@@ -268,13 +341,31 @@ def _prepare_remote(source: str | list[str], output_dir: str, overwrite: bool, *
         local = Path(tmp)
         if Manifest.exists(output_dir) and not overwrite:
             (local / MANIFEST_NAME).write_text(remote.read_text(remote.join(output_dir, MANIFEST_NAME)))
-        manifest = prepare(source, str(local), overwrite=overwrite, **kwargs)
+        manifest = _prepare_local(source, str(local), overwrite=overwrite, shown_as=output_dir, **kwargs)
         if (local / "train").is_dir():  # built here, not reused
             start = time.perf_counter()
             sent = remote.upload_dir(local, output_dir, last=(MANIFEST_NAME,))
             seconds = time.perf_counter() - start
             print(f"prepare: uploaded {sent / 1e6:.2f} MB to {output_dir} in {seconds:.1f} s.")
         return manifest
+
+
+def _check_unsupported(unsupported: list[dict], request) -> None:
+    """Say which files under the source are not read; refuse when they hold most of its bytes."""
+    if not unsupported:
+        return
+    used = sum(size for _, _, size in request.files or [] if isinstance(size, int))
+    skipped = sum(e["bytes"] for e in unsupported)
+    shown = "; ".join(f"{e['path']} ({e['bytes'] / 1e6:.2f} MB)" for e in unsupported[:5])
+    more = f" and {len(unsupported) - 5} more" if len(unsupported) > 5 else ""
+    if skipped > used:
+        raise ValueError(
+            f"Most of the source is in files prepare cannot read: {len(unsupported)} file(s), {skipped / 1e6:.2f} MB "
+            f"({shown}{more}), against {used / 1e6:.2f} MB of readable text. Decompress or convert them to "
+            ".txt/.md/.raw/.text or .jsonl/.json, or give as source only the files you mean (e.g. a glob such as "
+            "'folder/**/*.jsonl')."
+        )
+    print(f"prepare: LEFT OUT: {len(unsupported)} file(s) of unsupported type, {skipped / 1e6:.2f} MB: {shown}{more}.")
 
 
 @dataclass(frozen=True)
@@ -287,83 +378,34 @@ class _Settings:
     text_field: str
     documents: str
     dtype: str
+    record_digests: bool = False  # write each kept document's text digest (the val split, to drop its copies)
+    exclude_digests: str | None = None  # .npy of val digests: train documents with these are left out and counted
 
 
-@dataclass(frozen=True)
-class _SourceFile:
-    """A file to read and which split its documents may go to (``hash``, ``train`` or ``val``)."""
-
-    path: Path
-    split: str
-    builtin: str | None = None
+def _digest(text: str) -> int:
+    """64-bit blake2b of a document's UTF-8 text: equal texts, equal digests (collisions ~ n^2 / 2^65)."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
 
 
-def _resolve(sources: list[str], split: str) -> list[_SourceFile]:
-    files: list[_SourceFile] = []
-    for spec in sources:
-        name = builtin_name(spec)
-        if name is not None:
-            files.append(_SourceFile(Path(spec), split, builtin=name))
-        else:
-            files.extend(_SourceFile(p.resolve(), split) for p in list_source_files(spec))
-    return files
+def _gather_digests(report_dir: Path, path: Path) -> str:
+    """Merge the val workers' digest files into one sorted ``.npy``; return its path."""
+    parts = [np.load(p) for p in sorted(report_dir.glob("digests-*.npy"))]
+    np.save(path, np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64))
+    return str(path)
 
 
-def _check_disjoint(train: list[_SourceFile], val: list[_SourceFile]) -> None:
-    shared = {f.path for f in train} & {f.path for f in val}
-    if shared:
-        raise ValueError(
-            f"{len(shared)} file(s) are in both source and val_source (e.g. {sorted(shared)[0]}); their documents "
-            "would be in both splits. Make the two sources disjoint."
-        )
+_DIGEST_CACHE: dict[str, frozenset[int]] = {}
 
 
-def _signature(files: list[_SourceFile]) -> list[list]:
-    """What must match for a finished directory to be reused: each file's path, split and size (or Python)."""
-    return [[str(f.path), f.split, platform.python_version() if f.builtin else f.path.stat().st_size] for f in files]
+def _excluded(path: str) -> frozenset[int]:
+    """The val digests, loaded once per worker process."""
+    if path not in _DIGEST_CACHE:
+        _DIGEST_CACHE.clear()
+        _DIGEST_CACHE[path] = frozenset(int(d) for d in np.load(path))
+    return _DIGEST_CACHE[path]
 
 
-def _file_entries(files: list[_SourceFile]) -> list[dict]:
-    entries = []
-    for f, (path, split, size) in zip(files, _signature(files)):
-        entry = {"path": path, "split": split}
-        if f.builtin:
-            entry.update(python=size, stdlib=str(stdlib_root()))
-        else:
-            entry["bytes"] = size
-        entries.append(entry)
-    return entries
-
-
-def _check_reusable(manifest: Manifest, request: dict, out: Path) -> None:
-    if manifest.tokenizer != request["tokenizer"] or manifest.tokenizer_fingerprint != request["tokenizer_fingerprint"]:
-        raise ValueError(
-            f"{out} holds shards made with tokenizer {manifest.tokenizer!r} (fingerprint "
-            f"{manifest.tokenizer_fingerprint[:12]}), not {request['tokenizer']!r} "
-            f"({request['tokenizer_fingerprint'][:12]}). Prepare into another output_dir, or pass overwrite=True "
-            "(CLI: --overwrite true) to rebuild it."
-        )
-    found = {k: getattr(manifest, k) for k in request if k != "files"}
-    found["files"] = [
-        [f.get("path"), f.get("split"), f.get("python") if "python" in f else f.get("bytes")] for f in manifest.files
-    ]
-    differ = [k for k in request if found[k] != request[k]]
-    if manifest.val_sources is not None and request["val_sources"] is not None and differ == ["val_fraction"]:
-        return  # val_fraction is unused when val_source is given
-    if differ:
-        detail = "; ".join(f"{k}: prepared {_short(found[k])}, asked {_short(request[k])}" for k in differ)
-        raise ValueError(
-            f"{out} was prepared with other settings ({detail}). Prepare into another output_dir, or pass "
-            "overwrite=True (CLI: --overwrite true) to rebuild it."
-        )
-
-
-def _short(value: object, limit: int = 160) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _materialise(files: list[_SourceFile], tmp: Path, num_workers: int) -> list[Path]:
+def _materialise(files: list[SourceFile], tmp: Path, num_workers: int) -> list[Path]:
     """Paths to read; built-in corpora are first gathered (in parallel) into several small JSON-lines files."""
     paths: list[Path] = []
     for f in files:
@@ -477,12 +519,38 @@ def _tokenize_unit(item: tuple[int, WorkUnit, str], settings: _Settings, report_
         tok = get_tokenizer(settings.tokenizer, settings.bpe_file)
         dtype = np.dtype(settings.dtype)
         eos = np.array([tok.eos_id], dtype=dtype)
-        for doc in iter_unit_documents(unit, settings.text_field, settings.documents):
+        exclude = _excluded(settings.exclude_digests) if settings.exclude_digests else None
+        digests: list[int] | None = [] if settings.record_digests else None
+
+        def skipped(where: str) -> None:
+            if keep != "val":  # a hash split reads each unit twice: count in the train pass only
+                stats.skipped_blank += 1
+                stats.first_skipped = stats.first_skipped or where
+
+        for doc in iter_unit_documents(unit, settings.text_field, settings.documents, on_skip=skipped):
             seen += 1
-            if keep != "all" and in_val(doc.text, settings.val_fraction) != (keep == "val"):
-                continue
-            ids = tok.encode_array(doc.text).astype(dtype, copy=False)
-            stats.add(SplitStats(1, len(ids) + 1, len(doc.text.encode("utf-8")), doc.replaced))
+            try:
+                if keep != "all" and in_val(doc.text, settings.val_fraction) != (keep == "val"):
+                    continue
+                if exclude is not None or digests is not None:
+                    digest = _digest(doc.text)
+                    if exclude is not None and digest in exclude:
+                        stats.dropped_val_copies += 1
+                        stats.dropped_val_copy_bytes += len(doc.text.encode("utf-8"))
+                        stats.first_val_copy = stats.first_val_copy or doc.source
+                        continue
+                    if digests is not None:
+                        digests.append(digest)
+                ids = tok.encode_array(doc.text).astype(dtype, copy=False)
+                size = len(doc.text.encode("utf-8"))
+            except Exception as err:  # name the document: a worker's error has no other context
+                raise (
+                    type(err)(f"{doc.source}: {err}")
+                    if isinstance(err, (ValueError, RuntimeError))
+                    else ValueError(f"{doc.source}: cannot tokenize this document ({type(err).__name__}: {err}).")
+                ) from err
+            first = doc.source if doc.replaced or doc.surrogates else ""
+            stats.add(SplitStats(1, len(ids) + 1, size, doc.replaced, doc.surrogates, first))
             pending += [ids, eos]
             n_pending += len(ids) + 1
             if n_pending >= _FLUSH_TOKENS:
@@ -493,6 +561,8 @@ def _tokenize_unit(item: tuple[int, WorkUnit, str], settings: _Settings, report_
     except Exception as err:  # reported to the parent, which raises it with its original type
         _write_json(reports / f"error-{index:06d}.json", {"type": type(err).__name__, "message": str(err)})
         return
+    if digests is not None:
+        np.save(reports / f"digests-{index:06d}.npy", np.array(digests, dtype=np.uint64))
     _write_json(reports / f"stats-{index:06d}.json", {"stats": asdict(stats), "seen": seen})
 
 
@@ -577,6 +647,20 @@ def _litdata_sandbox(tmp: Path) -> Iterator[None]:
             signal.signal(signal.SIGINT, saved_sigint)
 
 
+def _val_copies_entry(train: SplitStats, val_overlap: str) -> list[dict]:
+    """The manifest's ``left_out`` entry for training documents dropped as copies of validation documents."""
+    if not train.dropped_val_copies:
+        return []
+    return [
+        {
+            "path": f"training documents identical to a validation document (first: {train.first_val_copy})",
+            "reason": f"val_overlap={val_overlap}: a copy of validation text is not trained on",
+            "documents": train.dropped_val_copies,
+            "bytes": train.dropped_val_copy_bytes,
+        }
+    ]
+
+
 def _report(out: Path, manifest: Manifest, seconds: float, tokenize_seconds: float, num_workers: int) -> None:
     train, val = manifest.splits["train"], manifest.splits["val"]
     text_mb = (train.bytes + val.bytes) / 1e6
@@ -592,5 +676,32 @@ def _report(out: Path, manifest: Manifest, seconds: float, tokenize_seconds: flo
         f"{seconds:.1f} s in all."
     )
     replaced = train.replaced_bytes + val.replaced_bytes
+    surrogates = train.replaced_surrogates + val.replaced_surrogates
+    first = val.first_replaced or train.first_replaced
     if replaced:
-        print(f"prepare: {replaced:,} bytes that were not UTF-8 were replaced with U+FFFD.")
+        print(f"prepare: {replaced:,} bytes that were not UTF-8 were replaced with U+FFFD (first in {first}).")
+    if surrogates:
+        print(
+            f"prepare: {surrogates:,} lone surrogate escapes in JSON text (\\ud800-\\udfff without a pair: not a "
+            f"character) were replaced with U+FFFD (first in {first})."
+        )
+    blank = train.skipped_blank + val.skipped_blank
+    if blank:
+        first = val.first_skipped or train.first_skipped
+        print(
+            f"prepare: LEFT OUT: {blank:,} records or files with blank or null text (first: {first}); check text_field "
+            f"if that is more than expected ({train.documents + val.documents:,} documents were used)."
+        )
+    if train.dropped_val_copies:
+        print(
+            f"prepare: {train.dropped_val_copies:,} training documents are identical to validation documents and were "
+            f"left out of train (first: {train.first_val_copy}); val_overlap='keep' keeps them."
+        )
+    data = [e for e in manifest.left_out if not e["reason"].startswith("documentation")]
+    if data:
+        docs = sum(e.get("documents") or 0 for e in data)
+        print(
+            f"prepare: LEFT OUT: {len(data)} file(s) or group(s) of the source, {docs:,} documents counted in them "
+            f"({sum(e['bytes'] for e in data) / 1e6:.2f} MB), beside {train.documents + val.documents:,} documents "
+            f"used; each is listed in {out / MANIFEST_NAME} (left_out) with the reason."
+        )

@@ -12,7 +12,9 @@ corpus named ``builtin:<name>`` (see ``builtin.py``).
   ``title\\nabstract``, any other block is kept as a plain paragraph).
 * JSON lines (``.jsonl``, ``.json``): one document per line, the string in ``text_field`` (a line that is a bare
   JSON string is accepted too). A ``.json`` file that starts with ``[`` is read as one array of such records.
-  Records whose text is null or blank are skipped.
+  Records whose text is null or blank are skipped (and counted by ``prepare``). A lone surrogate escape
+  (``"\\ud800"`` without its pair: not a character, and not encodable as UTF-8) is replaced with U+FFFD and counted
+  (``Document.surrogates``), like undecodable bytes; the first one's file and line are reported by ``prepare``.
 
 Only ``\\n`` ends a line: JSON writers may leave U+2028 or form feeds unescaped inside strings, and
 ``str.splitlines`` would cut records there. Bytes that are not UTF-8 are replaced with U+FFFD and counted per
@@ -30,7 +32,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -42,15 +44,24 @@ BUILTIN_PREFIX = "builtin:"
 # A WikiText article heading: " = Title = " (one "=" each side; " = = Section = = " is a sub-heading).
 _WIKI_HEADING = re.compile(rb"^ = [^=].*[^=] = $|^ = [^=] = $")
 _PUBTATOR_TEXT = re.compile(rb"^\d+\|[ta]\|")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # left by json.loads only for unpaired escapes
 
 
 @dataclass(frozen=True)
 class Document:
-    """One document, where it came from, and how many undecodable bytes were replaced while reading it."""
+    """One document, where it came from (``path:line``), and what was replaced with U+FFFD while reading it.
+
+    Attributes:
+        text: the document.
+        source: ``path:line`` (or ``path[i]`` in a JSON array).
+        replaced: undecodable input bytes replaced.
+        surrogates: lone surrogate escapes of JSON text replaced.
+    """
 
     text: str
     source: str
     replaced: int = 0
+    surrogates: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,6 +144,38 @@ def list_source_files(source: str | list[str]) -> list[Path]:
     return unique
 
 
+def unsupported_entries(source: str | list[str]) -> list[dict]:
+    """Files under a source's folders and globs that ``list_source_files`` does not read (unsupported suffixes).
+
+    Hidden files and folders are not listed (never data by convention). One entry per file, in the manifest's
+    ``left_out`` form: ``{"path", "reason", "documents": None, "bytes"}``.
+    """
+    found: list[Path] = []
+    for spec in as_source_list(source):
+        if is_builtin(spec):
+            continue
+        path = Path(spec).expanduser()
+        if path.is_dir():
+            roots = [path]
+        elif path.is_file():
+            roots = []
+        else:
+            roots = [Path(m) for m in sorted(glob.glob(os.path.expanduser(spec), recursive=True))]
+        for root in roots:
+            for f in _walk(root, supported=False) if root.is_dir() else [root]:
+                if f.is_file() and not _supported(f) and not f.name.startswith("."):
+                    found.append(f)
+    return [
+        {
+            "path": str(f.resolve()),
+            "reason": f"unsupported file type ({''.join(f.suffixes[-2:]) or 'no suffix'}): not read",
+            "documents": None,
+            "bytes": f.stat().st_size,
+        }
+        for f in dict.fromkeys(found)
+    ]
+
+
 def iter_documents(
     path_or_glob: str | list[str], text_field: str = "text", documents: str = "file"
 ) -> Iterator[Document]:
@@ -182,8 +225,15 @@ def plan_work_units(files: list[Path], documents: str, target_bytes: int) -> lis
     return units
 
 
-def iter_unit_documents(unit: WorkUnit, text_field: str = "text", documents: str = "file") -> Iterator[Document]:
-    """The documents of one work unit (a whole file or a byte range of it)."""
+def iter_unit_documents(
+    unit: WorkUnit, text_field: str = "text", documents: str = "file", on_skip: Callable[[str], None] | None = None
+) -> Iterator[Document]:
+    """The documents of one work unit (a whole file or a byte range of it).
+
+    ``on_skip(where)`` is called for each record skipped for blank or null text (JSON) and each blank file
+    (``documents="file"``), so what is left out can be counted.
+    """
+    skip = on_skip or (lambda where: None)
     path = Path(unit.path)
     with path.open("rb") as f:
         f.seek(unit.start)
@@ -191,13 +241,15 @@ def iter_unit_documents(unit: WorkUnit, text_field: str = "text", documents: str
     suffix = path.suffix.lower()
     if suffix in JSONL_SUFFIXES:
         if suffix == ".json" and unit.start == 0 and data.lstrip()[:1] == b"[":
-            yield from _json_array_documents(data, unit, text_field)
+            yield from _json_array_documents(data, unit, text_field, skip)
         else:
-            yield from _jsonl_documents(data, unit, text_field)
+            yield from _jsonl_documents(data, unit, text_field, skip)
     elif documents == "file":
         text, replaced = decode_counting(data)
         if text.strip():
             yield Document(text, unit.path, replaced)
+        else:
+            skip(unit.path)
     else:
         yield from _text_documents(data, unit, documents)
 
@@ -258,7 +310,7 @@ def _pubtator_document(doc: Document) -> Document:
     return Document("\n".join(p for p in parts if p.strip()), doc.source, doc.replaced)
 
 
-def _jsonl_documents(data: bytes, unit: WorkUnit, text_field: str) -> Iterator[Document]:
+def _jsonl_documents(data: bytes, unit: WorkUnit, text_field: str, skip: Callable[[str], None]) -> Iterator[Document]:
     for lineno, line in enumerate(data.split(b"\n"), start=1):
         if not line.strip():
             continue
@@ -270,10 +322,15 @@ def _jsonl_documents(data: bytes, unit: WorkUnit, text_field: str) -> Iterator[D
             raise ValueError(f"{where} is not valid JSON ({err.msg}); each line must be one JSON object.") from None
         value = _record_text(record, text_field, where)
         if value is not None:
-            yield Document(value, where, replaced)
+            value, surrogates = _SURROGATE.subn("\ufffd", value)
+            yield Document(value, where, replaced, surrogates)
+        else:
+            skip(where)
 
 
-def _json_array_documents(data: bytes, unit: WorkUnit, text_field: str) -> Iterator[Document]:
+def _json_array_documents(
+    data: bytes, unit: WorkUnit, text_field: str, skip: Callable[[str], None]
+) -> Iterator[Document]:
     text, replaced = decode_counting(data)
     try:
         records = json.loads(text)
@@ -282,8 +339,11 @@ def _json_array_documents(data: bytes, unit: WorkUnit, text_field: str) -> Itera
     for i, record in enumerate(records):
         value = _record_text(record, text_field, f"{unit.path}[{i}]")
         if value is not None:
-            yield Document(value, f"{unit.path}[{i}]", replaced)
+            value, surrogates = _SURROGATE.subn("\ufffd", value)
+            yield Document(value, f"{unit.path}[{i}]", replaced, surrogates)
             replaced = 0  # a whole-file count is attributed to the first document
+        else:
+            skip(f"{unit.path}[{i}]")
 
 
 def _record_text(record: object, text_field: str, where: str) -> str | None:
@@ -348,12 +408,17 @@ def _supported(path: Path) -> bool:
     return path.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES and not path.name.startswith(".")
 
 
-def _walk(root: Path) -> list[Path]:
-    """Supported files under ``root`` in sorted relative-path order, skipping hidden files and folders."""
+def _walk(root: Path, supported: bool = True) -> list[Path]:
+    """Supported files (``supported=False``: all files) under ``root`` in sorted relative-path order, skipping
+    hidden files and folders."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found.extend(Path(dirpath) / name for name in sorted(filenames) if _supported(Path(name)))
+        found.extend(
+            Path(dirpath) / name
+            for name in sorted(filenames)
+            if not name.startswith(".") and (_supported(Path(name)) or not supported)
+        )
     return sorted(found, key=lambda p: p.relative_to(root).parts)
 
 

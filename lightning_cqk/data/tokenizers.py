@@ -52,6 +52,9 @@ class Tokenizer(ABC):
     name: ClassVar[str]
     vocab_size: ClassVar[int]
     eos_id: ClassVar[int]
+    known_fingerprint: ClassVar[str | None] = None
+    """The ``fingerprint`` of the one vocabulary this tokenizer may have, when it is fixed: lets a manifest be
+    checked without loading the vocabulary (None: the vocabulary must be loaded to check it)."""
 
     @abstractmethod
     def encode(self, text: str) -> list[int]:
@@ -88,6 +91,7 @@ class ByteTokenizer(Tokenizer):
     name = "bytes"
     vocab_size = 257
     eos_id = 256
+    known_fingerprint = hashlib.sha256(b"bytes-utf8-eos256-v1").hexdigest()
 
     def __init__(self, bpe_file: str | None = None) -> None:
         del bpe_file
@@ -111,7 +115,7 @@ class ByteTokenizer(Tokenizer):
     @property
     def fingerprint(self) -> str:
         """A constant: the byte vocabulary never changes."""
-        return hashlib.sha256(b"bytes-utf8-eos256-v1").hexdigest()
+        return self.known_fingerprint
 
 
 class GPT2Tokenizer(Tokenizer):
@@ -128,6 +132,7 @@ class GPT2Tokenizer(Tokenizer):
     name = "gpt2"
     vocab_size = 50257
     eos_id = 50256
+    known_fingerprint = GPT2_FINGERPRINT  # any other vocabulary file is refused when loaded
 
     def __init__(self, bpe_file: str | None = None) -> None:
         bpe_file = bpe_file or os.environ.get(GPT2_BPE_ENV) or None
@@ -193,6 +198,11 @@ def vocab_size_of(name: str) -> int:
 def eos_id_of(name: str) -> int:
     """The end-of-document id of a named tokenizer, without loading anything."""
     return _tokenizer_class(name).eos_id
+
+
+def known_fingerprint(name: str) -> str | None:
+    """The fixed vocabulary fingerprint of a named tokenizer (no I/O), or None when it has none."""
+    return _tokenizer_class(name).known_fingerprint
 
 
 def can_load_offline(name: str, bpe_file: str | None = None) -> bool:

@@ -1,9 +1,18 @@
-"""Optimiser and learning-rate schedule settings (names and numbers only)."""
+"""Optimiser and learning-rate schedule settings (names and numbers only), and the checks of those numbers.
+
+A number that cannot mean what it says is refused when the config is built, naming the setting, the value and the
+range (issue 13, class 10): a negative weight decay (which would grow the weights), a non-positive or non-finite
+learning rate, betas outside [0, 1), a non-positive eps, a negative warmup, a decay length below one step, a warmup
+longer than an explicit decay length. ``check_trainer_numbers`` does the same for the Trainer's gradient clipping
+(Lightning accepts a negative ``gradient_clip_val`` and then silently does not clip), and ``check_schedule`` warns
+when the warmup is longer than the run (the peak learning rate is never reached).
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 LOGIT_CONTROL_METHODS = ("none", "quack", "fixed", "qk_clip")
 OPTIMIZERS = ("adamw", "muon")
@@ -40,10 +49,10 @@ class LogitControl:
                 f"optim.logit_control.method={self.method!r} is not one of "
                 f"{', '.join(map(repr, LOGIT_CONTROL_METHODS))}."
             )
-        if not self.tau > 0:
-            raise ValueError(f"optim.logit_control.tau must be positive, got {self.tau}.")
-        if not self.tau_clip > 0:
-            raise ValueError(f"optim.logit_control.tau_clip must be positive, got {self.tau_clip}.")
+        if not 0 < self.tau < math.inf:
+            raise ValueError(f"optim.logit_control.tau must be positive and finite, got {self.tau}.")
+        if not 0 < self.tau_clip < math.inf:
+            raise ValueError(f"optim.logit_control.tau_clip must be positive and finite, got {self.tau_clip}.")
 
 
 @dataclass
@@ -148,10 +157,85 @@ class OptimConfig:
             raise ValueError(f"optim.name={self.name!r} is not one of {', '.join(map(repr, OPTIMIZERS))}.")
         if self.weight_decay_scope not in ("matrices", "all"):
             raise ValueError(f"optim.weight_decay_scope={self.weight_decay_scope!r} is not 'matrices' or 'all'.")
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr must be positive, got {self.lr}.")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}.")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}.")
         self.betas = tuple(self.betas)
+        check_optim_numbers(self)
+
+
+def _refuse(name: str, value: Any, rule: str, fix: str = "") -> None:
+    raise ValueError(f"{name}={value!r} is not allowed: {rule}.{' ' + fix if fix else ''}")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_optim_numbers(cfg: OptimConfig) -> None:
+    """Refuse optimiser numbers outside their meaningful range (see the module docstring)."""
+    if not (_finite(cfg.lr) and cfg.lr > 0):
+        _refuse("optim.lr", cfg.lr, "the learning rate must be positive and finite", "Give e.g. --model.optim.lr 6e-4.")
+    if not (_finite(cfg.weight_decay) and cfg.weight_decay >= 0):
+        _refuse(
+            "optim.weight_decay",
+            cfg.weight_decay,
+            "decoupled weight decay must be >= 0 and finite (a negative one grows the weights every step)",
+            "Use 0 for no decay: --model.optim.weight_decay 0.",
+        )
+    if len(cfg.betas) != 2 or not all(_finite(b) and 0.0 <= b < 1.0 for b in cfg.betas):
+        _refuse(
+            "optim.betas",
+            list(cfg.betas),
+            "AdamW needs two betas in [0, 1) (a beta of 1 never forgets, above 1 diverges)",
+            "Give e.g. --model.optim.betas '[0.9, 0.95]'.",
+        )
+    if not (_finite(cfg.eps) and cfg.eps > 0):
+        _refuse("optim.eps", cfg.eps, "AdamW's eps must be positive and finite", "Give e.g. --model.optim.eps 1e-8.")
+    if not (isinstance(cfg.warmup_steps, int) and cfg.warmup_steps >= 0):
+        _refuse("optim.warmup_steps", cfg.warmup_steps, "the warmup must be a whole number of steps >= 0")
+    if not (_finite(cfg.min_lr_ratio) and 0.0 <= cfg.min_lr_ratio <= 1.0):
+        _refuse("optim.min_lr_ratio", cfg.min_lr_ratio, "the floor of the cosine is a fraction of lr, in [0, 1]")
+    if cfg.decay_steps is not None:
+        if not (isinstance(cfg.decay_steps, int) and cfg.decay_steps >= 1):
+            _refuse(
+                "optim.decay_steps",
+                cfg.decay_steps,
+                "the schedule length must be >= 1 step",
+                "Leave it unset (null) to use trainer.max_steps.",
+            )
+        if cfg.warmup_steps > cfg.decay_steps:
+            _refuse(
+                "optim.warmup_steps",
+                cfg.warmup_steps,
+                f"it is longer than optim.decay_steps={cfg.decay_steps}, so the peak learning rate would never be "
+                "reached and the cosine never run",
+                f"Use --model.optim.warmup_steps <= {cfg.decay_steps}, or a longer --model.optim.decay_steps.",
+            )
+
+
+def check_trainer_numbers(trainer: Any) -> None:
+    """Refuse a negative or non-finite ``gradient_clip_val`` (Lightning accepts it and silently does not clip).
+
+    0 and None both mean "no clipping", as in Lightning.
+    """
+    clip = getattr(trainer, "gradient_clip_val", None)
+    if clip is not None and not (_finite(clip) and clip >= 0):
+        _refuse(
+            "trainer.gradient_clip_val",
+            clip,
+            "the clipping threshold must be >= 0 and finite (Lightning would silently not clip)",
+            "Give a positive norm, e.g. --trainer.gradient_clip_val 1.0, or 0 / null for no clipping.",
+        )
+
+
+def check_schedule(cfg: OptimConfig, decay_steps: int) -> str | None:
+    """A warning when the warmup is longer than the schedule the run resolved (``trainer.max_steps``), else None.
+
+    Not refused: a short smoke run of a long config is a legitimate use; the warning says what the run will do.
+    """
+    if cfg.warmup_steps > decay_steps:
+        return (
+            f"optim.warmup_steps={cfg.warmup_steps} is longer than the schedule's {decay_steps} steps "
+            f"(trainer.max_steps / optim.decay_steps): the learning rate rises to at most "
+            f"{decay_steps / cfg.warmup_steps:.3g} x lr={cfg.lr:g} and the cosine decay never runs. Use "
+            f"--model.optim.warmup_steps <= {decay_steps} for the documented schedule."
+        )
+    return None

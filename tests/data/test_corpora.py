@@ -133,8 +133,12 @@ def test_download_writes_the_corpus_format_and_keeps_its_splits(tmp_path: Path, 
     assert len(train) == 3 and train[0].text.startswith(" = train 0 = ")  # 9 rows: three articles
     assert resolved.val_source == [str(tmp_path / "raw" / "wiki.valid.raw")]
     calls.clear()
-    resolve_corpus("wikitext2", None, download_dir=tmp_path / "raw")  # a finished download is reused
+    resolve_corpus("wikitext2", None, download_dir=tmp_path / "raw", max_documents=9)  # a finished download is reused
     assert calls == []
+    with pytest.raises(ValueError, match=r"holds a download of .*'max_documents': 9.*'max_documents': None"):
+        resolve_corpus("wikitext2", None, download_dir=tmp_path / "raw")  # ... but not for another ask
+    resolve_corpus("wikitext2", None, download_dir=tmp_path / "raw", overwrite=True)  # downloaded again, whole
+    assert len(calls) == 3 and len(list(iter_documents(str(tmp_path / "raw" / "wiki.train.raw"), documents="wikitext")))
 
 
 def test_download_jsonl_corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -94,7 +94,7 @@ def test_reuse_mismatch_overwrite_and_interrupted(corpus: Path, tmp_path: Path, 
     assert "reusing" in capsys.readouterr().out
     assert (manifest_file.stat().st_mtime_ns, chunk.stat().st_mtime_ns) == stamps, "nothing rewritten"
 
-    with pytest.raises(ValueError, match="tokenizer 'bytes'.*not 'gpt2'.*overwrite=True"):
+    with pytest.raises(ValueError, match="tokenizer: prepared 'bytes', asked 'gpt2'.*overwrite=True"):
         prepare(str(corpus), str(out), tokenizer="gpt2", bpe_file=str(gpt2_bpe_dir / "gpt2.tiktoken"))
     with pytest.raises(ValueError, match="documents_mode: prepared 'file', asked 'line'"):
         prepare(str(corpus), str(out), val_fraction=0.25, documents="line")

@@ -62,12 +62,16 @@ def test_prepare_to_s3_streams_back_the_same_tokens(corpus: Path, prepared: Path
         prepare(str(corpus), url, val_fraction=0.5)
 
 
-def test_datamodule_from_s3_batches_match_local(prepared: Path, bucket: str, tmp_path: Path):
+def test_datamodule_from_s3_batches_match_local(corpus: Path, prepared: Path, bucket: str, tmp_path: Path):
     url = f"{bucket}/uploaded"
     remote.upload_dir(prepared, url, last=("manifest.json",))
     kw = dict(source=None, seq_len=16, batch_size=3, shuffle=False)
     from_s3 = TokenDataModule(data_dir=url, cache_dir=str(tmp_path / "cache"), num_workers=1, **kw)
     from_s3.prepare_data()  # the remote manifest says "finished": nothing to do
+    # The remote shards are compared with data.source like local ones: the same source is accepted, another refused.
+    TokenDataModule(data_dir=url, source=str(corpus), val_fraction=0.25).prepare_data()
+    with pytest.raises(ValueError, match=rf"data\.source does not match the shards in data\.data_dir={url}.*val_fr"):
+        TokenDataModule(data_dir=url, source=str(corpus), val_fraction=0.5).prepare_data()
     from_s3.setup("fit")
     local = TokenDataModule(data_dir=str(prepared), **kw)
     local.setup("fit")

@@ -201,7 +201,7 @@ def test_damaged_shard_bytes_stop_at_the_first_batch(shards, tmp_path):
     copy = copy_shards(shards, tmp_path / "copy")
     (chunk,) = (copy / "train").glob("*.bin")
     data = bytearray(chunk.read_bytes())
-    data[-4000:] = np.full(2000, 60000, dtype=np.uint16).tobytes()  # same size; ids far outside the vocabulary
+    data[-6000:-2000] = np.full(2000, 60000, dtype=np.uint16).tobytes()  # same size; ids far outside the vocabulary
     chunk.write_bytes(bytes(data))
     dm = TokenDataModule(data_dir=str(copy), source=None, seq_len=16, batch_size=8, shuffle=False)
     dm.setup("fit")
