@@ -109,7 +109,7 @@ class CQKCLI(LightningCLI):
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # atomic, fsynced, clear errors on load
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         if not any(isinstance(cb, RunSummary) for cb in trainer.callbacks):
-            trainer.callbacks.append(RunSummary())
+            trainer.callbacks.insert(0, RunSummary())  # first: it records a validation before a checkpoint saves
         return trainer
 
 
