@@ -1,7 +1,8 @@
 """Issue 13 classes 1, 2 and 10 (metrics and checkpoints): a non-finite validation shows as non-finite (val/loss,
 val/ppl, val/bpb), is named in the run summary, and is never kept as the best checkpoint; checkpoint retention only
 deletes files in its own folder (a run resumed from another run's last.ckpt, a `cp -a` copy of a run);
-`val_check_interval: 0` is refused before any step; a resume that trains no step prints no rate."""
+`val_check_interval: 0` is refused before any step; a resume that trains no step prints no rate; a finite but
+explosive update (weights of 1e9), which the NaN checks cannot see, is rolled back by NonFiniteGuard(max_abs_weight)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_cqk.callbacks import AtomicCheckpointIO, BestCheckpoint, RunCheckpoint, RunSummary
+from lightning_cqk.callbacks import AtomicCheckpointIO, BestCheckpoint, NonFiniteGuard, RunCheckpoint, RunSummary
+from lightning_cqk.callbacks.nonfinite import max_abs
 from lightning_cqk.module import LitLM
 
 
@@ -147,3 +149,53 @@ def test_a_resume_that_trains_no_step_prints_no_rate(make_module, make_trainer, 
     assert "steps 4 | tokens seen 256 | no rate: no optimizer step was trained in this fit" in out, out
     record = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert record["fit"]["steps"] == 0 and record["fit"]["tokens_per_sec"] == "nan" and record["fit"]["rate_note"]
+
+
+# ------------------------------------------------------------------ class 1: an explosive (finite) update, recovered
+class Explode(L.Callback):
+    """A finite but explosive update: after optimizer step `step`, one weight matrix is 1e9 everywhere."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        if trainer.global_step == self.step:
+            with torch.no_grad():
+                pl_module.model.blocks[0].mlp.up_proj.weight.fill_(1e9)
+
+
+class Capture(L.Callback):
+    """The weights right after the guard has acted at `step`."""
+
+    def __init__(self, step: int) -> None:
+        self.step, self.weights = step, None
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        if trainer.global_step == self.step:
+            self.weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+
+
+@pytest.mark.parametrize("watch", [False, True])
+def test_an_explosive_update_is_rolled_back_to_the_last_good_checkpoint(
+    watch, make_module, make_trainer, token_loader, tmp_path
+):
+    guard = NonFiniteGuard(max_abs_weight=100.0 if watch else None)
+    capture = Capture(step=5)
+    callbacks = [Explode(step=5), guard, capture, RunCheckpoint(every_n_steps=2, keep_last=None)]
+    trainer = make_trainer(callbacks, max_steps=8, enable_checkpointing=True)
+    module = make_module(LitLM)
+    if not watch:  # the control: the finite explosion passes the NaN/Inf checks and wrecks the model
+        trainer.fit(module, token_loader())
+        assert not guard.rollbacks and max_abs(module.parameters()) >= 1e8
+        return
+    with pytest.warns(UserWarning, match=r"step 5: the largest \|weight\| is 1e\+09 > max_abs_weight 100.*rolled back"):
+        trainer.fit(module, token_loader())
+    folder = Path(trainer.checkpoint_callback.dirpath)
+    assert [(r["step"], r["to_step"], r["lr_factor"]) for r in guard.rollbacks] == [(5, 4, 0.5)]
+    step4 = torch.load(folder / "step=00000004.ckpt", weights_only=True)["state_dict"]
+    assert all(torch.equal(capture.weights[k], v) for k, v in step4.items()), "weights are step 4's, exactly"
+    assert max_abs(module.parameters()) < 100.0 and math.isfinite(float(trainer.callback_metrics["train/loss"]))
+    schedule = trainer.lr_scheduler_configs[0].scheduler
+    assert schedule.base_lrs == [0.5 * module.optim.lr] * len(schedule.base_lrs), "the learning rate is halved"
+    record = json.loads((tmp_path / "run" / "nonfinite.json").read_text())
+    assert record["rollbacks"][0]["to_checkpoint"].endswith("step=00000004.ckpt")
