@@ -15,7 +15,8 @@ run's logs. Two values are linked so that model and data cannot disagree: `model
 `seq_len`, and `model.config.vocab_size` is the data tokenizer's vocabulary size.
 
 Defaults chosen here (all overridable): TensorBoard logs under `runs/<experiment>/<run name>/` where the run name
-is `{attention}-{size}-s{seed}` (size: the preset, plus any shape field set against it, e.g. `60m-L6`; a `-2`, `-3`, ... suffix keeps a new run from writing into an old one), and
+is `{attention}-{size}-s{seed}` (size: the preset, plus any shape field set against it, e.g. `60m-L6`; a `-2`,
+`-3`, ... suffix keeps a new run from writing into an old one), and
 `trainer.precision: null` meaning bf16-mixed on a bf16-capable GPU, fp32 elsewhere.
 
 Restarts: `lightning_cqk fit ... --ckpt_path last` resumes the newest run directory with the run's name from its
@@ -142,7 +143,8 @@ def _auto_precision(accelerator: Any) -> str:
 
 
 def _run_name(config: Any, logger_args: Any, resuming: bool) -> str:
-    """`{attention}-{size}-s{seed}` (size: `config.size_label`, e.g. `60m` or `60m-L6`); suffixed so a fresh run never writes into an existing run's directory.
+    """`{attention}-{size}-s{seed}` (size: `config.size_label`, e.g. `60m` or `60m-L6`); suffixed so a fresh run
+    never writes into an existing run's directory.
 
     When resuming (`--ckpt_path`), the newest existing directory with that name is reused instead.
     """

@@ -37,8 +37,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics.aggregation import SumMetric
 
 from lightning_cqk.config import ModelConfig
@@ -78,7 +78,7 @@ class LitLM(L.LightningModule):
         self.model = GPT(config)
         # QuacK / fixed factor / QK-clip (None when off, so nothing changes): built on the initial weights.
         self.logit_control = build_logit_control(self.model, optim.logit_control)
-        # nan_strategy="disable": a NaN is summed like any value (the default, "warn", drops it and biases the loss low).
+        # nan_strategy="disable": a NaN is summed like any value (the default drops it and biases the loss low).
         self.val_nll = SumMetric(nan_strategy="disable")
         self.val_tokens = SumMetric(nan_strategy="disable")
         self.val_bytes = SumMetric(nan_strategy="disable")  # UTF-8 bytes of the targets scored (val/bpb)
@@ -279,8 +279,8 @@ def check_val_check_interval(trainer: L.Trainer) -> None:
         return
     raise ValueError(
         f"trainer.val_check_interval is {interval!r}: validation after every 0 training batches is not a "
-        "schedule. Give the training batches between validations, e.g. --trainer.val_check_interval 100, or turn validation during training off "
-        "with --trainer.limit_val_batches 0."
+        "schedule. Give the training batches between validations, e.g. --trainer.val_check_interval 100, or turn "
+        "validation during training off with --trainer.limit_val_batches 0."
     )
 
 

@@ -23,9 +23,10 @@ least what fits in the time. Floating-point budgets are floored with a 1e-9 rela
 would exceed the budget (e.g. a data loader that yields a smaller batch).
 
 Metrics (every `every_n_steps`, default `trainer.log_every_n_steps`): `train/flops_seen`, `train/wallclock` (training
-seconds of the `TrainingClock`: validation and checkpoints excluded; resumed runs continue the count) and `train/tokens_seen` when the LightningModule does
-not log it itself (LitLM does). Counts come from the module's `tokens_seen` / `flops_seen` (LitLM counts every trained
-batch, all ranks together) when it has them, else from tokens_per_step / flops_per_step.
+seconds of the `TrainingClock`: validation and checkpoints excluded; resumed runs continue the count) and
+`train/tokens_seen` when the LightningModule does not log it itself (LitLM does). Counts come from the module's
+`tokens_seen` / `flops_seen` (LitLM counts every trained batch, all ranks together) when it has them, else from
+tokens_per_step / flops_per_step.
 
 `budget.json` (written by this callback at the end of fit, or by RunSummary when no TokenBudget is present) records
 what the run used: {"tokens", "flops", "wallclock", "steps", "tokens_per_step", "flops_per_step", "budget": {...}}.

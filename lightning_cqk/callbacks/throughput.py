@@ -6,9 +6,10 @@ Metrics (every `every_n_steps`, default `trainer.log_every_n_steps`, over the st
                            the model requires, PaLM convention; recomputation is not credited)
     train/mfu              flops_per_sec / (world_size * peak), only when the peak is known
 The first `warmup_steps` optimizer steps are never timed (compilation, allocator and cache warm-up); time is read from
-the run's `TrainingClock` (validation and checkpoint writing excluded, as for TokenBudget and RunSummary), and on CUDA the device is synchronised at the two ends of every timed window (only on logging steps), so
-the window measures finished work. Counts come from the module's `tokens_seen`/`flops_seen` (LitLM), else from the
-batch shape (a (B, T + 1) token batch) and the model config.
+the run's `TrainingClock` (validation and checkpoint writing excluded, as for TokenBudget and RunSummary), and on CUDA
+the device is synchronised at the two ends of every timed window (only on logging steps), so the window measures
+finished work. Counts come from the module's `tokens_seen`/`flops_seen` (LitLM), else from the batch shape (a
+(B, T + 1) token batch) and the model config.
 
 Peak FLOPs: `peak_flops` if given (per device, FLOP/s), else the dense peak of the CUDA device (looked up by name in
 `PEAK_FLOPS`) for the dtype the trainer's precision runs its matmuls in: the 16-bit tensor-core peak for bf16/fp16

@@ -12,7 +12,14 @@ import pytest
 import torch
 
 import lightning_cqk.callbacks.clock as clock_module
-from lightning_cqk.callbacks import AtomicCheckpointIO, RunCheckpoint, RunSummary, Throughput, TokenBudget, TrainingClock
+from lightning_cqk.callbacks import (
+    AtomicCheckpointIO,
+    RunCheckpoint,
+    RunSummary,
+    Throughput,
+    TokenBudget,
+    TrainingClock,
+)
 
 STEP_S, VAL_BATCH_S, SAVE_S = 2.0, 50.0, 30.0
 TOKENS_PER_STEP = 4 * 16
@@ -84,5 +91,7 @@ def test_budget_throughput_and_summary_read_one_clock(make_module, make_trainer,
 
 
 def test_a_wallclock_budget_stops_on_training_time(make_module, make_trainer, token_loader, now):
-    trainer, _ = fit(make_module, make_trainer, token_loader, now, TokenBudget(wallclock=7.0, batch_size=4, seq_len=16), max_steps=20)
+    trainer, _ = fit(
+        make_module, make_trainer, token_loader, now, TokenBudget(wallclock=7.0, batch_size=4, seq_len=16), max_steps=20
+    )
     assert trainer.global_step == 4, "4 steps x 2 s: validation and checkpoint time did not count"

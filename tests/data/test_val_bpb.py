@@ -59,12 +59,14 @@ def test_val_bpb_counts_the_bytes_of_the_scored_windows(tokenizer, corpus: Path,
     nll, n_bytes, n_tokens = 0.0, 0, 0
     model.eval()
     with torch.no_grad():
-        for i, batch in zip(range(SCORED), dm.val_dataloader()):
+        for scored, batch in enumerate(dm.val_dataloader(), start=1):
             logits = model(batch[:, :-1]).double()  # (B, T, vocab)
             nll += float(F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum"))
             n_bytes += target_bytes(tokenizer, bpe_file, batch[:, 1:])
             n_tokens += batch[:, 1:].numel()
-    assert i == SCORED - 1 and n_tokens < manifest.splits["val"].tokens / 2, "a prefix of the split is scored"
+            if scored == SCORED:
+                break
+    assert scored == SCORED and n_tokens < manifest.splits["val"].tokens / 2, "a prefix of the split is scored"
     expected = nll / math.log(2) / n_bytes
     assert logged["val/bpb"] == pytest.approx(expected, rel=1e-5)
     assert logged["val/loss"] == pytest.approx(nll / n_tokens, rel=1e-5)
@@ -75,7 +77,9 @@ def test_val_bpb_counts_the_bytes_of_the_scored_windows(tokenizer, corpus: Path,
 
 def test_no_val_bpb_without_the_gpt2_vocabulary(corpus: Path, gpt2_bpe_dir: Path, tmp_path: Path, monkeypatch):
     data_dir = tmp_path / "gpt2"
-    prepare(str(corpus), str(data_dir), tokenizer="gpt2", bpe_file=str(gpt2_bpe_dir / "gpt2.tiktoken"), val_fraction=0.25)
+    prepare(
+        str(corpus), str(data_dir), tokenizer="gpt2", bpe_file=str(gpt2_bpe_dir / "gpt2.tiktoken"), val_fraction=0.25
+    )
     monkeypatch.delenv(GPT2_BPE_ENV, raising=False)
     dm = TokenDataModule(data_dir=str(data_dir), source=None, tokenizer="gpt2", seq_len=SEQ, batch_size=BATCH)
     model = LitLM(ModelConfig(vocab_size=50257, n_layer=1, n_embd=16, n_head=2, mlp_hidden=32, block_size=SEQ))

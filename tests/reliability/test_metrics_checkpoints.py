@@ -104,7 +104,9 @@ def run(make_trainer, token_loader, module, folder: Path, max_steps: int, keep_l
     return trainer
 
 
-def test_resuming_from_another_runs_checkpoint_never_deletes_its_files(make_module, make_trainer, token_loader, tmp_path):
+def test_resuming_from_another_runs_checkpoint_never_deletes_its_files(
+    make_module, make_trainer, token_loader, tmp_path
+):
     a = tmp_path / "A" / "checkpoints"
     run(make_trainer, token_loader, make_module(), a, max_steps=6, keep_last=2)
     assert steps_on_disk(a) == [4, 6]
