@@ -159,8 +159,10 @@ class LitLM(L.LightningModule):
         tokenizer = getattr(datamodule, "tokenizer", None)
         if not isinstance(tokenizer, str):
             return None, ""  # no tokenizer named (a plain DataLoader): there is no text to count bytes of
+        parts = getattr(datamodule, "parts", None) or []  # MixtureDataModule: its components know the file
+        bpe_file = getattr(datamodule, "bpe_file", None) or next((getattr(p, "bpe_file", None) for p in parts), None)
         try:
-            lengths = token_byte_lengths(tokenizer, getattr(datamodule, "bpe_file", None))
+            lengths = token_byte_lengths(tokenizer, bpe_file)
         except (OSError, RuntimeError, ValueError) as err:
             return None, f"the {tokenizer!r} vocabulary could not be loaded to count the bytes scored ({err})."
         if lengths is None:
