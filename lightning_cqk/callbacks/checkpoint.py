@@ -273,6 +273,10 @@ class RunCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         if self._should_skip_saving_checkpoint(trainer):
             return
+        if self._deferred is not None and self._deferred != trainer.global_step:
+            self._deferred = None  # the validation it waited for did not run: save now rather than not at all
+            self.save_now(trainer)
+            return
         due = self.every_n_steps is not None and trainer.global_step % self.every_n_steps == 0
         if self.every_minutes is not None:
             now = time.monotonic()
