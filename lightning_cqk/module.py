@@ -186,9 +186,10 @@ class LitLM(L.LightningModule):
             n_bytes = self.val_bytes.compute()
             self.val_bytes.reset()
             self.log("val/bpb", nll / math.log(2) / n_bytes.clamp_min(1.0))
-        if not bool(torch.isfinite(loss)) and not self.trainer.sanity_checking:
+        if not bool(torch.isfinite(loss.exp())) and not self.trainer.sanity_checking:  # NaN/Inf, or ppl overflows
             rank_zero_warn(
-                f"Validation at step {self.trainer.global_step} is non-finite (val/loss {float(loss)}): the model has "
+                f"Validation at step {self.trainer.global_step} is non-finite (val/loss {float(loss)}, val/ppl "
+                f"{float(loss.exp())}): the model has "
                 "diverged. Lower the learning rate and resume from a checkpoint written before the divergence "
                 "(docs/reliability.md, 'Metrics and checkpoints')."
             )

@@ -45,6 +45,7 @@ is SIGKILLed mid-run and restarted) and `tests/reliability/test_checkpoint.py`.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -422,8 +423,9 @@ def _validation_due(trainer: L.Trainer) -> bool:
 class BestCheckpoint(ModelCheckpoint):
     """The best `save_top_k` checkpoints by a validation metric, saved right after that validation (module docstring).
 
-    A non-finite score (NaN/Inf: a diverged model) is never kept, with a warning naming the step; so when every
-    validation so far is non-finite there is no best file.
+    A validation with a non-finite score or any non-finite `val/` metric (NaN/Inf; val/ppl overflows once val/loss
+    exceeds ~88.7 nats: a diverged model) is never kept, with a warning naming the step; so when every validation so
+    far is non-finite there is no best file.
 
     Args:
         monitor: the metric (logged in validation), default val/loss.
@@ -464,12 +466,20 @@ class BestCheckpoint(ModelCheckpoint):
         return  # shares the run's checkpoint folder with RunCheckpoint by design
 
     def check_monitor_top_k(self, trainer: L.Trainer, current: Any = None) -> bool:
-        import torch
-
-        if current is not None and not bool(torch.isfinite(torch.as_tensor(current)).all()):
+        bad = nonfinite_validation_metrics(trainer.callback_metrics)
+        if current is not None and not math.isfinite(float(current)):
+            bad = {self.monitor: float(current), **bad}
+        if bad:
+            detail = ", ".join(f"{k} {v}" for k, v in bad.items())
             rank_zero_warn(
-                f"BestCheckpoint: {self.monitor} is {float(current)} at step {trainer.global_step} (non-finite: the "
-                "model diverged); not kept as best."
+                f"BestCheckpoint: step {trainer.global_step}: {detail} (non-finite: the model diverged); not kept as "
+                "best."
             )
             return False
         return super().check_monitor_top_k(trainer, current)
+
+
+def nonfinite_validation_metrics(metrics: Any) -> dict[str, float]:
+    """The `val/...` metrics that are NaN or Inf: a diverged model (val/ppl overflows once val/loss > ~88.7 nats)."""
+    values = {k: float(v) for k, v in metrics.items() if str(k).startswith("val/")}
+    return {k: v for k, v in values.items() if not math.isfinite(v)}

@@ -4,7 +4,8 @@
     last_validation        {"step": k, "val/loss": ..., "val/ppl": ..., "val/bpb": ...}: the last *completed*
                            validation and the optimizer step it scored (null before the first). A run whose
                            `last_validation.step` is below its final step did not finish its last validation.
-    nonfinite_validations  the steps whose validation loss was NaN or Inf (a diverged model)
+    nonfinite_validations  the steps whose validation had a NaN or Inf val/ metric (val/loss, or val/ppl overflowing:
+                           a diverged model)
     steps, tokens_seen     where the run stands (optimizer steps, tokens trained, whole run)
     fit                    this fit only: {"steps", "tokens", "train_seconds", "tokens_per_sec", "rate_note"}
     train_seconds          training seconds of the whole run (resumes included; validation and checkpoints excluded)
@@ -22,6 +23,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
 from lightning_cqk.callbacks.budget import BUDGET_FILE, TokenBudget, budget_record
+from lightning_cqk.callbacks.checkpoint import nonfinite_validation_metrics
 from lightning_cqk.callbacks.clock import TrainingClock, rate
 from lightning_cqk.callbacks.common import run_dir, write_json
 
@@ -63,8 +65,7 @@ class RunSummary(L.Callback):
             return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
         self.last_validation = {"step": trainer.global_step, **metrics}
-        loss = metrics.get("val/loss")
-        if loss is not None and not math.isfinite(loss) and trainer.global_step not in self.nonfinite_validations:
+        if nonfinite_validation_metrics(metrics) and trainer.global_step not in self.nonfinite_validations:
             self.nonfinite_validations.append(trainer.global_step)
         self._write(trainer, pl_module, finished=False)
 

@@ -31,15 +31,19 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 
 # ------------------------------------------------------------------------------- class 1: non-finite validation
 class PoisonAfter(L.Callback):
-    """Plants a NaN (or a huge value) into one weight at the end of optimizer step `step`: a diverged model."""
+    """At the end of optimizer step `step`, a diverged model: a NaN in one weight, or a final norm scaled by 1e6 (a
+    finite val/loss of millions of nats, whose val/ppl overflows to inf)."""
 
-    def __init__(self, step: int, value: float) -> None:
-        self.step, self.value = step, value
+    def __init__(self, step: int, kind: str) -> None:
+        self.step, self.kind = step, kind
 
     def on_train_batch_end(self, trainer, pl_module, *args) -> None:
         if trainer.global_step == self.step:
             with torch.no_grad():
-                pl_module.model.blocks[0].attn.q_proj.weight[0, 0] = self.value
+                if self.kind == "nan_weight":
+                    pl_module.model.blocks[0].attn.q_proj.weight[0, 0] = float("nan")
+                else:
+                    pl_module.model.norm_f.weight.mul_(1e6)
 
 
 class PartlyNaNValidation(LitLM):
@@ -51,35 +55,38 @@ class PartlyNaNValidation(LitLM):
         return super().validation_step(batch, batch_idx)
 
 
-@pytest.mark.parametrize("trigger", ["nan_weight", "partly_nan_batches"])
+@pytest.mark.parametrize("trigger", ["nan_weight", "partly_nan_batches", "overflowing_ppl"])
 def test_a_non_finite_validation_is_non_finite_named_and_never_best(
     trigger, make_module, make_trainer, token_loader, tmp_path, capsys
 ):
     callbacks = [RunSummary(), RunCheckpoint(every_n_steps=2, keep_last=None), BestCheckpoint(filename="best-{step}")]
-    if trigger == "nan_weight":
-        callbacks.append(PoisonAfter(step=3, value=float("nan")))
-        module = make_module()
-    else:
+    if trigger == "partly_nan_batches":
         module = make_module(PartlyNaNValidation)
+    else:
+        callbacks.append(PoisonAfter(step=3, kind=trigger))
+        module = make_module()
     trainer = make_trainer(
         callbacks, max_steps=6, enable_checkpointing=True, val_check_interval=2, limit_val_batches=3,
         check_val_every_n_epoch=None, num_sanity_val_steps=0,
     )  # fmt: skip
-    with pytest.warns(UserWarning, match="Validation at step 4 is non-finite"):
+    with pytest.warns(UserWarning, match="BestCheckpoint: step 4: .*not kept as best"):
         trainer.fit(module, token_loader(), token_loader(4))
-    assert math.isnan(trainer.callback_metrics["val/loss"]) and math.isnan(trainer.callback_metrics["val/ppl"])
+    assert math.isinf(trainer.callback_metrics["val/ppl"]) or math.isnan(trainer.callback_metrics["val/ppl"])
+    if trigger == "overflowing_ppl":  # a finite but absurd loss: the ppl overflow is what marks the divergence
+        assert 100 < float(trainer.callback_metrics["val/loss"]) < float("inf")
     # The log has the finite validation at step 2 and non-finite ones from step 4 on (no 0.0, no 1.0).
     rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
     header = rows[0].split(",")
-    losses = [float(r.split(",")[header.index("val/loss")]) for r in rows[1:] if r.split(",")[header.index("val/loss")]]
-    assert len(losses) == 3 and math.isfinite(losses[0]) and all(math.isnan(v) for v in losses[1:])
+    column = "val/ppl" if trigger == "overflowing_ppl" else "val/loss"
+    values = [float(r.split(",")[header.index(column)]) for r in rows[1:] if r.split(",")[header.index(column)]]
+    assert len(values) == 3 and math.isfinite(values[0]) and not any(math.isfinite(v) for v in values[1:])
     # Best checkpoint: the finite step-2 model, never a diverged one.
     (best,) = [c for c in trainer.callbacks if isinstance(c, BestCheckpoint)]
     assert Path(best.best_model_path).name == "best-step=2.ckpt"
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("best*")) == ["best-step=2.ckpt"]
     # Named in the summary (printed and summary.json).
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["nonfinite_validations"] == [4, 6] and summary["last_validation"]["val/loss"] == "nan"
+    assert summary["nonfinite_validations"] == [4, 6] and summary["last_validation"]["val/ppl"] in ("nan", "inf")
     assert "NON-FINITE validation at step(s) 4, 6" in capsys.readouterr().out
 
 
