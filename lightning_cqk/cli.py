@@ -15,7 +15,8 @@ run's logs. Two values are linked so that model and data cannot disagree: `model
 `seq_len`, and `model.config.vocab_size` is the data tokenizer's vocabulary size.
 
 Defaults chosen here (all overridable): TensorBoard logs under `runs/<experiment>/<run name>/` where the run name
-is `{attention}-{preset}-s{seed}` (a `-2`, `-3`, ... suffix keeps a new run from writing into an old one), and
+is `{attention}-{size}-s{seed}` (size: the preset, plus any shape field set against it, e.g. `60m-L6`; a `-2`,
+`-3`, ... suffix keeps a new run from writing into an old one), and
 `trainer.precision: null` meaning bf16-mixed on a bf16-capable GPU, fp32 elsewhere.
 
 Restarts: `lightning_cqk fit ... --ckpt_path last` resumes the newest run directory with the run's name from its
@@ -47,7 +48,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
 
 from lightning_cqk.callbacks import RunSummary, TokenBudget  # noqa: E402
 from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO  # noqa: E402
-from lightning_cqk.cli_hints import HintingArgumentParser  # noqa: E402
+from lightning_cqk.cli_presets import PresetArgumentParser, unset_shape_defaults  # noqa: E402
+from lightning_cqk.config import size_label  # noqa: E402
 from lightning_cqk.module import LitLM  # noqa: E402
 from lightning_cqk.run_lock import acquire, is_rank_zero_process  # noqa: E402
 
@@ -62,7 +64,7 @@ class CQKCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("seed_everything_default", 1337)
-        kwargs.setdefault("parser_class", HintingArgumentParser)
+        kwargs.setdefault("parser_class", PresetArgumentParser)
         super().__init__(
             LitLM,
             LightningDataModule,
@@ -85,6 +87,7 @@ class CQKCLI(LightningCLI):
         )
         # Always present, a no-op unless a budget is set: `--budget.tokens 1e6`, `--budget.match_to <run dir>`.
         parser.add_lightning_class_args(TokenBudget, "budget")
+        parser.set_defaults(unset_shape_defaults())  # shape fields left unset come from the preset (cli_presets.py)
         _count_or_fraction_first_int(parser)
         parser.link_arguments("data.init_args.seq_len", "model.config.block_size", apply_on="parse")
         parser.link_arguments("data", "model.config.vocab_size", compute_fn=_vocab_size_of, apply_on="instantiate")
@@ -107,7 +110,7 @@ class CQKCLI(LightningCLI):
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # atomic, fsynced, clear errors on load
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         if not any(isinstance(cb, RunSummary) for cb in trainer.callbacks):
-            trainer.callbacks.append(RunSummary())
+            trainer.callbacks.insert(0, RunSummary())  # first: it records a validation before a checkpoint saves
         return trainer
 
 
@@ -140,12 +143,14 @@ def _auto_precision(accelerator: Any) -> str:
 
 
 def _run_name(config: Any, logger_args: Any, resuming: bool) -> str:
-    """`{attention}-{preset}-s{seed}`; suffixed so a fresh run never writes into an existing run's directory.
+    """`{attention}-{size}-s{seed}` (size: `config.size_label`, e.g. `60m` or `60m-L6`); suffixed so a fresh run
+    never writes into an existing run's directory.
 
     When resuming (`--ckpt_path`), the newest existing directory with that name is reused instead.
     """
     model_cfg = config.model.config
-    base = f"{model_cfg.attention}-{model_cfg.preset}-s{config.seed_everything}"
+    shape = {key: model_cfg.get(key) for key in ("n_layer", "n_head", "n_embd", "mlp_hidden")}
+    base = f"{model_cfg.attention}-{size_label(model_cfg.preset, **shape)}-s{config.seed_everything}"
     root = Path(logger_args.get("save_dir") or "runs") / str(logger_args.get("name") or "default")
     candidates = [base] + [f"{base}-{i}" for i in range(2, 1000)]
     existing = [name for name in candidates if (root / name).exists()]

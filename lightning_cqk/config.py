@@ -46,6 +46,34 @@ PRESETS: dict[str, dict[str, int]] = {
 
 GPT2_VOCAB_SIZE = 50257
 
+#: The fields a preset fills when they are unset (None). `block_size` is linked to `data.seq_len` by the CLI.
+SHAPE_FIELDS = ("n_layer", "n_head", "n_embd", "mlp_hidden", "block_size")
+
+#: Short names of the shape fields in run labels (`size_label`): 60m with n_layer=6 is `60m-L6`.
+_LABELS = {"n_layer": "L", "n_head": "H", "n_embd": "d", "mlp_hidden": "ff"}
+
+
+def preset_shape(preset: str, **given: int | None) -> dict[str, int]:
+    """The shape a preset gives, with every field in `given` that is not None winning over the preset's value.
+
+    The single rule used by `ModelConfig` and by the CLI (the resolved config it prints and saves, the run name), so
+    what is shown is what is built.
+    """
+    if preset not in PRESETS:
+        raise ValueError(_unknown("preset", preset, PRESETS))
+    return {key: value if given.get(key) is None else int(given[key]) for key, value in PRESETS[preset].items()}
+
+
+def size_label(preset: str, **given: int | None) -> str:
+    """A run-name label of the model's size: the preset, plus every shape field that differs from it.
+
+    `size_label("60m")` is `60m`; `size_label("60m", n_layer=6)` is `60m-L6`; `size_label("tiny", n_layer=2,
+    n_embd=64)` is `tiny-L2-d64`. `block_size` is left out (it follows data.seq_len).
+    """
+    shape = preset_shape(preset, **given)
+    changed = [f"{tag}{shape[key]}" for key, tag in _LABELS.items() if shape[key] != PRESETS[preset][key]]
+    return "-".join([preset, *changed])
+
 
 @dataclass
 class LayerOverride:
@@ -140,11 +168,9 @@ class ModelConfig:
     layer_overrides: list[LayerOverride] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
-            raise ValueError(_unknown("preset", self.preset, PRESETS))
-        for key, value in PRESETS[self.preset].items():
-            if getattr(self, key) is None:
-                setattr(self, key, value)
+        shape = preset_shape(self.preset, **{key: getattr(self, key) for key in SHAPE_FIELDS})
+        for key, value in shape.items():
+            setattr(self, key, value)
         self.layer_overrides = [o if isinstance(o, LayerOverride) else LayerOverride(**o) for o in self.layer_overrides]
         self._validate()
 

@@ -15,12 +15,19 @@ all ranks together) is counted beside `tokens_seen` and saved in checkpoints; th
 log it.
     val/loss           token-weighted mean NLL over the whole validation set (nats/token)
     val/ppl            exp(val/loss)
-    val/bpb            bits per byte of the validation text: val/loss / ln 2 * tokens / bytes, with the byte
-                       count recorded by `prepare` (comparable across tokenizers)
+    val/bpb            bits per byte of the validation text scored: summed NLL / ln 2 / the UTF-8 bytes of exactly the
+                       target tokens scored (`data/token_bytes.py`: counted per batch, so right under
+                       limit_val_batches; comparable across tokenizers). Not logged, with a warning, when the
+                       tokenizer's vocabulary cannot be loaded offline (GPT-2 without data.bpe_file /
+                       $LIGHTNING_CQK_GPT2_BPE): the scored bytes are then unknown.
     val/ctx<c>/loss    with `eval_contexts`: token-weighted NLL when every token of each validation window is scored
     val/ctx<c>/ppl     with at most c tokens of context (sliding window, `sliding_window_nll`; stride `eval_stride`,
                        default c: non-overlapping). Longer validation windows: `data.val_seq_len` (then val/loss
                        scores them in non-overlapping block_size chunks).
+
+A non-finite validation stays non-finite: the sums keep NaN/Inf (torchmetrics' SumMetric drops NaN by default, which
+turned an all-NaN validation into val/loss 0.0, val/ppl 1.0), so val/loss, val/ppl and val/bpb are NaN or Inf, a
+warning names the step, and `RunSummary` and `BestCheckpoint` see it (tests/reliability/test_nonfinite_validation.py).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics.aggregation import SumMetric
 
 from lightning_cqk.config import ModelConfig
+from lightning_cqk.data.token_bytes import token_byte_lengths
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import training_flops_per_batch
 from lightning_cqk.optim import OptimConfig, build_logit_control, build_optimizer, warmup_cosine
@@ -72,8 +80,12 @@ class LitLM(L.LightningModule):
         self.model = GPT(config)
         # QuacK / fixed factor / QK-clip (None when off, so nothing changes): built on the initial weights.
         self.logit_control = build_logit_control(self.model, optim.logit_control)
-        self.val_nll = SumMetric()
-        self.val_tokens = SumMetric()
+        # nan_strategy="disable": a NaN is summed like any value (the default drops it and biases the loss low).
+        self.val_nll = SumMetric(nan_strategy="disable")
+        self.val_tokens = SumMetric(nan_strategy="disable")
+        self.val_bytes = SumMetric(nan_strategy="disable")  # UTF-8 bytes of the targets scored (val/bpb)
+        self._token_bytes: torch.Tensor | None = None  # (vocab,) bytes per token id, set at the first validation
+        self._bpb_problem: str | None = None
         self.eval_contexts, self.eval_stride = list(eval_contexts or []), eval_stride
         if any(c < 1 or c > config.block_size for c in self.eval_contexts) or not (
             0 < (eval_stride or 1) <= min(self.eval_contexts, default=1 << 62)
@@ -83,8 +95,8 @@ class LitLM(L.LightningModule):
                 "context], got "
                 f"{self.eval_contexts} and {eval_stride}."
             )
-        self.ctx_nll = torch.nn.ModuleDict({str(c): SumMetric() for c in self.eval_contexts})
-        self.ctx_tokens = torch.nn.ModuleDict({str(c): SumMetric() for c in self.eval_contexts})
+        self.ctx_nll = torch.nn.ModuleDict({str(c): SumMetric(nan_strategy="disable") for c in self.eval_contexts})
+        self.ctx_tokens = torch.nn.ModuleDict({str(c): SumMetric(nan_strategy="disable") for c in self.eval_contexts})
         self.tokens_seen = 0
         self.flops_seen = 0
         self._flops_per_batch: dict[tuple[int, int], int] = {}
@@ -130,10 +142,39 @@ class LitLM(L.LightningModule):
             nll, n_tokens = self.loss(batch, reduction="sum")
         self.val_nll.update(nll)
         self.val_tokens.update(torch.tensor(float(n_tokens), device=nll.device))
+        if self._token_bytes is not None:
+            self.val_bytes.update(self._token_bytes[batch[:, 1:]].sum().float())  # bytes of the targets scored
         for c in self.eval_contexts:
             nll_c, n_c = sliding_window_nll(self.model, batch, c, self.eval_stride or c)
             self.ctx_nll[str(c)].update(nll_c)
             self.ctx_tokens[str(c)].update(torch.tensor(float(n_c), device=nll.device))
+
+    def on_validation_start(self) -> None:
+        if self._token_bytes is None and self._bpb_problem is None:
+            self._token_bytes, self._bpb_problem = self._scored_bytes_table()
+            if self._bpb_problem:
+                rank_zero_warn(f"val/bpb is not logged: {self._bpb_problem}")
+
+    def _scored_bytes_table(self) -> tuple[torch.Tensor | None, str | None]:
+        """The (vocab,) bytes-per-token-id table of the data's tokenizer, or why there is none."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        tokenizer = getattr(datamodule, "tokenizer", None)
+        if not isinstance(tokenizer, str):
+            return None, ""  # no tokenizer named (a plain DataLoader): there is no text to count bytes of
+        parts = getattr(datamodule, "parts", None) or []  # MixtureDataModule: its components know the file
+        bpe_file = getattr(datamodule, "bpe_file", None) or next((getattr(p, "bpe_file", None) for p in parts), None)
+        try:
+            lengths = token_byte_lengths(tokenizer, bpe_file)
+        except (OSError, RuntimeError, ValueError) as err:
+            return None, f"the {tokenizer!r} vocabulary could not be loaded to count the bytes scored ({err})."
+        if lengths is None:
+            return None, (
+                f"the {tokenizer!r} vocabulary is not available offline, so the bytes of the scored tokens are "
+                "unknown. Give it with data.bpe_file or $LIGHTNING_CQK_GPT2_BPE (a gpt2.tiktoken file)."
+            )
+        if len(lengths) != self.config.vocab_size:
+            return None, f"tokenizer {tokenizer!r} has {len(lengths)} ids, the model {self.config.vocab_size}."
+        return torch.from_numpy(lengths).to(self.device), None
 
     def on_validation_epoch_end(self) -> None:
         n_tokens = self.val_tokens.compute()
@@ -143,9 +184,17 @@ class LitLM(L.LightningModule):
         loss = nll / n_tokens.clamp_min(1.0)
         self.log("val/loss", loss, prog_bar=True)
         self.log("val/ppl", loss.exp())
-        bytes_per_token = getattr(self.trainer.datamodule, "bytes_per_token", None) if self._trainer else None
-        if bytes_per_token:
-            self.log("val/bpb", loss / math.log(2) / bytes_per_token)
+        if self._token_bytes is not None:
+            n_bytes = self.val_bytes.compute()
+            self.val_bytes.reset()
+            self.log("val/bpb", nll / math.log(2) / n_bytes.clamp_min(1.0))
+        if not bool(torch.isfinite(loss.exp())) and not self.trainer.sanity_checking:  # NaN/Inf, or ppl overflows
+            rank_zero_warn(
+                f"Validation at step {self.trainer.global_step} is non-finite (val/loss {float(loss)}, val/ppl "
+                f"{float(loss.exp())}): the model has "
+                "diverged. Lower the learning rate and resume from a checkpoint written before the divergence "
+                "(docs/reliability.md, 'Metrics and checkpoints')."
+            )
         for c in self.eval_contexts:
             loss_c = self.ctx_nll[str(c)].compute() / self.ctx_tokens[str(c)].compute().clamp_min(1.0)
             self.ctx_nll[str(c)].reset()
@@ -226,6 +275,8 @@ class LitLM(L.LightningModule):
         self.flops_seen = int(checkpoint.get("flops_seen", 0))
 
     def setup(self, stage: str) -> None:
+        if stage == "fit" and self._trainer is not None:
+            check_val_check_interval(self.trainer)
         seq_len = getattr(self.trainer.datamodule, "seq_len", None) if self._trainer is not None else None
         if seq_len is not None and seq_len > self.config.block_size:  # the CLI links them; a hand-built run may not
             raise ValueError(
@@ -238,6 +289,18 @@ class LitLM(L.LightningModule):
         if self.logger is not None:  # hyper-parameters are logged by Lightning; sizes go beside them as scalars
             counts = self.model.num_parameters()
             self.logger.log_metrics({f"params/{k}": float(v) for k, v in counts.items()}, step=0)
+
+
+def check_val_check_interval(trainer: L.Trainer) -> None:
+    """Refuse `val_check_interval: 0` while validation is on, before any step (Lightning would fail after one)."""
+    interval = trainer.val_check_interval
+    if interval is None or isinstance(interval, bool) or interval != 0 or trainer.limit_val_batches == 0:
+        return
+    raise ValueError(
+        f"trainer.val_check_interval is {interval!r}: validation after every 0 training batches is not a "
+        "schedule. Give the training batches between validations, e.g. --trainer.val_check_interval 100, or turn "
+        "validation during training off with --trainer.limit_val_batches 0."
+    )
 
 
 # Fields that decide the weights' shapes or meaning: a checkpoint that differs in one of them is another model.

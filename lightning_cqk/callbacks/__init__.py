@@ -5,7 +5,8 @@ Ready-made stacks of them for configs live in the top-level `callbacks/` folder 
 
 from lightning_cqk.callbacks.attention_stats import AttentionStats
 from lightning_cqk.callbacks.budget import TokenBudget
-from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO, CorruptCheckpointError, RunCheckpoint
+from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO, BestCheckpoint, CorruptCheckpointError, RunCheckpoint
+from lightning_cqk.callbacks.clock import TrainingClock
 from lightning_cqk.callbacks.grad_norm import GradNormMonitor
 from lightning_cqk.callbacks.loss_spike import LossSpikeMonitor
 from lightning_cqk.callbacks.nonfinite import NonFiniteGuard
@@ -15,6 +16,7 @@ from lightning_cqk.callbacks.throughput import Throughput
 __all__ = [
     "AtomicCheckpointIO",
     "AttentionStats",
+    "BestCheckpoint",
     "CorruptCheckpointError",
     "GradNormMonitor",
     "LossSpikeMonitor",
@@ -23,4 +25,5 @@ __all__ = [
     "RunSummary",
     "Throughput",
     "TokenBudget",
+    "TrainingClock",
 ]

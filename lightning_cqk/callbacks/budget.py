@@ -7,7 +7,8 @@ Budgets (one at most; none makes the callback a recorder that only logs and writ
                  tokens_per_step = batch_size * seq_len * accumulate_grad_batches * world_size.
     flops=F      the same with flops_per_step = `training_flops_per_batch(model config, batch_size, seq_len)` (the
                  analytic count of the model's backends, `lightning_cqk.model.flops`) * accumulate * world_size.
-    wallclock=S  stop at the first optimizer-step boundary at which the training time (validation excluded) is >= S
+    wallclock=S  stop at the first optimizer-step boundary at which the training time (validation and checkpoint
+                 writing excluded: the run's `TrainingClock`, shared with Throughput and RunSummary) is >= S
                  seconds (a step in flight is finished; rank 0's clock decides for every rank).
     match_to=DIR, ratio=r, match_on=Q   read DIR/budget.json of a finished run and use r times its Q (tokens, flops,
                  wallclock or steps) as this run's budget: e.g. a standard-attention run gets 2.4 x the coupled
@@ -22,9 +23,10 @@ least what fits in the time. Floating-point budgets are floored with a 1e-9 rela
 would exceed the budget (e.g. a data loader that yields a smaller batch).
 
 Metrics (every `every_n_steps`, default `trainer.log_every_n_steps`): `train/flops_seen`, `train/wallclock` (training
-seconds, validation excluded; resumed runs continue the count) and `train/tokens_seen` when the LightningModule does
-not log it itself (LitLM does). Counts come from the module's `tokens_seen` / `flops_seen` (LitLM counts every trained
-batch, all ranks together) when it has them, else from tokens_per_step / flops_per_step.
+seconds of the `TrainingClock`: validation and checkpoints excluded; resumed runs continue the count) and
+`train/tokens_seen` when the LightningModule does not log it itself (LitLM does). Counts come from the module's
+`tokens_seen` / `flops_seen` (LitLM counts every trained batch, all ranks together) when it has them, else from
+tokens_per_step / flops_per_step.
 
 `budget.json` (written by this callback at the end of fit, or by RunSummary when no TokenBudget is present) records
 what the run used: {"tokens", "flops", "wallclock", "steps", "tokens_per_step", "flops_per_step", "budget": {...}}.
@@ -38,13 +40,13 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightning_cqk.callbacks.clock import TrainingClock
 from lightning_cqk.callbacks.common import is_log_step, log_metrics, run_dir, step_index, write_json
 
 BUDGET_FILE = "budget.json"
@@ -146,10 +148,8 @@ class TokenBudget(L.Callback):
         self.max_steps: int | None = None
         self.per_step: dict[str, int] = {}
         self.reference: dict[str, Any] | None = None
-        self._elapsed = 0.0  # training seconds of earlier fits (resume)
-        self._start: float | None = None
-        self._paused = 0.0
-        self._val_start: float | None = None
+        self.clock: TrainingClock | None = None  # the run's one clock (training seconds, counts)
+        self._restored_wallclock = 0.0  # from a checkpoint written before the clock kept its own state
         self._last_step = -1
 
     # ---------------------------------------------------------------------------------------- planning
@@ -166,6 +166,7 @@ class TokenBudget(L.Callback):
         return None, None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.clock = TrainingClock.of(trainer)
         if stage != "fit":
             return
         self.kind, self.amount = self.resolve()
@@ -185,22 +186,13 @@ class TokenBudget(L.Callback):
 
     # ------------------------------------------------------------------------------------------ clock
     def elapsed(self) -> float:
-        """Training seconds so far (validation excluded), including earlier fits of a resumed run."""
-        if self._start is None:
-            return self._elapsed
-        return self._elapsed + time.perf_counter() - self._start - self._paused
+        """Training seconds so far (validation and checkpoints excluded), earlier fits of a resumed run included."""
+        return self.clock.total_seconds() if self.clock is not None else self._restored_wallclock
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start, self._paused, self._last_step = time.perf_counter(), 0.0, trainer.global_step
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.state.fn == "fit":
-            self._val_start = time.perf_counter()
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._val_start is not None and self._start is not None:
-            self._paused += time.perf_counter() - self._val_start
-        self._val_start = None
+        self._last_step = trainer.global_step
+        if self.clock is not None and not self.clock.earlier_seconds and self._restored_wallclock:
+            self.clock.earlier_seconds = self._restored_wallclock  # a checkpoint without the clock's state
 
     # ------------------------------------------------------------------------------------- per step
     def seen(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
@@ -231,9 +223,6 @@ class TokenBudget(L.Callback):
                 metrics["train/tokens_seen"] = seen["tokens"]
             log_metrics(trainer, metrics, step)
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._elapsed, self._start = self.elapsed(), None
-
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         budget = {"kind": self.kind, "amount": self.amount, "max_steps": self.max_steps}
         if self.match_to is not None:
@@ -253,4 +242,4 @@ class TokenBudget(L.Callback):
         return {"wallclock": self.elapsed()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._elapsed = float(state_dict.get("wallclock", 0.0))
+        self._restored_wallclock = float(state_dict.get("wallclock", 0.0))

@@ -15,12 +15,25 @@ checked before loading (`verify`), because `torch.load` would load damaged tenso
     last.ckpt                       after every save and when training ends; a hard link to the periodic file
                                     just written (no second write), a full atomic write where links are impossible
     keep_last / keep_every_n_steps  retention: the newest `keep_last` periodic files are kept, plus every file whose
-                                    step is a multiple of `keep_every_n_steps` (milestones); last.ckpt always
+                                    step is a multiple of `keep_every_n_steps` (milestones); last.ckpt always.
+                                    Retention deletes only files in this run's own checkpoint folder: the list
+                                    of periodic files restored from a checkpoint keeps an entry only when that file
+                                    is in this folder (a `cp -a` copy of a run keeps managing its own copies by name;
+                                    a run resumed from another run's last.ckpt never deletes that run's files)
+    after validation                when a validation is due at the step of a periodic save, the save waits until
+                                    that validation has finished (`on_validation_end`), so a checkpoint never stands
+                                    before a validation it skipped: a run killed during a validation resumes from
+                                    the checkpoint before it, retrains those steps and validates again (Lightning
+                                    restores a checkpoint written before a due validation as "validation done")
     RNG state                       the torch/numpy/Python (and CUDA) generators are saved and restored, so a resumed
                                     run draws the same random numbers as the uninterrupted one
     save_on_sigterm                 SIGTERM (preemption, scancel) saves at the end of the batch in progress, then the
                                     process exits (Lightning's SIGTERMException; exit status 0); SIGKILL loses the
                                     steps since the last save
+`BestCheckpoint` keeps the best validation so far (`monitor`, default val/loss), saved right after the validation
+that scored it (Lightning's step-triggered ModelCheckpoint saves the weights of step k under the score of an earlier
+validation), and never keeps a non-finite score (a diverged model) as best.
+
 File names never get Lightning's `-v1` suffix: a periodic file left by a killed run (written after the checkpoint
 the run resumes from) is overwritten when the resumed run reaches that step again.
 
@@ -32,6 +45,7 @@ is SIGKILLed mid-run and restarted) and `tests/reliability/test_checkpoint.py`.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -44,7 +58,7 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 TMP_PATTERN = re.compile(r"^\..+\.\d+\.tmp$")
 
@@ -255,6 +269,7 @@ class RunCheckpoint(ModelCheckpoint):
         self.restore_rng = restore_rng
         self.save_on_sigterm = save_on_sigterm
         self.periodic: list[tuple[int, str]] = []  # (step, path) of the periodic files this run keeps
+        self._deferred: int | None = None  # a save due at this step, waiting for the step's validation
 
     @property
     def state_key(self) -> str:
@@ -277,12 +292,18 @@ class RunCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         if self._should_skip_saving_checkpoint(trainer):
             return
+        if self._deferred is not None and self._deferred != trainer.global_step:
+            self._deferred = None  # the validation it waited for did not run: save now rather than not at all
+            self.save_now(trainer)
+            return
         due = self.every_n_steps is not None and trainer.global_step % self.every_n_steps == 0
         if self.every_minutes is not None:
             now = time.monotonic()
             timed = self._last_time_checked is not None and now - self._last_time_checked >= 60 * self.every_minutes
             due = bool(trainer.strategy.broadcast(due or timed))  # rank zero's clock decides for every rank
-        if due:
+        if due and _validation_due(trainer):
+            self._deferred = trainer.global_step  # saved in on_validation_end, once the validation is done
+        elif due:
             self.save_now(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
@@ -301,13 +322,22 @@ class RunCheckpoint(ModelCheckpoint):
         )
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        return  # saving is driven by steps and time only (ModelCheckpoint would also save after validation)
+        """Write a save that was due at this step, now that the step's validation has completed."""
+        if self._deferred is None or trainer.sanity_checking or trainer.state.fn != "fit":
+            return  # saving is driven by steps and time only (ModelCheckpoint would also save after validation)
+        if self._deferred == trainer.global_step:
+            self._deferred = None
+            self.save_now(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         return
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The final state always lands in last.ckpt (and in a periodic file when a trigger falls on it)."""
+        if self._deferred is not None and not trainer.sanity_checking:  # its validation did not happen after all
+            self._deferred = None
+            if self._last_global_step_saved != trainer.global_step:
+                self.save_now(trainer)
         if self._last_global_step_saved != trainer.global_step and not trainer.sanity_checking:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
@@ -344,6 +374,9 @@ class RunCheckpoint(ModelCheckpoint):
             milestone = self.keep_every_n_steps is not None and step % self.keep_every_n_steps == 0
             if path in keep or milestone or str(Path(path).resolve()) == resumed_from:
                 continue
+            if not self._owns(path):  # never delete what is not in this run's checkpoint folder
+                self.periodic.remove((step, path))
+                continue
             trainer.strategy.remove_checkpoint(path)
             self.periodic.remove((step, path))
 
@@ -359,9 +392,29 @@ class RunCheckpoint(ModelCheckpoint):
             state["rng"] = rng
         return state
 
+    def _owns(self, path: str) -> bool:
+        """Whether `path` lies directly in this callback's checkpoint folder."""
+        if not self.dirpath:
+            return False
+        if not _is_local_file_protocol(str(self.dirpath)):
+            return str(path).rsplit("/", 1)[0] == str(self.dirpath).rstrip("/")
+        return Path(path).resolve().parent == Path(self.dirpath).resolve()
+
+    def _own_periodic(self, saved: list[Any]) -> list[tuple[int, str]]:
+        """The restored periodic list, restricted to files of this run's folder (by name for a copied run)."""
+        own: list[tuple[int, str]] = []
+        for step, path in saved:
+            if self._owns(str(path)):
+                own.append((int(step), str(path)))
+            elif self.dirpath and _is_local_file_protocol(str(self.dirpath)):
+                mine = Path(self.dirpath) / Path(str(path)).name  # a copy of the run: its own file of that name
+                if mine.is_file():
+                    own.append((int(step), str(mine)))
+        return own
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        self.periodic = [(int(s), str(p)) for s, p in state_dict.get("periodic", [])]
+        self.periodic = self._own_periodic(state_dict.get("periodic", []))
         if self.restore_rng and state_dict.get("rng") is not None:
             rng = dict(state_dict["rng"])
             import torch
@@ -374,3 +427,77 @@ class RunCheckpoint(ModelCheckpoint):
                 kind, keys, pos, has_gauss, cached = rng["numpy"]
                 rng["numpy"] = (kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
             _set_rng_states(rng)
+
+
+def _validation_due(trainer: L.Trainer) -> bool:
+    """Whether the fit loop will validate right after this training batch (Lightning's own decision)."""
+    loop = trainer.fit_loop.epoch_loop
+    try:
+        return bool(loop._should_check_val_fx(getattr(trainer.fit_loop, "_data_fetcher", None)))
+    except Exception:  # another loop implementation: save at once, as before
+        return False
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """The best `save_top_k` checkpoints by a validation metric, saved right after that validation (module docstring).
+
+    A validation with a non-finite score or any non-finite `val/` metric (NaN/Inf; val/ppl overflows once val/loss
+    exceeds ~88.7 nats: a diverged model) is never kept, with a warning naming the step; so when every validation so
+    far is non-finite there is no best file.
+
+    Args:
+        monitor: the metric (logged in validation), default val/loss.
+        mode: "min" or "max".
+        save_top_k: how many best files to keep.
+        filename: name pattern (Lightning's format; `{step}` is the optimizer step).
+        dirpath: where to write (None: `<run directory>/checkpoints`).
+        save_weights_only: save only the weights.
+    """
+
+    def __init__(
+        self,
+        monitor: str = "val/loss",
+        mode: str = "min",
+        save_top_k: int = 1,
+        filename: str = "best-{step}",
+        dirpath: str | None = None,
+        save_weights_only: bool = False,
+    ) -> None:
+        super().__init__(
+            dirpath=dirpath,
+            filename=filename,
+            monitor=monitor,
+            mode=mode,
+            save_top_k=save_top_k,
+            save_last=False,
+            save_weights_only=save_weights_only,
+            every_n_epochs=1,  # with streaming data one epoch is the whole run: this means every validation
+            save_on_train_epoch_end=False,
+            enable_version_counter=False,
+        )
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(monitor=self.monitor, mode=self.mode, best=True)
+
+    def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath: Any) -> None:
+        return  # shares the run's checkpoint folder with RunCheckpoint by design
+
+    def check_monitor_top_k(self, trainer: L.Trainer, current: Any = None) -> bool:
+        bad = nonfinite_validation_metrics(trainer.callback_metrics)
+        if current is not None and not math.isfinite(float(current)):
+            bad = {self.monitor: float(current), **bad}
+        if bad:
+            detail = ", ".join(f"{k} {v}" for k, v in bad.items())
+            rank_zero_warn(
+                f"BestCheckpoint: step {trainer.global_step}: {detail} (non-finite: the model diverged); not kept as "
+                "best."
+            )
+            return False
+        return super().check_monitor_top_k(trainer, current)
+
+
+def nonfinite_validation_metrics(metrics: Any) -> dict[str, float]:
+    """The `val/...` metrics that are NaN or Inf: a diverged model (val/ppl overflows once val/loss > ~88.7 nats)."""
+    values = {k: float(v) for k, v in metrics.items() if str(k).startswith("val/")}
+    return {k: v for k, v in values.items() if not math.isfinite(v)}

@@ -5,10 +5,11 @@ Metrics (every `every_n_steps`, default `trainer.log_every_n_steps`, over the st
     train/flops_per_sec    analytic training FLOPs per second, all ranks together (`lightning_cqk.model.flops`: what
                            the model requires, PaLM convention; recomputation is not credited)
     train/mfu              flops_per_sec / (world_size * peak), only when the peak is known
-The first `warmup_steps` optimizer steps are never timed (compilation, allocator and cache warm-up), validation time is
-excluded, and on CUDA the device is synchronised at the two ends of every timed window (only on logging steps), so
-the window measures finished work. Counts come from the module's `tokens_seen`/`flops_seen` (LitLM), else from the
-batch shape (a (B, T + 1) token batch) and the model config.
+The first `warmup_steps` optimizer steps are never timed (compilation, allocator and cache warm-up); time is read from
+the run's `TrainingClock` (validation and checkpoint writing excluded, as for TokenBudget and RunSummary), and on CUDA
+the device is synchronised at the two ends of every timed window (only on logging steps), so the window measures
+finished work. Counts come from the module's `tokens_seen`/`flops_seen` (LitLM), else from the batch shape (a
+(B, T + 1) token batch) and the model config.
 
 Peak FLOPs: `peak_flops` if given (per device, FLOP/s), else the dense peak of the CUDA device (looked up by name in
 `PEAK_FLOPS`) for the dtype the trainer's precision runs its matmuls in: the 16-bit tensor-core peak for bf16/fp16
@@ -25,12 +26,12 @@ FLOPs/s / peak with an override, the device-name lookup.
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 import lightning as L
 import torch
 
+from lightning_cqk.callbacks.clock import TrainingClock
 from lightning_cqk.callbacks.common import is_log_step, log_metrics, step_index
 
 #: (regex on the lower-cased CUDA device name, dense FLOP/s per GPU: (bf16, tf32, fp32)); first match wins, so specific
@@ -127,12 +128,14 @@ class Throughput(L.Callback):
         self.peak_flops = peak_flops
         self.latest: dict[str, float] = {}
         self._peak: float | None = None
-        self._mark: tuple[float, float, float] | None = None  # (time, tokens, flops) at the window start
-        self._paused = 0.0
-        self._val_start: float | None = None
+        self._mark: tuple[float, float, float] | None = None  # (clock seconds, tokens, flops) at the window start
+        self._clock: TrainingClock | None = None
         self._last_step = -1
         self._tokens = 0.0  # own counts when the module keeps none
         self._flops = 0.0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._clock = TrainingClock.of(trainer)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.peak_flops is not None:
@@ -140,17 +143,8 @@ class Throughput(L.Callback):
         else:
             dtype = precision_dtype(trainer.precision)
             self._peak = device_peak_flops(pl_module.device, dtype) if dtype is not None else None
-        self._mark, self._last_step, self._paused = None, trainer.global_step, 0.0
+        self._mark, self._last_step = None, trainer.global_step
         self._start_step = trainer.global_step
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.state.fn == "fit":
-            self._val_start = time.perf_counter()
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._val_start is not None and self._mark is not None:
-            self._paused += time.perf_counter() - self._val_start
-        self._val_start = None
 
     def _counts(self, pl_module: L.LightningModule) -> tuple[float, float]:
         tokens = getattr(pl_module, "tokens_seen", None)
@@ -182,20 +176,21 @@ class Throughput(L.Callback):
         if self._mark is None:
             if done >= self.warmup_steps:
                 self._sync(pl_module)
-                self._mark = (time.perf_counter(), *self._counts(pl_module))
-                self._paused = 0.0
+                self._mark = (self._clock.seconds(), *self._counts(pl_module))
             return
         if not is_log_step(trainer, self.every_n_steps, step):
             return
         self._sync(pl_module)
-        now = time.perf_counter()
+        now = self._clock.seconds()
         tokens, flops = self._counts(pl_module)
         t0, tokens0, flops0 = self._mark
-        seconds = max(now - t0 - self._paused, 1e-9)
+        seconds = now - t0
+        if seconds <= 0:
+            return  # no training time measured in this window: no rate (never a division by zero)
         metrics = {"train/tokens_per_sec": (tokens - tokens0) / seconds}
         if flops > 0:
             metrics["train/flops_per_sec"] = (flops - flops0) / seconds
             if self._peak:
                 metrics["train/mfu"] = metrics["train/flops_per_sec"] / (self._peak * trainer.world_size)
         self.latest = log_metrics(trainer, metrics, step)
-        self._mark, self._paused = (now, tokens, flops), 0.0
+        self._mark = (now, tokens, flops)

@@ -53,7 +53,7 @@ def test_glue_config_smoke_runs(name: str, lm_checkpoint: Path, glue_dir: Path, 
             *QUIET,
         ]
     )
-    run = tmp_path / "runs" / "glue" / f"{name}-standard-tiny-s1337-s1"
+    run = tmp_path / "runs" / "glue" / f"{name}-standard-tiny-L1-s1337-s1"
     assert (run / "config.yaml").is_file() and list(run.glob("events.out.tfevents.*"))
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["data"]["init_args"]["task"] == name and saved["model"]["init_args"]["checkpoint"] == str(
@@ -126,7 +126,7 @@ def test_glue_command_writes_tables_and_tensorboard(lm_checkpoint: Path, glue_di
     with pytest.raises(ValueError, match="1 labels for 2 GLUE tables"):
         side_by_side([out, other], labels=["a"])
     printed = capsys.readouterr().out
-    assert "| task | standard-tiny-s1337 | coupled-tiny-s1 |" in printed
+    assert "| task | standard-tiny-L1-s1337 | coupled-tiny-s1 |" in printed
     assert (
         "| SST-2 (acc) |" in printed and "75.0 ± 5.0" in printed and "| QQP (F1/acc) | skipped | skipped |" in printed
     )
