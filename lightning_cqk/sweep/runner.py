@@ -300,6 +300,7 @@ def run_local(
         )
     ledger = Ledger(sweep)
     ledger.dir.mkdir(parents=True, exist_ok=True)
+    sweep_lock = None
     try:
         if only:
             owner = holder(ledger.dir, SWEEP_LOCK)
@@ -309,9 +310,26 @@ def run_local(
                     f"{', '.join(only)} too. Wait for it (or stop it: kill {owner.pid})."
                 )
         else:
-            acquire(ledger.dir, name=SWEEP_LOCK, what="Sweep directory")
+            sweep_lock = acquire(ledger.dir, name=SWEEP_LOCK, what="Sweep directory")
     except RunDirectoryInUse as err:
+        owner = holder(ledger.dir, SWEEP_LOCK)
+        if owner is not None and not only:
+            err = RunDirectoryInUse(
+                f"Sweep directory {ledger.dir} is being run by another sweep ({owner.describe()}). Wait for it to "
+                f"finish, or stop it (kill {owner.pid}) and run this command again: finished runs are skipped, "
+                "interrupted ones resume."
+            )
         raise SpecError(f"{err} Two sweeps into one directory would run the same runs twice.") from None
+    try:
+        return _run_owned(ledger, jobs, only, restart_changed)
+    finally:
+        if sweep_lock is not None:
+            sweep_lock.release()
+
+
+def _run_owned(ledger: Ledger, jobs: int, only: list[str] | None, restart_changed: bool) -> dict[str, list[str]]:
+    """`run_local` once the sweep directory is owned."""
+    sweep = ledger.sweep
     runs = [sweep.run(n) for n in only] if only else list(sweep.runs)
     result: dict[str, list[str]] = {"skipped": [], "done": [], "failed": []}
     todo = []
