@@ -54,9 +54,9 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
 
 from lightning_cqk.callbacks import RunSummary, TokenBudget  # noqa: E402
 from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO  # noqa: E402
+from lightning_cqk.callbacks.run_session import RunSession  # noqa: E402
 from lightning_cqk.cli_hints import HintingArgumentParser  # noqa: E402
 from lightning_cqk.module import LitLM  # noqa: E402
-from lightning_cqk.callbacks.run_session import RunSession  # noqa: E402
 from lightning_cqk.run_dir import (  # noqa: E402
     FAILED,
     FINISHED,
@@ -137,10 +137,7 @@ class CQKCLI(LightningCLI):
         logger = config.trainer.get("logger")
         ckpt = config.get("ckpt_path")
         if sub == "fit" and _is_tensorboard(logger):
-            try:
-                self._plan_fit()
-            except (ResumeRefused, RunDirectoryInUse) as err:
-                sys.exit(f"lightning_cqk fit: {err}")
+            self._plan_fit()  # ResumeRefused / RunDirectoryInUse: `main` prints them without a traceback
         elif sub is not None and ckpt and Path(ckpt).is_file():
             self._merge_checkpoint_hparams(ckpt)
         config = self.config[sub] if sub else self.config
@@ -172,7 +169,11 @@ class CQKCLI(LightningCLI):
             changes.update(self._merge_checkpoint_hparams(plan.ckpt_path))
             config = self.config.fit
         args = config.trainer.logger.init_args
-        args.save_dir, args.name, args.version = str(plan.run_dir.parent.parent), plan.run_dir.parent.name, plan.run_dir.name
+        args.save_dir, args.name, args.version = (
+            str(plan.run_dir.parent.parent),
+            plan.run_dir.parent.name,
+            plan.run_dir.name,
+        )
         config.ckpt_path = plan.ckpt_path
         if config.trainer.get("precision") is None:
             config.trainer.precision = _auto_precision(config.trainer.get("accelerator"))
@@ -468,7 +469,12 @@ def main(argv: list[str] | None = None) -> None:
     from lightning_cqk.downstream.cli import GlueCLI, names_downstream_model
 
     cli_class = GlueCLI if names_downstream_model(argv) else CQKCLI
-    cli_class(args=None if from_command_line else argv)
+    try:
+        cli_class(args=None if from_command_line else argv)
+    except (ResumeRefused, RunDirectoryInUse) as err:
+        if not from_command_line:
+            raise
+        sys.exit(f"lightning_cqk {argv[0]}: {err}")
 
 
 if __name__ == "__main__":

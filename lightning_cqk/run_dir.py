@@ -370,6 +370,8 @@ def resolve_fit(
         notes = []
         for d in reversed(dirs):
             state = run_state(d)
+            if state.status == "running":  # the run to resume is live: the lock refuses, naming its process
+                return FitPlan(d, None, False, notes=notes)
             if state.checkpoint is not None:
                 if state.note:
                     notes.append(f"{d}: {state.note}.")

@@ -284,7 +284,9 @@ class RunCheckpoint(ModelCheckpoint):
             )
             return
         self.save_now(trainer)
-        rank_zero_info(f"RunCheckpoint: stop signal received; saved step {trainer.global_step} to {self.last_model_path}.")
+        rank_zero_info(
+            f"RunCheckpoint: stop signal received; saved step {trainer.global_step} to {self.last_model_path}."
+        )
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         return  # saving is driven by steps and time only (ModelCheckpoint would also save after validation)

@@ -130,6 +130,8 @@ def apply_optimizer_settings(trainer: L.Trainer, pl_module: L.LightningModule) -
             scheduler._last_lr = lrs
     rank_zero_info(
         "run: optimizer settings applied to the restored optimizer: "
-        + ", ".join(f"lr {g['lr']:.4g} (peak {g.get('initial_lr', g['lr']):.4g})" for g in trainer.optimizers[0].param_groups[:1])
+        + ", ".join(
+            f"lr {g['lr']:.4g} (peak {g.get('initial_lr', g['lr']):.4g})"
+            for g in trainer.optimizers[0].param_groups[:1]
+        )
     )
-

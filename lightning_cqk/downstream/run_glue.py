@@ -9,7 +9,8 @@ selection on the dev set), averaged over seeds and written beside the checkpoint
 (``glue_table``). A task without training data is not run; its row says why. TensorBoard: each fine-tuning run logs
 under ``<run dir>/glue/<task>-s<seed>/`` (the checkpoint's run directory, so ``tensorboard --logdir runs`` shows it
 beside the pre-training curves; a later ``glue`` of the same checkpoint gets ``<task>-s<seed>-2``, ... rather than
-writing into an earlier one's directory: ``run_dir.next_free_name``), and ``<run dir>/glue/summary/`` holds the table (text) and ``glue/<task>`` scores.
+writing into an earlier one's directory: ``run_dir.next_free_name``), and ``<run dir>/glue/summary/`` holds the
+table (text) and ``glue/<task>`` scores.
 """
 
 from __future__ import annotations

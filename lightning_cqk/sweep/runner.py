@@ -312,14 +312,15 @@ def run_local(
         else:
             sweep_lock = acquire(ledger.dir, name=SWEEP_LOCK, what="Sweep directory")
     except RunDirectoryInUse as err:
+        message = str(err)
         owner = holder(ledger.dir, SWEEP_LOCK)
         if owner is not None and not only:
-            err = RunDirectoryInUse(
+            message = (
                 f"Sweep directory {ledger.dir} is being run by another sweep ({owner.describe()}). Wait for it to "
                 f"finish, or stop it (kill {owner.pid}) and run this command again: finished runs are skipped, "
                 "interrupted ones resume."
             )
-        raise SpecError(f"{err} Two sweeps into one directory would run the same runs twice.") from None
+        raise SpecError(f"{message} Two sweeps into one directory would run the same runs twice.") from None
     try:
         return _run_owned(ledger, jobs, only, restart_changed)
     finally:

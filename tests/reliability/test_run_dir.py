@@ -93,18 +93,18 @@ def test_resume_applies_a_changed_lr_refuses_a_changed_model_and_records_only_wh
     # An explicit checkpoint file + another architecture: Lightning's CLI would load the checkpoint's settings over
     # the command line and train a standard model silently. Refused, naming the setting; nothing is written.
     # (Refusals come before anything is built: they are checked in this process, with the real CLI.)
-    with pytest.raises(SystemExit) as refused:
+    with pytest.raises(ResumeRefused) as refused:
         main(fit(shards, runs, "--trainer.max_steps=6", f"--ckpt_path={last}", "--model.config.attention=coupled")[2:])
-    assert 'model.config.attention: "standard" -> "coupled"' in str(refused.value.code)
+    assert 'model.config.attention: "standard" -> "coupled"' in str(refused.value)
     assert (run_dir / "config.yaml").read_bytes() == config, "a refused resume must not rewrite config.yaml"
     assert not list(run_dir.glob("config.resume-*.yaml"))
     assert len(json.loads((run_dir / "run.json").read_text())["attempts"]) == 1
-    with pytest.raises(SystemExit) as data:
+    with pytest.raises(ResumeRefused) as data:
         main(fit(shards, runs, "--trainer.max_steps=6", "--ckpt_path=last", "--data.seq_len=8")[2:])
-    assert "data.seq_len: 16 -> 8" in str(data.value.code)
+    assert "data.seq_len: 16 -> 8" in str(data.value)
     assert (run_dir / "config.yaml").read_bytes() == config and not list(run_dir.glob("config.resume-*.yaml"))
     # The refusal's own advice works when pasted (the recorded configuration is intact).
-    advice = str(data.value.code).split("To resume it as it was: ")[1].split(". To train")[0].split()
+    advice = str(data.value).split("To resume it as it was: ")[1].split(". To train")[0].split()
     assert advice[:2] == ["lightning_cqk", "fit"]
     pasted = run(["-m", "lightning_cqk", *advice[1:]], tmp_path)
     assert pasted.returncode == 0, pasted.stderr[-2000:]

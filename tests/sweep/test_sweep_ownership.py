@@ -27,7 +27,9 @@ REPO = Path(__file__).resolve().parents[2]
 def _spec(tmp: Path, max_steps: int, lr: float = 2e-3) -> Path:
     corpus = tmp / "corpus.jsonl"
     if not corpus.exists():
-        corpus.write_text("".join(json.dumps({"text": f"Doc {i}. " + "keys and queries " * 20}) + "\n" for i in range(40)))
+        corpus.write_text(
+            "".join(json.dumps({"text": f"Doc {i}. " + "keys and queries " * 20}) + "\n" for i in range(40))
+        )
     spec = {
         "study": "own",
         "metric": "val/ppl",
