@@ -146,7 +146,12 @@ class CQKCLI(LightningCLI):
             trainer.precision = _auto_precision(trainer.get("accelerator"))
         logger = trainer.get("logger")
         if _is_tensorboard(logger) and logger.init_args.get("version") is None:  # validate / test / predict
-            logger.init_args.version = _run_name(config, logger.init_args, resuming=bool(config.get("ckpt_path")))
+            owner = _owning_run_dir(config.get("ckpt_path"))
+            if owner is not None:  # evaluate beside the training curves of the run the checkpoint belongs to
+                args = logger.init_args
+                args.save_dir, args.name, args.version = str(owner.parent.parent), owner.parent.name, owner.name
+            else:
+                logger.init_args.version = _run_name(config, logger.init_args, resuming=bool(config.get("ckpt_path")))
 
     # --------------------------------------------------------------------------------------- fit: the run
     def _plan_fit(self) -> None:
@@ -349,6 +354,17 @@ def _auto_precision(accelerator: Any) -> str:
     if wants_gpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
         return "bf16-mixed"
     return "32-true"
+
+
+def _owning_run_dir(ckpt: Any) -> Path | None:
+    """The run directory of `<run>/checkpoints/<file>` when it is one (it has a record), else None."""
+    if not ckpt or not Path(str(ckpt)).is_file():
+        return None
+    path = Path(str(ckpt))
+    run = path.parent.parent
+    if path.parent.name == "checkpoints" and ((run / "run.json").is_file() or (run / "config.yaml").is_file()):
+        return run
+    return None
 
 
 def _run_name(config: Any, logger_args: Any, resuming: bool) -> str:
