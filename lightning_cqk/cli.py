@@ -250,7 +250,14 @@ class CQKCLI(LightningCLI):
         if not hparams or sub not in self._argv:
             return {}
         at = self._argv.index(sub) + 1
-        self.config = self.parser.parse_args([*self._argv[:at], f"--model={json.dumps(hparams)}", *self._argv[at:]])
+        try:
+            self.config = self.parser.parse_args([*self._argv[:at], f"--model={json.dumps(hparams)}", *self._argv[at:]])
+        except SystemExit:  # settings this version does not know: the command line alone builds the model, and the
+            print(  # checkpoint's architecture is still checked field by field when its weights load
+                f"note: the settings saved in {ckpt} do not parse with this version; the command line's are used.",
+                file=sys.stderr,
+            )
+            return {}
         model = self.config[sub].model
         now_ = {k: model[k].as_dict() if hasattr(model[k], "as_dict") else model[k] for k in hparams}
         changes = changed_settings({"model": hparams}, {"model": now_})

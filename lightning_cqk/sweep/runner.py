@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.run_dir import resumable_checkpoint
+from lightning_cqk.run_dir import config_files, resumable_checkpoint
 from lightning_cqk.run_lock import RunDirectoryInUse, acquire, holder
 from lightning_cqk.sweep.spec import Run, SpecError, Sweep, expand
 
@@ -253,10 +253,11 @@ class _Launch:
         ok = rc == 0 and (run_dir / "budget.json").is_file()
         fields: dict[str, Any] = {"status": DONE if ok else FAILED, "returncode": rc, "finished": _now()}
         fields["seconds"] = round(self.ledger.status(self.run).get("seconds", 0.0) + seconds, 1)
-        if (run_dir / "config.yaml").is_file():
+        configs = config_files(run_dir)  # config.yaml, then config.resume-<n>.yaml per resume: the latest
+        if configs:
             import hashlib
 
-            fields["resolved_config_sha256"] = hashlib.sha256((run_dir / "config.yaml").read_bytes()).hexdigest()
+            fields["resolved_config_sha256"] = hashlib.sha256(configs[-1].read_bytes()).hexdigest()
         self.ledger.set_status(self.run, **fields)
         self.ledger.write_manifest()
         self.lock.release()
