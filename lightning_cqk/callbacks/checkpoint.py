@@ -27,9 +27,9 @@ checked before loading (`verify`), because `torch.load` would load damaged tenso
                                     restores a checkpoint written before a due validation as "validation done")
     RNG state                       the torch/numpy/Python (and CUDA) generators are saved and restored, so a resumed
                                     run draws the same random numbers as the uninterrupted one
-    save_on_sigterm                 SIGTERM (preemption, scancel) saves at the end of the batch in progress, then the
-                                    process exits (Lightning's SIGTERMException; exit status 0); SIGKILL loses the
-                                    steps since the last save
+    save_on_sigterm                 SIGTERM (preemption, scancel, timeout) and a first Ctrl-C save at the end of the
+                                    batch in progress, then the process exits (`lightning_cqk fit`: status 143 /
+                                    130, with the command that resumes); SIGKILL loses the steps since the last save
 `BestCheckpoint` keeps the best validation so far (`monitor`, default val/loss), saved right after the validation
 that scored it (Lightning's step-triggered ModelCheckpoint saves the weights of step k under the score of an earlier
 validation), and never keeps a non-finite score (a diverged model) as best.
@@ -307,18 +307,24 @@ class RunCheckpoint(ModelCheckpoint):
             self.save_now(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        """On SIGTERM (preemption, `scancel`, `kill`), save before exiting: Lightning raises `SIGTERMException` only
-        at a batch boundary, where the state is as consistent as at any periodic save."""
+        """On SIGTERM (preemption, `scancel`, `kill`, `timeout`) or a first Ctrl-C (which `RunSession` turns into the
+        same clean stop), save before exiting: Lightning raises `SIGTERMException` only at a batch boundary, where
+        the state is as consistent as at any periodic save."""
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         if not (self.save_on_sigterm and isinstance(exception, SIGTERMException)):
             return
-        if trainer.validating or trainer.sanity_checking or self._last_global_step_saved == trainer.global_step:
-            return  # mid-validation the loops are not at a training boundary: the last periodic save stands
+        if self._last_global_step_saved == trainer.global_step:
+            return  # saved at this very step already
+        if trainer.validating or trainer.sanity_checking:
+            rank_zero_info(
+                f"RunCheckpoint: stopped during validation at step {trainer.global_step}, not at a training boundary; "
+                f"the last checkpoint ({self.last_model_path or 'none yet'}) stands."
+            )
+            return
         self.save_now(trainer)
         rank_zero_info(
-            f"RunCheckpoint: SIGTERM received; saved step {trainer.global_step} to {self.last_model_path}. Resume with "
-            "--ckpt_path last."
+            f"RunCheckpoint: stop signal received; saved step {trainer.global_step} to {self.last_model_path}."
         )
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

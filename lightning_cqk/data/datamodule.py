@@ -52,6 +52,17 @@ def collate_tokens(items: list, vocab_size: int | None = None, where: str = "") 
     return torch.from_numpy(batch.astype(np.int64))
 
 
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: workers ignore SIGTERM and SIGINT, so that a signal sent to the whole process
+    group (`timeout`, `kill -- -PGID`, a scheduler, Ctrl-C) reaches the training process alone, which stops at a batch
+    boundary and saves, instead of failing with "DataLoader worker ... is killed by signal". Workers still exit with
+    the training process (the DataLoader shuts them down; an orphaned worker notices its parent is gone)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def token_loader(dataset, batch_size: int, num_workers: int, train: bool, vocab_size: int | None = None, where=""):
     """A StreamingDataLoader of int64 token windows: training drops partial batches, validation keeps every window."""
     from litdata import StreamingDataLoader
@@ -63,6 +74,7 @@ def token_loader(dataset, batch_size: int, num_workers: int, train: bool, vocab_
         drop_last=train,
         pin_memory=torch.cuda.is_available(),
         collate_fn=partial(collate_tokens, vocab_size=vocab_size, where=str(where)),
+        worker_init_fn=ignore_stop_signals if num_workers > 0 else None,
     )
 
 

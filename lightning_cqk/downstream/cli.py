@@ -8,7 +8,8 @@ decides the tokenizer and the context length, and the data module takes them fro
 link is ``data.task`` -> ``model.task``, so the head, loss and metrics always match the data. ``lightning_cqk.cli.main``
 picks this CLI when a ``--config`` file's ``model.class_path`` lies in ``lightning_cqk.downstream``.
 
-Defaults: TensorBoard logs under ``runs/glue/<task>-<checkpoint run>-s<seed>/``, ``trainer.precision`` as for
+Defaults: TensorBoard logs under ``runs/glue/<task>-<checkpoint run>-s<seed>[-N]/`` (named, suffixed and locked
+by ``lightning_cqk/run_dir.py``: a new run never writes into an earlier one's directory), ``trainer.precision`` as for
 pre-training (bf16-mixed on a bf16 GPU, fp32 elsewhere), seed 1.
 """
 
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from lightning_cqk.run_dir import RunDirectory, is_husk, is_rank_zero_process, next_free_name
 
 DOWNSTREAM_PREFIX = "lightning_cqk.downstream"
 
@@ -37,6 +40,7 @@ class GlueCLI(LightningCLI):
         from lightning_cqk.downstream.classifier import GlueClassifier
         from lightning_cqk.downstream.glue_data import GlueDataModule
 
+        self.run_directory: RunDirectory | None = None
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("seed_everything_default", 1)
         super().__init__(
@@ -74,9 +78,20 @@ class GlueCLI(LightningCLI):
                 "Give the pretrained LM checkpoint: --model.checkpoint runs/<experiment>/<run>/checkpoints/last.ckpt"
             )
         logger = trainer.get("logger")
-        if _is_tensorboard(logger) and logger.init_args.get("version") is None:
+        if not _is_tensorboard(logger):
+            return
+        args = logger.init_args
+        root = Path(args.get("save_dir") or "runs") / str(args.get("name") or "glue")
+        if args.get("version") is None:  # a new run never writes into an earlier one's directory (run_dir.py)
             task = config.data.init_args.task
-            logger.init_args.version = f"{task}-{checkpoint_run_name(checkpoint)}-s{config.seed_everything}"
+            args.version = next_free_name(root, f"{task}-{checkpoint_run_name(checkpoint)}-s{config.seed_everything}")
+        elif self.subcommand == "fit" and (root / args.version).exists() and not is_husk(root / args.version):
+            raise ValueError(
+                f"{root / args.version} already holds a run; a new fine-tuning run must not write into it. Choose "
+                "another --trainer.logger.init_args.version, or leave it unset for a fresh name."
+            )
+        if self.subcommand == "fit" and is_rank_zero_process():
+            self.run_directory = RunDirectory.claim(root / args.version)  # one live process per run directory
 
 
 def names_downstream_model(argv: list[str]) -> bool:

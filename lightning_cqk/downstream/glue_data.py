@@ -24,6 +24,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from lightning_cqk.data.datamodule import ignore_stop_signals
 from lightning_cqk.data.tokenizers import Tokenizer, get_tokenizer
 from lightning_cqk.downstream.glue_tasks import Example, TaskData, get_task, load_task
 
@@ -208,11 +209,18 @@ class GlueDataModule(L.LightningDataModule):
             collate_fn=collate,
             generator=generator,
             num_workers=self.num_workers,
+            worker_init_fn=ignore_stop_signals if self.num_workers > 0 else None,  # signals reach the trainer alone
         )
 
     def _eval_loaders(self) -> list[DataLoader]:
         return [
-            DataLoader(items, batch_size=self.eval_batch_size, collate_fn=collate, num_workers=self.num_workers)
+            DataLoader(
+                items,
+                batch_size=self.eval_batch_size,
+                collate_fn=collate,
+                num_workers=self.num_workers,
+                worker_init_fn=ignore_stop_signals if self.num_workers > 0 else None,
+            )
             for items in self.eval_items.values()
         ]
 

@@ -8,7 +8,9 @@ given budget; the final dev metrics of every run are collected (the last validat
 selection on the dev set), averaged over seeds and written beside the checkpoint as ``glue.json`` and ``glue.md``
 (``glue_table``). A task without training data is not run; its row says why. TensorBoard: each fine-tuning run logs
 under ``<run dir>/glue/<task>-s<seed>/`` (the checkpoint's run directory, so ``tensorboard --logdir runs`` shows it
-beside the pre-training curves), and ``<run dir>/glue/summary/`` holds the table (text) and ``glue/<task>`` scores.
+beside the pre-training curves; a later ``glue`` of the same checkpoint gets ``<task>-s<seed>-2``, ... rather than
+writing into an earlier one's directory: ``run_dir.next_free_name``), and ``<run dir>/glue/summary/`` holds the
+table (text) and ``glue/<task>`` scores.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from lightning_cqk.downstream.glue_table import render_table, summarise_seeds, write_glue_table
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS, TaskDataMissing, get_task, load_task
+from lightning_cqk.run_dir import next_free_name
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "glue"
 
@@ -116,7 +119,7 @@ def glue(
                 f"--trainer.accelerator={accelerator}",
                 f"--trainer.logger.init_args.save_dir={logs.parent}",
                 f"--trainer.logger.init_args.name={logs.name}",
-                f"--trainer.logger.init_args.version={name}-s{seed}",
+                f"--trainer.logger.init_args.version={next_free_name(logs, f'{name}-s{seed}')}",
                 *settings["extra_args"],
             ]
             if max_eval_examples is not None:
@@ -153,6 +156,8 @@ def _fit_then_validate(cli_class: Any, args: list[str]) -> dict[str, float]:
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     cli.trainer.limit_val_batches = 1.0
     cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
+    if getattr(cli, "run_directory", None) is not None:
+        cli.run_directory.lock.release()  # this run is over: its directory is no longer in use
     if not cli.model.final_metrics:
         raise RuntimeError(f"No validation metrics after `lightning_cqk fit {' '.join(args)}`.")
     return dict(cli.model.final_metrics)

@@ -16,9 +16,13 @@ Layout of a sweep directory (default `runs/<study>-<profile>/`):
 Each run is launched as `python -m lightning_cqk fit --config <base> ... --seed_everything <seed>
 --trainer.logger.init_args.{save_dir,name,version}=...`, so its directory is fixed by the sweep (the CLI's `-2`
 suffixing never moves it). On a second invocation a run that finished (status done, same config hash, budget.json
-present) is skipped; a run with `checkpoints/last.ckpt` is resumed from it (`--ckpt_path <that file>`); any other
-unfinished run starts again from scratch (its partial directory is removed first). A finished run whose config hash
-changed (the spec or a config file was edited since) is refused: start a new sweep directory with `--output`.
+present) is skipped; a run with a checkpoint is resumed from it (`--ckpt_path <that file>`: `checkpoints/last.ckpt`,
+or the newest intact `step=*.ckpt` when last.ckpt is missing or damaged, `run_dir.resumable_checkpoint`); any other
+unfinished run starts again from scratch (its partial directory is removed first). A run whose config hash changed
+(the spec or a config file was edited since) is refused, finished or interrupted: start a new sweep directory with
+`--output` (or `--restart-changed` restarts the interrupted ones from scratch). One owner per sweep directory
+(`run_local`): a second sweep into it is refused, and a run directory that a live process still writes (the orphan
+of a killed runner) is never deleted or started twice: the sweep refuses, naming its pid.
 
 With `--jobs N > 1` runs go N at a time (each child gets OMP_NUM_THREADS = cores / N unless it is set); the first
 run of each distinct data setting runs alone first, because a run prepares missing token shards itself and two
@@ -42,9 +46,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.run_dir import config_files, resumable_checkpoint
+from lightning_cqk.run_lock import RunDirectoryInUse, acquire, holder
 from lightning_cqk.sweep.spec import Run, SpecError, Sweep, expand
 
 MANIFEST = "manifest.json"
+SWEEP_LOCK = ".sweep.lock"
 DONE, RUNNING, FAILED, PENDING = "done", "running", "failed", "pending"
 
 
@@ -133,8 +140,29 @@ class Ledger:
         return True
 
     def last_checkpoint(self, run: Run) -> Path | None:
-        path = self.run_dir(run) / "checkpoints" / "last.ckpt"
-        return path if path.is_file() else None
+        """The checkpoint to resume `run` from: last.ckpt, else the newest intact step=*.ckpt (run_dir.py)."""
+        return resumable_checkpoint(self.run_dir(run))[0]
+
+    def problems(self, run: Run) -> str | None:
+        """Why `run` must not be started or resumed now: a live writer in its directory, or a spec edited since
+        its interrupted attempt began (its checkpoint holds the old settings). None when it may go."""
+        owner = holder(self.run_dir(run))
+        if owner is not None:
+            return (
+                f"{self.run_dir(run)} is still being written by pid {owner.pid} ({owner.describe()}), e.g. a run "
+                f"left running by a sweep that was killed. Wait for it to end (or stop it: kill {owner.pid}) and run "
+                "the sweep again; its checkpoint is resumed then."
+            )
+        status = self.status(run)
+        recorded = status.get("config_hash")
+        if status.get("status") != DONE and recorded and recorded != run.config_hash() and self.run_dir(run).exists():
+            return (
+                f"run {run.name} was interrupted with config hash {recorded}, but the spec and config files now give "
+                f"{run.config_hash()} (something was edited since). Resuming its checkpoint under the new settings "
+                "would mix two experiments in one run: restore the spec, sweep into a new directory with --output, "
+                f"or pass --restart-changed to delete {self.run_dir(run)} and run it again from scratch."
+            )
+        return None
 
     def write_manifest(self) -> dict[str, Any]:
         sweep = self.sweep
@@ -175,11 +203,23 @@ class Ledger:
 class _Launch:
     """One run's subprocess in flight."""
 
-    def __init__(self, ledger: Ledger, run: Run, threads: int | None) -> None:
+    def __init__(self, ledger: Ledger, run: Run, threads: int | None, restart_changed: bool = False) -> None:
         self.ledger, self.run = ledger, run
-        ckpt = ledger.last_checkpoint(run)
+        # This runner owns the run while it handles it (a second runner, e.g. a SLURM task, is refused by name).
+        self.lock = acquire(ledger.status_dir, name=f"{run.name}.lock", what=f"Sweep run {run.name} in")
+        problem = ledger.problems(run)
+        if problem is not None and restart_changed and holder(ledger.run_dir(run)) is None:
+            print(f"[sweep] {run.name}: settings changed since its interrupted attempt; restarting it from scratch")
+            shutil.rmtree(ledger.run_dir(run))  # no live writer (checked just now): ours to delete
+            problem = None
+        if problem is not None:
+            self.lock.release()
+            raise SpecError(problem)
+        ckpt, note = resumable_checkpoint(ledger.run_dir(run))
+        if note:
+            print(f"[sweep] {run.name}: {note}", flush=True)
         if ckpt is None and ledger.run_dir(run).exists():
-            shutil.rmtree(ledger.run_dir(run))  # a partial run without a checkpoint: its logs would mix in
+            shutil.rmtree(ledger.run_dir(run))  # a partial run without a checkpoint, no live writer: logs would mix
         self.resumed_from = str(ckpt) if ckpt else None
         cmd = fit_command(ledger.sweep, run, self.resumed_from)
         env = dict(os.environ)
@@ -213,12 +253,14 @@ class _Launch:
         ok = rc == 0 and (run_dir / "budget.json").is_file()
         fields: dict[str, Any] = {"status": DONE if ok else FAILED, "returncode": rc, "finished": _now()}
         fields["seconds"] = round(self.ledger.status(self.run).get("seconds", 0.0) + seconds, 1)
-        if (run_dir / "config.yaml").is_file():
+        configs = config_files(run_dir)  # config.yaml, then config.resume-<n>.yaml per resume: the latest
+        if configs:
             import hashlib
 
-            fields["resolved_config_sha256"] = hashlib.sha256((run_dir / "config.yaml").read_bytes()).hexdigest()
+            fields["resolved_config_sha256"] = hashlib.sha256(configs[-1].read_bytes()).hexdigest()
         self.ledger.set_status(self.run, **fields)
         self.ledger.write_manifest()
+        self.lock.release()
         if ok:
             print(f"[sweep] {self.run.name}: done in {seconds:.0f} s", flush=True)
         else:
@@ -236,8 +278,17 @@ def _names(todo: list[Run], running: list[_Launch]) -> set[str]:
     return {r.name for r in todo} | {x.run.name for x in running}
 
 
-def run_local(sweep: Sweep, jobs: int = 1, only: list[str] | None = None) -> dict[str, list[str]]:
+def run_local(
+    sweep: Sweep, jobs: int = 1, only: list[str] | None = None, restart_changed: bool = False
+) -> dict[str, list[str]]:
     """Run every unfinished run of `sweep` (or only the named ones), `jobs` at a time.
+
+    One owner per sweep directory: a whole-sweep invocation holds `<sweep dir>/.sweep.lock` for its life (a second
+    sweep into the same directory is refused, naming the first); `--run NAME` invocations (SLURM array tasks) are
+    refused while a whole sweep holds it, and every runner holds `status/<run>.lock` while it handles a run. Before
+    anything starts, every run to do is checked (`Ledger.problems`): a run directory with a live writer (an orphan
+    of a killed runner) and an interrupted run whose settings were edited since are refused by name, so nothing is
+    deleted or resumed under other settings.
 
     Returns {'skipped': [...], 'done': [...], 'failed': [...]} (names).
     """
@@ -250,6 +301,37 @@ def run_local(sweep: Sweep, jobs: int = 1, only: list[str] | None = None) -> dic
         )
     ledger = Ledger(sweep)
     ledger.dir.mkdir(parents=True, exist_ok=True)
+    sweep_lock = None
+    try:
+        if only:
+            owner = holder(ledger.dir, SWEEP_LOCK)
+            if owner is not None:
+                raise RunDirectoryInUse(
+                    f"Sweep directory {ledger.dir} is being run by a whole sweep ({owner.describe()}); it runs "
+                    f"{', '.join(only)} too. Wait for it (or stop it: kill {owner.pid})."
+                )
+        else:
+            sweep_lock = acquire(ledger.dir, name=SWEEP_LOCK, what="Sweep directory")
+    except RunDirectoryInUse as err:
+        message = str(err)
+        owner = holder(ledger.dir, SWEEP_LOCK)
+        if owner is not None and not only:
+            message = (
+                f"Sweep directory {ledger.dir} is being run by another sweep ({owner.describe()}). Wait for it to "
+                f"finish, or stop it (kill {owner.pid}) and run this command again: finished runs are skipped, "
+                "interrupted ones resume."
+            )
+        raise SpecError(f"{message} Two sweeps into one directory would run the same runs twice.") from None
+    try:
+        return _run_owned(ledger, jobs, only, restart_changed)
+    finally:
+        if sweep_lock is not None:
+            sweep_lock.release()
+
+
+def _run_owned(ledger: Ledger, jobs: int, only: list[str] | None, restart_changed: bool) -> dict[str, list[str]]:
+    """`run_local` once the sweep directory is owned."""
+    sweep = ledger.sweep
     runs = [sweep.run(n) for n in only] if only else list(sweep.runs)
     result: dict[str, list[str]] = {"skipped": [], "done": [], "failed": []}
     todo = []
@@ -259,6 +341,11 @@ def run_local(sweep: Sweep, jobs: int = 1, only: list[str] | None = None) -> dic
             print(f"[sweep] {run.name}: done before, skipped", flush=True)
         else:
             todo.append(run)
+    blocked = [(run.name, p) for run in todo if (p := ledger.problems(run)) is not None]
+    if blocked and restart_changed:
+        blocked = [(n, p) for n, p in blocked if "--restart-changed" not in p]
+    if blocked:
+        raise SpecError("nothing was started:\n" + "\n".join(f"  {name}: {problem}" for name, problem in blocked))
     ledger.write_manifest()
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     finished = {r.name for r in sweep.runs if ledger.is_done(r)}
@@ -269,7 +356,7 @@ def run_local(sweep: Sweep, jobs: int = 1, only: list[str] | None = None) -> dic
     if main_thread:
         signal.signal(signal.SIGTERM, _raise_interrupt)  # SLURM / timeout send SIGTERM: stop the children too
     try:
-        _schedule(ledger, todo, running, finished, failed, result, jobs, threads)
+        _schedule(ledger, todo, running, finished, failed, result, jobs, threads, restart_changed)
     except KeyboardInterrupt:
         for launch in running:
             launch.proc.terminate()  # Lightning stops; the run stays "running" and resumes from last.ckpt next time
@@ -302,6 +389,7 @@ def _schedule(
     result: dict[str, list[str]],
     jobs: int,
     threads: int | None,
+    restart_changed: bool = False,
 ) -> None:
     """Launch runs as slots, waits and data preparation allow, until every run has finished or failed."""
     data_ready: set[str] = set()  # data settings whose shards a finished run has prepared
@@ -339,7 +427,14 @@ def _schedule(
                     continue  # one run at a time may prepare token shards
                 preparing = key
             todo.remove(run)
-            running.append(_Launch(ledger, run, threads))
+            try:
+                running.append(_Launch(ledger, run, threads, restart_changed))
+            except (SpecError, RunDirectoryInUse) as err:  # taken by another runner meanwhile, or edited
+                failed.add(run.name)
+                result["failed"].append(run.name)
+                ledger.set_status(run, status=FAILED, returncode=None, finished=_now(), reason=str(err))
+                print(f"[sweep] {run.name}: not run: {err}", flush=True)
+                continue
             launched = True
         if running and not launched:
             time.sleep(0.5)
@@ -448,6 +543,13 @@ def sweep_command(argv: list[str]) -> None:
     parser.add_argument("--max-parallel", "--max_parallel", type=int, default=None, help="SLURM array %% limit")
     parser.add_argument("--run", action="append", default=None, help="run only this run (repeatable)")
     parser.add_argument("--no-report", "--no_report", action="store_true", help="do not write the report afterwards")
+    parser.add_argument(
+        "--restart-changed",
+        "--restart_changed",
+        action="store_true",
+        help="restart from scratch (deleting their directories) the interrupted runs whose settings were edited "
+        "since; without it such runs are refused",
+    )
     args = parser.parse_args(argv)
     try:
         sweep = expand(args.spec, args.profile, args.output)
@@ -460,7 +562,7 @@ def sweep_command(argv: list[str]) -> None:
             files = write_slurm(sweep, args.spec, args.max_parallel)
             print("Wrote " + ", ".join(str(f) for f in files) + f"\nSubmit with: bash {files[-1]}")
             return
-        result = run_local(sweep, args.jobs or sweep.jobs, args.run)
+        result = run_local(sweep, args.jobs or sweep.jobs, args.run, args.restart_changed)
     except SpecError as err:
         sys.exit(f"lightning_cqk sweep: {err}")
     except KeyboardInterrupt:
