@@ -145,7 +145,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, seconds: float = 120) -> None:
 def test_sigterm_to_the_process_group_and_ctrl_c_save_and_the_same_command_resumes(shards, tmp_path):
     runs = tmp_path / "runs"
     command = [sys.executable, *fit(shards, runs, "--trainer.max_steps=100000", "--data.num_workers=2", every=10**6)]
-    run_dir = runs / "quickstart" / "standard-tiny-s1337"
+    run_dir = runs / "quickstart" / "standard-tiny-L1-H2-d16-ff32-s1337"  # the size label names the shape
 
     # A failed launch (a typo in a path) leaves no directory that a later --ckpt_path last could pick.
     typo = run([*command[1:], "--data.data_dir=/nonexistent/shards"], tmp_path)
