@@ -11,6 +11,7 @@ from lightning_cqk.callbacks.loss_spike import LossSpikeMonitor
 from lightning_cqk.callbacks.nonfinite import NonFiniteGuard
 from lightning_cqk.callbacks.summary import RunSummary
 from lightning_cqk.callbacks.throughput import Throughput
+from lightning_cqk.callbacks.val_windows import ValWindowLosses
 
 __all__ = [
     "AtomicCheckpointIO",
@@ -23,4 +24,5 @@ __all__ = [
     "RunSummary",
     "Throughput",
     "TokenBudget",
+    "ValWindowLosses",
 ]
