@@ -3,7 +3,8 @@
     val_curves.png     the metric vs optimizer steps per group: mean over finite seeds, band = min..max over seeds;
                        a log axis labelled with plain numbers (no "2.4 x 10^1"), limits that hold every band
     delta_curves.png   small multiples, one panel per compared group: the change vs its baseline group in %, paired
-                       by seed (mean line, min..max band), with the zero line; title: final change and verdict
+                       by seed (the geometric-mean change, as the tables; band: min..max over seeds), the zero line,
+                       the last 80% of training; title: final change and the verdict of the claim on that pair
     stability.png      pre-clip gradient norm and cumulative loss spikes; a panel without data says so in words
     ppl_vs_tokens.png  the metric vs training tokens (dots: each seed's final value)
 
@@ -132,13 +133,13 @@ def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> 
             steps = sorted(set.intersection(*(set(by_seed[s]) & set(base_seed[s]) for s in seeds))) if seeds else []
             xs, ms, lo, hi = [], [], [], []
             for step in steps:
-                d = _finite([100.0 * (by_seed[s][step] / base_seed[s][step] - 1.0) for s in seeds
-                             if base_seed[s][step]])
+                d = _finite([math.log(by_seed[s][step] / base_seed[s][step]) for s in seeds
+                             if by_seed[s][step] > 0 and base_seed[s][step] > 0])  # log ratios, as the tables
                 if d:
                     xs.append(step)
-                    ms.append(sum(d) / len(d))
-                    lo.append(min(d))
-                    hi.append(max(d))
+                    ms.append(100.0 * math.expm1(sum(d) / len(d)))
+                    lo.append(100.0 * math.expm1(min(d)))
+                    hi.append(100.0 * math.expm1(max(d)))
             ax.axhline(0.0, color="0.4", lw=0.8)
             if xs:
                 start = len(xs) // 5  # the first validations move by tens of %: show the last 80% of the curve
@@ -172,9 +173,9 @@ def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> 
         axes[0].text(0.5, 0.5, "gradient norm not logged\n(GradNormMonitor is in callbacks/sweep.yaml)",
                      ha="center", va="center", transform=axes[0].transAxes)
     axes[0].set(xlabel="optimizer steps", ylabel="gradient norm (pre-clip)", title=f"{title}: gradient norm")
-    spikes = {name: max((v for _, v in r["scalars"].get("train/spikes") or []), default=math.nan)
-              for name, g in groups.items() for r in g["runs"]}
-    logged = [v for v in spikes.values() if math.isfinite(v)]
+    spikes = [max((v for _, v in r["scalars"].get("train/spikes") or []), default=math.nan)
+              for g in groups.values() for r in g["runs"]]
+    logged = [v for v in spikes if math.isfinite(v)]
     if logged and max(logged) > 0:
         plot_bands(axes[1], "train/spikes")
         axes[1].legend(fontsize=7, ncol=2 if len(groups) > 8 else 1)

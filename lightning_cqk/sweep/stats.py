@@ -16,7 +16,8 @@ same way.
   Contrasts of more than two groups need pairing.
 - Holm-Bonferroni (step-down) adjusts the p-values of the comparisons of one study (scipy has no Holm: 8 lines).
 - Minimum detectable effect: the smallest |Delta%| that a two-sided test at alpha 0.05 detects with 80% power, given
-  the observed standard deviation and the number of seeds (noncentral t, `scipy.stats.nct`, solved with brentq).
+  the observed standard deviation and the number of seeds (noncentral t, `scipy.stats.nct`, solved with brentq;
+  where nct is NaN, for one or two df far in its tail, the same power integrated over the chi-square).
 - Seed variance: the ratio var(a) / var(b) of the metric over seeds. Paired seeds are not independent samples, so the
   test is Pitman-Morgan's (r = corr(a + b, a - b), t with n - 2 df; `scipy.stats.pearsonr`), with Pitman's
   confidence interval of the ratio; unpaired groups get the F-test and its interval (`scipy.stats.f`).
@@ -32,7 +33,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from scipy import optimize, stats
+from scipy import integrate, optimize, stats
 
 ALPHA = 0.05
 POWER = 0.80
@@ -91,9 +92,22 @@ def mde_log(se: float, df: float, alpha: float = ALPHA, power: float = POWER) ->
     crit = stats.t.ppf(1 - alpha / 2, df)
 
     def power_at(ncp: float) -> float:
-        return stats.nct.sf(crit, df, ncp) + stats.nct.cdf(-crit, df, ncp)
+        p = stats.nct.sf(crit, df, ncp) + stats.nct.cdf(-crit, df, ncp)
+        if math.isfinite(p):
+            return float(p)
+        # nct is NaN for few df far in the tail: T' = (Z + ncp) / sqrt(V / df), V ~ chi2(df), integrated over V
+        def at(v: float) -> float:
+            c = crit * math.sqrt(v / df)
+            return (stats.norm.sf(c - ncp) + stats.norm.cdf(-c - ncp)) * stats.chi2.pdf(v, df)
 
-    ncp = optimize.brentq(lambda c: power_at(c) - power, 0.0, 100.0, xtol=1e-10)
+        return float(integrate.quad(at, 0.0, math.inf, limit=200)[0])
+
+    hi = 1.0
+    while power_at(hi) < power:  # bracket the root (nct is NaN far out in the tail, so never start wide)
+        hi *= 2.0
+        if hi > 1e4:
+            return math.nan
+    ncp = optimize.brentq(lambda c: power_at(c) - power, 0.0, hi, xtol=1e-10)
     return ncp * se
 
 
