@@ -80,6 +80,8 @@ def test_cpu_profile_learns_within_budget_and_shares_one_validation_set(spec: Pa
         assert run.overrides["data.seed"] == run.seed  # the data order follows the seed, shared by its levels
     runs = estimate_runs(sweep)
     assert min(r.steps for r in runs) >= 1000
+    for run, est in zip(sweep.runs, runs, strict=True):  # a validation at the last step, or the report refuses it
+        assert est.steps % run.overrides["trainer.val_check_interval"] == 0, run.name
     wall_min = sum(r.seconds for r in runs) / sweep.jobs / 60
     assert wall_min <= 40, f"{spec.stem}: {wall_min:.0f} min"
 
