@@ -133,8 +133,13 @@ def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> 
             steps = sorted(set.intersection(*(set(by_seed[s]) & set(base_seed[s]) for s in seeds))) if seeds else []
             xs, ms, lo, hi = [], [], [], []
             for step in steps:
-                d = _finite([math.log(by_seed[s][step] / base_seed[s][step]) for s in seeds
-                             if by_seed[s][step] > 0 and base_seed[s][step] > 0])  # log ratios, as the tables
+                d = _finite(
+                    [
+                        math.log(by_seed[s][step] / base_seed[s][step])
+                        for s in seeds
+                        if by_seed[s][step] > 0 and base_seed[s][step] > 0
+                    ]
+                )  # log ratios, as the tables
                 if d:
                     xs.append(step)
                     ms.append(100.0 * math.expm1(sum(d) / len(d)))
@@ -147,8 +152,9 @@ def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> 
                 ax.fill_between(xs[start:], lo[start:], hi[start:], color=cmap(k % 10), alpha=0.2, lw=0)
                 fit_limits(ax, lo[start:] + hi[start:] + [0.0], log=False)
                 verdict = verdict_of.get((name, base), "")
-                ax.set_title(f"{name}\nfinal {ms[-1]:+.2f}% vs {base}" + (f" · {verdict}" if verdict else ""),
-                             fontsize=8)
+                ax.set_title(
+                    f"{name}\nfinal {ms[-1]:+.2f}% vs {base}" + (f" · {verdict}" if verdict else ""), fontsize=8
+                )
             else:
                 ax.text(0.5, 0.5, "no paired seeds", ha="center", va="center", transform=ax.transAxes)
                 ax.set_title(name, fontsize=8)
@@ -156,8 +162,9 @@ def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> 
             ax.tick_params(labelsize=7)
         for k in range(len(compared), rows * cols):
             axes[k // cols][k % cols].axis("off")
-        fig.suptitle(f"{title}: change of {metric} vs baseline, %, paired by seed (band: min-max over seeds)",
-                     fontsize=9)
+        fig.suptitle(
+            f"{title}: change of {metric} vs baseline, %, paired by seed (band: min-max over seeds)", fontsize=9
+        )
         for ax in axes[-1]:
             ax.set_xlabel("optimizer steps", fontsize=8)
         save(fig, "delta_curves.png")
@@ -170,11 +177,20 @@ def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> 
         axes[0].legend(fontsize=7, ncol=2 if len(groups) > 8 else 1)
         axes[0].grid(alpha=0.3, which="both")
     else:
-        axes[0].text(0.5, 0.5, "gradient norm not logged\n(GradNormMonitor is in callbacks/sweep.yaml)",
-                     ha="center", va="center", transform=axes[0].transAxes)
+        axes[0].text(
+            0.5,
+            0.5,
+            "gradient norm not logged\n(GradNormMonitor is in callbacks/sweep.yaml)",
+            ha="center",
+            va="center",
+            transform=axes[0].transAxes,
+        )
     axes[0].set(xlabel="optimizer steps", ylabel="gradient norm (pre-clip)", title=f"{title}: gradient norm")
-    spikes = [max((v for _, v in r["scalars"].get("train/spikes") or []), default=math.nan)
-              for g in groups.values() for r in g["runs"]]
+    spikes = [
+        max((v for _, v in r["scalars"].get("train/spikes") or []), default=math.nan)
+        for g in groups.values()
+        for r in g["runs"]
+    ]
     logged = [v for v in spikes if math.isfinite(v)]
     if logged and max(logged) > 0:
         plot_bands(axes[1], "train/spikes")
@@ -183,8 +199,11 @@ def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> 
         axes[1].set(xlabel="optimizer steps", ylabel="loss spikes (cumulative)")
     else:
         axes[1].axis("off")
-        msg = (f"no loss spikes in any of the {len(logged)} runs\n(LossSpikeMonitor)" if logged
-               else "loss spikes not logged\n(LossSpikeMonitor is in callbacks/sweep.yaml)")
+        msg = (
+            f"no loss spikes in any of the {len(logged)} runs\n(LossSpikeMonitor)"
+            if logged
+            else "loss spikes not logged\n(LossSpikeMonitor is in callbacks/sweep.yaml)"
+        )
         axes[1].text(0.5, 0.5, msg, ha="center", va="center", fontsize=11, transform=axes[1].transAxes)
     axes[1].set_title(f"{title}: loss spikes")
     save(fig, "stability.png")
@@ -197,8 +216,10 @@ def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> 
     fig, ax = plt.subplots(figsize=(8, 5))
     shown = plot_bands(ax, metric, tokens_at)
     for i, group in enumerate(groups.values()):
-        finals = [(float(r["budget"].get("tokens", 0)), (r["scalars"].get(metric) or [(0, math.nan)])[-1][1])
-                  for r in group["runs"]]
+        finals = [
+            (float(r["budget"].get("tokens", 0)), (r["scalars"].get(metric) or [(0, math.nan)])[-1][1])
+            for r in group["runs"]
+        ]
         finals = [f for f in finals if math.isfinite(f[1])]
         ax.scatter([f[0] for f in finals], [f[1] for f in finals], color=cmap(i % 10), s=14, zorder=3)
     fit_limits(ax, shown, log=metric == "val/ppl")

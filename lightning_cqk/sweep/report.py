@@ -200,12 +200,26 @@ def table_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
             eff = contrast(values, [name], [base])
             var = variance_ratio(values[name], values[base])
             row.update(
-                test=eff.test, n_used=eff.n, delta_pct=eff.delta_pct, ci_low_pct=eff.ci_low_pct,
-                ci_high_pct=eff.ci_high_pct, p=eff.p, mde_pct=eff.mde_pct, seed_var_ratio=var.ratio,
+                test=eff.test,
+                n_used=eff.n,
+                delta_pct=eff.delta_pct,
+                ci_low_pct=eff.ci_low_pct,
+                ci_high_pct=eff.ci_high_pct,
+                p=eff.p,
+                mde_pct=eff.mde_pct,
+                seed_var_ratio=var.ratio,
             )
         else:
-            row.update(test="", n_used=0, delta_pct=math.nan, ci_low_pct=math.nan, ci_high_pct=math.nan, p=math.nan,
-                       mde_pct=math.nan, seed_var_ratio=math.nan)
+            row.update(
+                test="",
+                n_used=0,
+                delta_pct=math.nan,
+                ci_low_pct=math.nan,
+                ci_high_pct=math.nan,
+                p=math.nan,
+                mde_pct=math.nan,
+                seed_var_ratio=math.nan,
+            )
         for key in ("tokens", "flops", "wallclock"):
             row[key] = mean([float(r["budget"].get(key, math.nan)) for r in runs])
         row["published_delta_pct"] = _published_delta(name, base, published)
@@ -273,12 +287,15 @@ def _claim_lines(judgements: list[Judgement], spec: dict[str, Any]) -> list[str]
     if not judgements:
         return ["No claims in the spec (`claims:`): no verdicts.", ""]
     lines = [
-        "| claim | expects | paper Δ % | our Δ % [95% CI] | test (seeds) | Holm p | detectable Δ % (80% power) | verdict |",
+        "| claim | expects | paper Δ % | our Δ % [95% CI] | test (seeds) | Holm p | detectable Δ % (80% power) "
+        "| verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for j in judgements:
         label = f"**control** {j.name}" if j.is_control else j.name
-        what = " − ".join([" + ".join(j.plus), " + ".join(j.minus)]) if len(j.plus) > 1 else f"{j.plus[0]} vs {j.minus[0]}"
+        what = (
+            " − ".join([" + ".join(j.plus), " + ".join(j.minus)]) if len(j.plus) > 1 else f"{j.plus[0]} vs {j.minus[0]}"
+        )
         expects = j.expect + (f" (±{j.margin_pct:g}%)" if j.expect == "same" else "")
         if j.variance is not None:
             v = j.variance
@@ -308,7 +325,9 @@ def _claim_lines(judgements: list[Judgement], spec: dict[str, Any]) -> list[str]
     if control:
         c = control[0]
         if c.verdict == "supports":
-            lines.append(f"Positive control `{c.plus[0]}` detected (Holm p {_fmt(c.p_holm, '.3g')}): the study has power.")
+            lines.append(
+                f"Positive control `{c.plus[0]}` detected (Holm p {_fmt(c.p_holm, '.3g')}): the study has power."
+            )
         else:
             lines.append(
                 f"**Positive control `{c.plus[0]}` NOT detected ({c.why}): the study has no power; every verdict is "
@@ -363,12 +382,15 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
         "same other levels). 'moved over last 20%': the change of the metric from the validation at 80% of the "
         "steps to the last (near 0: settled).",
         f"Validation-set sampling error: ±{se:.2f}% of {metric} (bootstrap SE over {windows} windows, median of "
-        f"{n_runs} runs)." if n_runs else "Validation-set sampling error: not recorded (no run wrote val_windows.json; "
+        f"{n_runs} runs)."
+        if n_runs
+        else "Validation-set sampling error: not recorded (no run wrote val_windows.json; "
         "add lightning_cqk.callbacks.ValWindowLosses, as callbacks/sweep.yaml does).",
     ]
     if published:
         notes.append(
-            f"Paper Δ %: {published.get('source', 'the paper')}; its absolute numbers ({published.get('metric', metric)}"
+            f"Paper Δ %: {published.get('source', 'the paper')}; its absolute numbers "
+            f"({published.get('metric', metric)}"
             ") are at another scale, corpus and tokenizer and are not comparable with ours."
         )
     diverged = [r["name"] for g in data["groups"].values() for r in g["runs"] if not math.isfinite(final(r, metric))]
@@ -409,9 +431,29 @@ CSV_FIELDS = (
     "wallclock",
     "published_delta_pct",
 )
-CLAIM_FIELDS = ("claim", "control", "expect", "plus", "minus", "published_pct", "published_ratio", "delta_pct",
-                "ci_low_pct", "ci_high_pct", "var_ratio", "var_ci_low", "var_ci_high", "test", "n", "diverged", "p",
-                "p_holm", "mde_pct", "verdict", "why")
+CLAIM_FIELDS = (
+    "claim",
+    "control",
+    "expect",
+    "plus",
+    "minus",
+    "published_pct",
+    "published_ratio",
+    "delta_pct",
+    "ci_low_pct",
+    "ci_high_pct",
+    "var_ratio",
+    "var_ci_low",
+    "var_ci_high",
+    "test",
+    "n",
+    "diverged",
+    "p",
+    "p_holm",
+    "mde_pct",
+    "verdict",
+    "why",
+)
 
 
 def to_csv(rows: list[dict[str, Any]]) -> str:
@@ -430,13 +472,26 @@ def claims_csv(judgements: list[Judgement]) -> str:
     for j in judgements:
         e, v = j.effect, j.variance
         row = {
-            "claim": j.name, "control": j.is_control, "expect": j.expect, "plus": " ".join(j.plus),
-            "minus": " ".join(j.minus), "published_pct": j.published_pct, "published_ratio": j.published_ratio,
-            "delta_pct": e.delta_pct if e else math.nan, "ci_low_pct": e.ci_low_pct if e else math.nan,
-            "ci_high_pct": e.ci_high_pct if e else math.nan, "var_ratio": v.ratio if v else math.nan,
-            "var_ci_low": v.ci_low if v else math.nan, "var_ci_high": v.ci_high if v else math.nan,
-            "test": (e or v).test, "n": e.n if e else v.n_a, "diverged": e.diverged if e else "",
-            "p": (e or v).p, "p_holm": j.p_holm, "mde_pct": e.mde_pct if e else math.nan, "verdict": j.verdict,
+            "claim": j.name,
+            "control": j.is_control,
+            "expect": j.expect,
+            "plus": " ".join(j.plus),
+            "minus": " ".join(j.minus),
+            "published_pct": j.published_pct,
+            "published_ratio": j.published_ratio,
+            "delta_pct": e.delta_pct if e else math.nan,
+            "ci_low_pct": e.ci_low_pct if e else math.nan,
+            "ci_high_pct": e.ci_high_pct if e else math.nan,
+            "var_ratio": v.ratio if v else math.nan,
+            "var_ci_low": v.ci_low if v else math.nan,
+            "var_ci_high": v.ci_high if v else math.nan,
+            "test": (e or v).test,
+            "n": e.n if e else v.n_a,
+            "diverged": e.diverged if e else "",
+            "p": (e or v).p,
+            "p_holm": j.p_holm,
+            "mde_pct": e.mde_pct if e else math.nan,
+            "verdict": j.verdict,
             "why": j.why,
         }
         writer.writerow({k: (repr(x) if isinstance(x, float) else x) for k, x in row.items()})
@@ -460,7 +515,11 @@ def write_report(
         raise ReportError(
             f"{sweep_dir}: none of the {len(data['manifest']['runs'])} runs has finished (budget.json and a last "
             "validation at its last step); run the sweep first."
-            + (f" Unfinished: {'; '.join(f'{k}: {v}' for k, v in data['unfinished'].items())}." if data["unfinished"] else "")
+            + (
+                f" Unfinished: {'; '.join(f'{k}: {v}' for k, v in data['unfinished'].items())}."
+                if data["unfinished"]
+                else ""
+            )
         )
     out = Path(output) if output is not None else sweep_dir / "report"
     out.mkdir(parents=True, exist_ok=True)

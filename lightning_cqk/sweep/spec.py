@@ -33,9 +33,9 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
       expect: higher                      # the report must find it significant, else the verdicts are void
       at: {}                              # levels of the other axes (default: their baseline, else first, level)
 
-A profile may give its own `control:` and `claims:` (they replace the spec's) and `data_order: seed` (default: each seed shuffles
-the training windows with its own order, `data.seed = seed`; the levels of one seed share it) or `fixed` (every run
-uses the data config's seed).
+A profile may give its own `control:` and `claims:` (they replace the spec's) and `data_order: seed` (default: each
+seed shuffles the training windows with its own order, `data.seed = seed`; the levels of one seed share it) or
+`fixed` (every run uses the data config's seed).
 
 Overrides are `--key=value` flags of `lightning_cqk fit` (dicts and lists are passed as YAML/JSON); the key
 `config` adds `--config` files (a path or a list) for one level. String values may use placeholders:
@@ -216,14 +216,18 @@ def load_spec(path: str | Path) -> dict[str, Any]:
         if control is not None:
             _check_control(control, spec, f"{where} (profile {name})")
         if profile.get("data_order", "seed") not in ("seed", "fixed"):
-            raise SpecError(f"{where}: profile {name!r}: data_order is `seed` or `fixed`, got {profile['data_order']!r}.")
+            raise SpecError(
+                f"{where}: profile {name!r}: data_order is `seed` or `fixed`, got {profile['data_order']!r}."
+            )
     return spec
 
 
 def _check_control(control: Any, spec: dict[str, Any], where: str) -> None:
     if not isinstance(control, dict) or not control.get("name") or not isinstance(control.get("overrides"), dict):
-        raise SpecError(f"{where}: control needs a name and overrides (a mapping), e.g. "
-                        "{name: half_depth, overrides: {model.config.n_layer: 2}, expect: higher}.")
+        raise SpecError(
+            f"{where}: control needs a name and overrides (a mapping), e.g. "
+            "{name: half_depth, overrides: {model.config.n_layer: 2}, expect: higher}."
+        )
     if not _NAME.match(str(control["name"])):
         raise SpecError(f"{where}: control name {control['name']!r} is not a plain name (letters, digits, _ . + = -).")
     if control.get("expect") not in ("lower", "higher"):
@@ -374,7 +378,9 @@ def _control_runs(
     base = dict(levels, **spec["baseline"])
     for axis, level in base.items():
         if level not in axes[axis]:
-            raise SpecError(f"{where}: control: level {axis}={level!r} is not a level of the axis ({list(axes[axis])}).")
+            raise SpecError(
+                f"{where}: control: level {axis}={level!r} is not a level of the axis ({list(axes[axis])})."
+            )
     group = "-".join(levels[a] for a in axes)
     runs = []
     for seed in seeds:
@@ -393,8 +399,15 @@ def _control_runs(
             overrides.pop(key, None)
             overrides[key] = _fill(copy.deepcopy(value), placeholders)
         runs.append(
-            Run(f"{group}-s{seed}", group, seed, dict(levels), [_fill(c, placeholders) for c in run_configs],
-                overrides, [])
+            Run(
+                f"{group}-s{seed}",
+                group,
+                seed,
+                dict(levels),
+                [_fill(c, placeholders) for c in run_configs],
+                overrides,
+                [],
+            )
         )
     return runs
 

@@ -95,6 +95,7 @@ def mde_log(se: float, df: float, alpha: float = ALPHA, power: float = POWER) ->
         p = stats.nct.sf(crit, df, ncp) + stats.nct.cdf(-crit, df, ncp)
         if math.isfinite(p):
             return float(p)
+
         # nct is NaN for few df far in the tail: T' = (Z + ncp) / sqrt(V / df), V ~ chi2(df), integrated over V
         def at(v: float) -> float:
             c = crit * math.sqrt(v / df)
@@ -125,24 +126,50 @@ def contrast(
             return _nan_effect("", 0, 0, f"group {g!r} has no runs")
     common = set.intersection(*(set(values[g]) for g in groups))
     finite = sorted(s for s in common if all(_positive_finite(values[g][s]) for g in groups))
-    diverged = len(common) - len(finite) + sum(
-        n_diverged([v for s, v in values[g].items() if s not in common]) for g in groups
+    diverged = (
+        len(common)
+        - len(finite)
+        + sum(n_diverged([v for s, v in values[g].items() if s not in common]) for g in groups)
     )
     if len(finite) >= 2:
-        d = np.array([sum(math.log(values[g][s]) for g in plus) - sum(math.log(values[g][s]) for g in minus)
-                      for s in finite])  # (n,)
+        d = np.array(
+            [sum(math.log(values[g][s]) for g in plus) - sum(math.log(values[g][s]) for g in minus) for s in finite]
+        )  # (n,)
         n = len(d)
         sd = float(np.std(d, ddof=1))
         md = float(np.mean(d))
         se = sd / math.sqrt(n)
         if se == 0.0:
-            return Effect("paired t", n, diverged, pct(md), pct(md), pct(md), math.nan, n - 1, math.nan, math.nan,
-                          0.0, "zero variance of the per-seed differences: no test")
+            return Effect(
+                "paired t",
+                n,
+                diverged,
+                pct(md),
+                pct(md),
+                pct(md),
+                math.nan,
+                n - 1,
+                math.nan,
+                math.nan,
+                0.0,
+                "zero variance of the per-seed differences: no test",
+            )
         res = stats.ttest_1samp(d, 0.0)
         half = stats.t.ppf(1 - alpha / 2, n - 1) * se
         mde = mde_log(se, n - 1, alpha)
-        return Effect("paired t", n, diverged, pct(md), pct(md - half), pct(md + half), float(res.statistic),
-                      float(n - 1), float(res.pvalue), pct(mde), sd)
+        return Effect(
+            "paired t",
+            n,
+            diverged,
+            pct(md),
+            pct(md - half),
+            pct(md + half),
+            float(res.statistic),
+            float(n - 1),
+            float(res.pvalue),
+            pct(mde),
+            sd,
+        )
     if len(plus) == 1 and len(minus) == 1:
         a = [math.log(v) for v in values[plus[0]].values() if _positive_finite(v)]
         b = [math.log(v) for v in values[minus[0]].values() if _positive_finite(v)]
@@ -157,9 +184,19 @@ def contrast(
         se = math.sqrt(va + vb)
         df = float((va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)))
         half = stats.t.ppf(1 - alpha / 2, df) * se
-        return Effect("Welch t", min(len(a), len(b)), div, pct(md), pct(md - half), pct(md + half),
-                      float(res.statistic), df, float(res.pvalue), pct(mde_log(se, df, alpha)),
-                      se * math.sqrt(min(len(a), len(b))))
+        return Effect(
+            "Welch t",
+            min(len(a), len(b)),
+            div,
+            pct(md),
+            pct(md - half),
+            pct(md + half),
+            float(res.statistic),
+            df,
+            float(res.pvalue),
+            pct(mde_log(se, df, alpha)),
+            se * math.sqrt(min(len(a), len(b))),
+        )
     return _nan_effect("paired t", len(finite), diverged, "fewer than two seeds finite in every group of the contrast")
 
 
@@ -207,8 +244,9 @@ def variance_ratio(a: Mapping[int, float], b: Mapping[int, float], alpha: float 
         n = len(common)
         vx, vy = float(np.var(x, ddof=1)), float(np.var(y, ddof=1))
         if vx == 0.0 or vy == 0.0:
-            return VarianceRatio("Pitman-Morgan", n, n, _ratio(vx, vy), math.nan, math.nan, math.nan,
-                                 "a group has zero variance")
+            return VarianceRatio(
+                "Pitman-Morgan", n, n, _ratio(vx, vy), math.nan, math.nan, math.nan, "a group has zero variance"
+            )
         ratio = vx / vy
         p = _pm_p(x, y)
         rho = float(np.corrcoef(x, y)[0, 1])

@@ -131,10 +131,21 @@ def judge(
         verdict, why = _verdict(c, eff, var, p_adj, alpha)
         out.append(
             Judgement(
-                name=c["name"], text=c["text"], expect=c["expect"], plus=c["plus"], minus=c["minus"], effect=eff,
-                variance=var, p_holm=p_adj, verdict=verdict, why=why, published_pct=c["published_pct"],
-                published_ratio=c["published_ratio"], published_note=c["published_note"],
-                margin_pct=c["margin_pct"], is_control=bool(c.get("is_control")),
+                name=c["name"],
+                text=c["text"],
+                expect=c["expect"],
+                plus=c["plus"],
+                minus=c["minus"],
+                effect=eff,
+                variance=var,
+                p_holm=p_adj,
+                verdict=verdict,
+                why=why,
+                published_pct=c["published_pct"],
+                published_ratio=c["published_ratio"],
+                published_note=c["published_note"],
+                margin_pct=c["margin_pct"],
+                is_control=bool(c.get("is_control")),
             )
         )
     if control is not None and out[0].verdict != SUPPORTS:

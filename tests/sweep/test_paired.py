@@ -7,7 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from lightning_cqk.cli import CQKCLI

@@ -40,7 +40,9 @@ def _write_run(run_dir: Path, group: str, seed: int, final: float, steps=STEPS, 
             w.add_scalar("train/grad_norm/total", 1.0 / (i + 1) + seed, step, walltime=1000.0 + step)
             w.add_scalar("train/spikes", 0.0, step, walltime=1000.0 + step)
     budget = {"tokens": budget_steps * TOKENS_PER_STEP, "flops": 3.0e9 * seed, "wallclock": 10.0 * seed + 1.0}
-    (run_dir / "budget.json").write_text(json.dumps({**budget, "steps": budget_steps, "tokens_per_step": TOKENS_PER_STEP}))
+    (run_dir / "budget.json").write_text(
+        json.dumps({**budget, "steps": budget_steps, "tokens_per_step": TOKENS_PER_STEP})
+    )
 
 
 SPEC = {
@@ -113,7 +115,10 @@ def test_table_numbers_equal_the_scalars(sweep_dir: Path, capsys):
     assert f"{statistics.fmean(var):.2f} ± {statistics.stdev(var):.2f}" in paths["markdown"].read_text()
     claims = {r["claim"]: r for r in csv.DictReader(paths["claims"].open())}
     assert claims["control-half"]["control"] == "True" and claims["var-helps"]["verdict"] in (
-        "supports", "inconclusive", "void")
+        "supports",
+        "inconclusive",
+        "void",
+    )
     assert "Positive control" in out
 
 
@@ -135,7 +140,8 @@ def test_unfinished_reason():
     assert unfinished_reason({"val/ppl": [(10, 5.0)]}, {}, "val/ppl").startswith("no budget.json")
     assert unfinished_reason({}, {"steps": 10}, "val/ppl") == "no val/ppl logged"
     assert unfinished_reason({"val/ppl": [(8, 5.0)]}, {"steps": 10}, "val/ppl") == (
-        "last validation at step 8, training ended at step 10")
+        "last validation at step 8, training ended at step 10"
+    )
     assert unfinished_reason({"val/ppl": [(10, 5.0)]}, {"steps": 10}, "val/ppl") == ""
 
 

@@ -72,8 +72,10 @@ def test_cpu_profile_learns_within_budget_and_shares_one_validation_set(spec: Pa
     seeds = {r.seed for r in sweep.runs}
     assert len(seeds) >= (5 if spec.stem == "coupling" else 3)
     assert sweep.spec["control"]["group"] in {r.group for r in sweep.runs}
-    val = {(r.overrides["trainer.limit_val_batches"], r.overrides["data.val_batch_size"], r.overrides["data.seq_len"])
-           for r in sweep.runs}
+    val = {
+        (r.overrides["trainer.limit_val_batches"], r.overrides["data.val_batch_size"], r.overrides["data.seq_len"])
+        for r in sweep.runs
+    }
     assert len(val) == 1, "every run of a study validates on the same windows"
     for run in sweep.runs:
         assert run.configs[:2] == ["configs/quickstart.yaml", "callbacks/sweep.yaml"]  # tiny preset, bytes

@@ -106,7 +106,9 @@ def test_variance_ratio_f_test_for_unpaired_groups():
     f = np.var(list(a.values()), ddof=1) / np.var(list(b.values()), ddof=1)
     assert v.test == "F" and v.ratio == pytest.approx(f)
     assert v.p == pytest.approx(2 * stats.f.sf(f, 3, 2), rel=1e-12)
-    assert v.ci_low == pytest.approx(f / stats.f.ppf(0.975, 3, 2)) and v.ci_high == pytest.approx(f / stats.f.ppf(0.025, 3, 2))
+    assert v.ci_low == pytest.approx(f / stats.f.ppf(0.975, 3, 2)) and v.ci_high == pytest.approx(
+        f / stats.f.ppf(0.025, 3, 2)
+    )
 
 
 def test_bootstrap_se_is_near_the_analytic_se_of_a_mean():
