@@ -45,7 +45,7 @@ def _band(runs: list[dict[str, Any]], tag: str, x_of=None):
         vals = _finite([s[step] for s in series])
         if not vals:
             continue
-        xs.append(x_of(runs[0], step) if x_of else step)
+        xs.append(x_of(runs[0], step) if x_of else step + 1)  # TensorBoard step s: after s + 1 optimizer steps
         ms.append(sum(vals) / len(vals))
         lo.append(min(vals))
         hi.append(max(vals))
@@ -141,7 +141,7 @@ def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> 
                     ]
                 )  # log ratios, as the tables
                 if d:
-                    xs.append(step)
+                    xs.append(step + 1)
                     ms.append(100.0 * math.expm1(sum(d) / len(d)))
                     lo.append(100.0 * math.expm1(min(d)))
                     hi.append(100.0 * math.expm1(max(d)))
@@ -211,7 +211,7 @@ def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> 
     # -- metric vs tokens
     def tokens_at(run: dict[str, Any], step: int) -> float:
         seen = dict(run["scalars"].get("train/tokens_seen") or [])
-        return seen.get(step, step * float(run["budget"].get("tokens_per_step") or 1))
+        return seen.get(step, (step + 1) * float(run["budget"].get("tokens_per_step") or 1))
 
     fig, ax = plt.subplots(figsize=(8, 5))
     shown = plot_bands(ax, metric, tokens_at)

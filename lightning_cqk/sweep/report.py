@@ -23,7 +23,8 @@ mean or a test, and a comparison uses the seeds finite in all of its groups.
 Per group the table also says how much the metric still moved over the last 20% of training (from the last
 validation at or before 80% of the steps to the final one, mean over seeds): a reader sees whether runs had settled.
 The validation set's own sampling error is the bootstrap standard error over its windows (`val_windows.json`,
-written at the final validation by `lightning_cqk.callbacks.ValWindowLosses`), as a % of the metric.
+written at the final validation by `lightning_cqk.callbacks.ValWindowLosses`), as a % of the metric; per compared
+group also that of its difference from the baseline on the same windows (what the set alone makes of a change).
 
 A run's scalar value at a step is the last one written for that step (a resumed run re-logs the steps between its
 checkpoint and where it was killed); its final value is the value at its largest step.
@@ -98,16 +99,17 @@ def _read_manifest(sweep_dir: Path) -> dict[str, Any]:
 
 
 def unfinished_reason(scalars: dict[str, list[tuple[int, float]]], budget: dict[str, Any], metric: str) -> str:
-    """'' for a finished run, else why it is not: no budget.json, no validation, or a last validation that is not at
-    the last training step (budget.json `steps`)."""
+    """'' for a finished run, else why it is not: no budget.json, no validation, or a last validation that is not
+    after the last training step (budget.json `steps`)."""
     if not budget:
         return "no budget.json (training did not end)"
     series = scalars.get(metric) or []
     if not series:
         return f"no {metric} logged"
     steps = budget.get("steps")
-    if steps is not None and series[-1][0] < int(steps):
-        return f"last validation at step {series[-1][0]}, training ended at step {int(steps)}"
+    # TensorBoard step s is logged after s + 1 optimizer steps (the validation after step N is at index N - 1)
+    if steps is not None and series[-1][0] + 1 < int(steps):
+        return f"last validation after step {series[-1][0] + 1}, training ended at step {int(steps)}"
     return ""
 
 
@@ -220,6 +222,7 @@ def table_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                 mde_pct=math.nan,
                 seed_var_ratio=math.nan,
             )
+        row["val_se_delta_pct"] = paired_window_se(runs, groups[base]["runs"]) if base and base != name else math.nan
         for key in ("tokens", "flops", "wallclock"):
             row[key] = mean([float(r["budget"].get(key, math.nan)) for r in runs])
         row["published_delta_pct"] = _published_delta(name, base, published)
@@ -249,6 +252,23 @@ def val_sampling_error(data: dict[str, Any]) -> tuple[float, int, int]:
         return math.nan, 0, 0
     errs.sort()
     return errs[len(errs) // 2], windows, len(errs)
+
+
+def paired_window_se(runs: list[dict[str, Any]], base_runs: list[dict[str, Any]]) -> float:
+    """How much of a difference the validation set alone makes between two groups: the bootstrap SE over windows of
+    the difference of their validation losses (same seed, same windows), as % of the metric; median over seeds."""
+    base_by_seed = {r["seed"]: r.get("windows") for r in base_runs}
+    errs = []
+    for run in runs:
+        a, b = run.get("windows"), base_by_seed.get(run["seed"])
+        if not a or not b or len(a["nll"]) != len(b["nll"]) or a["tokens"] != b["tokens"]:
+            continue
+        diff = [x - y for x, y in zip(a["nll"], b["nll"], strict=True)]
+        se = bootstrap_se_of_mean_loss(diff, a["tokens"])
+        if math.isfinite(se):
+            errs.append(100.0 * se)
+    errs.sort()
+    return errs[len(errs) // 2] if errs else math.nan
 
 
 def _fmt(x: float, spec: str = ".2f") -> str:
@@ -353,9 +373,9 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
     lines += ["### Groups", ""]
     lines.append(
         f"| group | seeds (diverged) | val ppl | val bpb | Δ {metric} % [95% CI] | p | test | detectable Δ % | "
-        "seed-var ratio | moved over last 20% | tokens | train s | paper Δ % |"
+        "val-set SE of Δ % | seed-var ratio | moved over last 20% | tokens | train s | paper Δ % |"
     )
-    lines.append("|" + "---|" * 13)
+    lines.append("|" + "---|" * 14)
     for r in rows:
         is_base = r["group"] == r["baseline"]
         cells = [
@@ -367,6 +387,7 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
             _fmt(r["p"], ".3g"),
             r["test"] or "–",
             _fmt(r["mde_pct"], ".2f"),
+            _fmt(r["val_se_delta_pct"], ".2f"),
             "–" if is_base else _fmt(r["seed_var_ratio"], ".2f"),
             _fmt(r["settle_pct"], "+.2f") + ("%" if not math.isnan(r["settle_pct"]) else ""),
             _si(r["tokens"]),
@@ -382,7 +403,8 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
         "same other levels). 'moved over last 20%': the change of the metric from the validation at 80% of the "
         "steps to the last (near 0: settled).",
         f"Validation-set sampling error: ±{se:.2f}% of {metric} (bootstrap SE over {windows} windows, median of "
-        f"{n_runs} runs)."
+        f"{n_runs} runs); of a difference between two groups on the same windows: 'val-set SE of Δ' (bootstrap of "
+        "the per-window differences, same seed: the windows' difficulty cancels)."
         if n_runs
         else "Validation-set sampling error: not recorded (no run wrote val_windows.json; "
         "add lightning_cqk.callbacks.ValWindowLosses, as callbacks/sweep.yaml does).",
@@ -424,6 +446,7 @@ CSV_FIELDS = (
     "test",
     "n_used",
     "mde_pct",
+    "val_se_delta_pct",
     "seed_var_ratio",
     "settle_pct",
     "tokens",

@@ -111,7 +111,7 @@ def test_table_numbers_equal_the_scalars(sweep_dir: Path, capsys):
     assert math.isnan(float(rows["base"]["p"])) and rows["base"]["baseline"] == "base"
     out = capsys.readouterr().out
     assert "| var | 3 |" in out and "(baseline)" in out and "var-s4" in out  # the missing run is named
-    assert "var-s5: last validation at step 20, training ended at step 30" in out  # unfinished: named, left out
+    assert "var-s5: last validation after step 21, training ended at step 30" in out  # unfinished: named, left out
     assert f"{statistics.fmean(var):.2f} ± {statistics.stdev(var):.2f}" in paths["markdown"].read_text()
     claims = {r["claim"]: r for r in csv.DictReader(paths["claims"].open())}
     assert claims["control-half"]["control"] == "True" and claims["var-helps"]["verdict"] in (
@@ -140,9 +140,9 @@ def test_unfinished_reason():
     assert unfinished_reason({"val/ppl": [(10, 5.0)]}, {}, "val/ppl").startswith("no budget.json")
     assert unfinished_reason({}, {"steps": 10}, "val/ppl") == "no val/ppl logged"
     assert unfinished_reason({"val/ppl": [(8, 5.0)]}, {"steps": 10}, "val/ppl") == (
-        "last validation at step 8, training ended at step 10"
+        "last validation after step 9, training ended at step 10"
     )
-    assert unfinished_reason({"val/ppl": [(10, 5.0)]}, {"steps": 10}, "val/ppl") == ""
+    assert unfinished_reason({"val/ppl": [(9, 5.0)]}, {"steps": 10}, "val/ppl") == ""  # logged at index 9 = step 10
 
 
 def test_figures_are_small_pngs_and_say_when_there_were_no_spikes(sweep_dir: Path):
@@ -201,3 +201,23 @@ def test_report_puts_glue_tables_side_by_side(sweep_dir: Path, tmp_path: Path, c
     # report/ itself is never searched: a second report finds the same two tables, not a copy of them
     report_command([str(sweep_dir), "--glue", str(other / "glue.json")])
     assert capsys.readouterr().out.count("| RTE (acc) |") == 1
+
+
+def test_validation_sampling_error_of_the_set_and_of_a_difference(sweep_dir: Path, capsys):
+    """The windows' own difficulty dominates the set's error but cancels in a same-seed difference."""
+    rng = np.random.default_rng(0)
+    difficulty = rng.normal(0.0, 0.3, size=200)  # per-window loss offsets shared by every model
+    for group, finals in FINAL.items():
+        for seed, final in enumerate(finals, start=1):
+            noise = rng.normal(0.0, 0.01, size=200)
+            nll = [(math.log(final) + d + e) * 256.0 for d, e in zip(difficulty, noise, strict=True)]
+            (sweep_dir / f"{group}-s{seed}" / "val_windows.json").write_text(
+                json.dumps({"step": 30, "nll": nll, "tokens": [256.0] * 200})
+            )
+    paths = write_report(sweep_dir)
+    rows = {r["group"]: r for r in csv.DictReader(paths["csv"].open())}
+    paired = float(rows["var"]["val_se_delta_pct"])
+    assert 0.05 < paired < 0.2  # ~ 100 x 0.01 x sqrt(2) / sqrt(200) = 0.1%
+    out = capsys.readouterr().out
+    own = float(out.split("Validation-set sampling error: ±")[1].split("%")[0])
+    assert own == pytest.approx(100 * 0.3 / math.sqrt(200), rel=0.2)  # ~2.1%: the set alone, far above the paired
