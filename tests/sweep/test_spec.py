@@ -111,18 +111,22 @@ def test_dry_run_prints_the_estimate(capsys):
 
 def test_control_is_one_group_of_the_baseline_levels(tmp_path: Path):
     sweep = expand(REPO / "configs" / "ablations" / "corpus.yaml", "cpu")
-    control = [r for r in sweep.runs if r.levels["attention"] == "half_depth"]
-    assert [r.name for r in control] == ["pubmed-half_depth-s1", "pubmed-half_depth-s2", "pubmed-half_depth-s3"]
+    control = [r for r in sweep.runs if r.levels["attention"] == "half_depth_low_lr"]
+    assert [r.name for r in control] == [f"pubmed-half_depth_low_lr-s{s}" for s in (1, 2, 3)]
     base = sweep.run("pubmed-standard-s1")
-    assert control[0].overrides == {**base.overrides, "model.config.n_layer": 2}
-    assert sweep.spec["control"] == {**sweep.spec["control"], "group": "pubmed-half_depth", "vs": "pubmed-standard"}
+    assert control[0].overrides == {**base.overrides, "model.config.n_layer": 2, "model.optim.lr": 1.0e-5}
+    assert sweep.spec["control"] == {
+        **sweep.spec["control"],
+        "group": "pubmed-half_depth_low_lr",
+        "vs": "pubmed-standard",
+    }
 
 
 def test_coupling_grid():
     sweep = expand(REPO / "configs" / "ablations" / "coupling.yaml", "cpu")
     names = [r.name for r in sweep.runs]
     assert names[:6] == [f"standard-s{s}" for s in range(1, 6)] + ["coupled-leapfrog-s1"]
-    assert names[-5:] == [f"half_depth-s{s}" for s in range(1, 6)]  # the positive control comes last
+    assert names[-5:] == [f"half_depth_low_lr-s{s}" for s in range(1, 6)]  # the positive control comes last
     leapfrog = sweep.run("coupled-euler-s2")
     assert leapfrog.overrides["model.config.attention"] == "coupled"
     assert leapfrog.overrides["model.config.attention_options"] == {"integrator": "euler"}
