@@ -341,6 +341,9 @@ def _claim_lines(judgements: list[Judgement], spec: dict[str, Any]) -> list[str]
         "absolute numbers. Verdicts are computed (lightning_cqk/sweep/verdict.py): supports / contradicts need Holm p "
         "< 0.05 in the paper's / the opposite direction; `same` needs the 95% CI inside the margin."
     )
+    skipped = spec.get("claims_not_in_profile") or []
+    if skipped:
+        lines.append(f"Not tested at this profile (a group it leaves out): {', '.join(skipped)}.")
     control = [j for j in judgements if j.is_control]
     if control:
         c = control[0]

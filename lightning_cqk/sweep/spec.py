@@ -33,7 +33,8 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
       expect: higher                      # the report must find it significant, else the verdicts are void
       at: {}                              # levels of the other axes (default: their baseline, else first, level)
 
-A profile may give its own `control:` and `claims:` (they replace the spec's) and `data_order: seed` (default: each
+A claim whose groups are not all in a profile's grid (a level that profile leaves out) is not judged there; the
+report names it. A profile may give its own `control:` and `claims:` (they replace the spec's) and `data_order: seed` (default: each
 seed shuffles the training windows with its own order, `data.seed = seed`; the levels of one seed share it) or
 `fixed` (every run uses the data config's seed).
 
@@ -321,6 +322,15 @@ def expand(
         runs += _control_runs(control, spec, axes, configs, prof, seeds, placeholders, where)
         spec = copy.deepcopy(spec)
         spec["control"] = _control_claim(control, spec, axes)
+    groups = {r.group for r in runs}
+    kept, left_out = [], []
+    for claim in spec.get("claims") or []:
+        named = [claim["group"], claim["vs"]] if "group" in claim else [*claim["plus"], *claim["minus"]]
+        (kept if all(str(g) in groups for g in named) else left_out).append(claim)
+    if left_out:  # e.g. a level the cpu profile leaves out for its budget: said in the report, never judged
+        spec = copy.deepcopy(spec)
+        spec["claims"] = kept
+        spec["claims_not_in_profile"] = [str(c["name"]) for c in left_out]
     if prof.get("data_order", "seed") == "seed":
         for run in runs:
             run.overrides.setdefault("data.seed", run.seed)

@@ -53,6 +53,7 @@ SPEC = {
     "published": {"source": "a paper", "values": {"base": 10.0, "var": 9.0}, "deltas": {}},
     "claims": [{"name": "var-helps", "group": "var", "vs": "base", "expect": "lower", "published_pct": -10.0}],
     "control": {"name": "control-half", "group": "half", "vs": "base", "expect": "higher"},
+    "claims_not_in_profile": ["needs-a-level-cpu-leaves-out"],
 }
 
 
@@ -120,6 +121,7 @@ def test_table_numbers_equal_the_scalars(sweep_dir: Path, capsys):
         "void",
     )
     assert "Positive control" in out
+    assert "Not tested at this profile (a group it leaves out): needs-a-level-cpu-leaves-out." in out
 
 
 def test_nan_and_inf_seeds_are_reported_as_diverged(sweep_dir: Path, capsys):

@@ -80,6 +80,11 @@ def test_cpu_profile_learns_within_budget_and_shares_one_validation_set(spec: Pa
     for run in sweep.runs:
         assert run.configs[:2] == ["configs/quickstart.yaml", "callbacks/sweep.yaml"]  # tiny preset, bytes
         assert run.overrides["data.seed"] == run.seed  # the data order follows the seed, shared by its levels
+    claims = sweep.spec["claims"]
+    assert claims, "a study without a claim at the cpu profile gives no verdict"
+    groups = {r.group for r in sweep.runs}
+    for claim in claims:  # every claim judged at this profile names groups of its grid
+        assert {claim.get("group"), claim.get("vs")} - {None} <= groups and set(claim.get("plus", [])) <= groups
     runs = estimate_runs(sweep)
     assert min(r.steps for r in runs) >= 1000
     for run, est in zip(sweep.runs, runs, strict=True):  # a validation at the last step, or the report refuses it
@@ -107,6 +112,13 @@ def test_dry_run_prints_the_estimate(capsys):
     line = next(x for x in out.splitlines() if x.strip().startswith("standard-B-s1") and "steps x" in x)
     assert f"{step_s * 1000:.0f} ms" in line and "1.02M tokens" in line
     assert "study: 12 runs, 16,200 steps" in out and "min wall with 2 jobs" in out
+
+
+def test_claims_of_levels_a_profile_leaves_out_are_named_not_judged():
+    sweep = expand(REPO / "configs" / "ablations" / "steps.yaml", "cpu")  # steps5 is left out on CPU
+    assert sweep.spec["claims_not_in_profile"] == ["five-steps-same"]
+    assert "five-steps-same" not in [c["name"] for c in sweep.spec["claims"]]
+    assert "claims_not_in_profile" not in expand(REPO / "configs" / "ablations" / "steps.yaml", "paper").spec
 
 
 def test_control_is_one_group_of_the_baseline_levels(tmp_path: Path):
