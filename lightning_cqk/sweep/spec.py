@@ -34,9 +34,9 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
       at: {}                              # levels of the other axes (default: their baseline, else first, level)
 
 A claim whose groups are not all in a profile's grid (a level that profile leaves out) is not judged there; the
-report names it. A profile may give its own `control:` and `claims:` (they replace the spec's) and `data_order: seed` (default: each
-seed shuffles the training windows with its own order, `data.seed = seed`; the levels of one seed share it) or
-`fixed` (every run uses the data config's seed).
+report names it. A profile may give its own `control:` and `claims:` (they replace the spec's) and `data_order:
+seed` (default: each seed shuffles the training windows with its own order, `data.seed = seed`; the levels of one
+seed share it) or `fixed` (every run uses the data config's seed).
 
 Overrides are `--key=value` flags of `lightning_cqk fit` (dicts and lists are passed as YAML/JSON); the key
 `config` adds `--config` files (a path or a list) for one level. String values may use placeholders:
