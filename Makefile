@@ -1,7 +1,7 @@
 # lightning_cqk: every target installs what it needs into $(VENV) first.
 #   make quickstart    train the quickstart config (tiny model, built-in corpus, CPU or GPU)
 #   make test          run the test suite (what CI runs)
-#   make ablations     an ablation study of the papers (default: coupling, cpu profile) and its report
+#   make ablations     an ablation study of the papers (default: coupling, cpu profile; STUDY=all: every one) and its report
 #   make bench         the speed table (framework overhead, backends vs standard, loader, prepare)
 #   make glue CKPT=... GLUE fine-tuning table of a checkpoint
 PYTHON ?= python3
@@ -52,8 +52,15 @@ fit: install ## train any config: make fit CONFIG=configs/quickstart.yaml
 print-config: install ## print the resolved config: make print-config CONFIG=...
 	$(BIN)/lightning_cqk fit --config $(CONFIG) --print_config
 
-ablations: install ## run an ablation study and print its report: make ablations [STUDY=coupling] [PROFILE=cpu] (resumable)
+ALL_STUDIES := $(sort $(basename $(notdir $(wildcard configs/ablations/*.yaml))))
+ablations: install ## run a study and print its report: make ablations [STUDY=coupling|all] [PROFILE=cpu] (resumable)
+ifeq ($(STUDY),all)
+	@failed=''; for s in $(ALL_STUDIES); do \
+		echo "== $$s"; $(BIN)/lightning_cqk sweep configs/ablations/$$s.yaml --profile $(PROFILE) || failed="$$failed $$s"; \
+	done; if [ -n "$$failed" ]; then echo "studies with failed runs:$$failed (run the same command again to resume)"; exit 1; fi
+else
 	$(BIN)/lightning_cqk sweep configs/ablations/$(STUDY).yaml --profile $(PROFILE)
+endif
 
 .PHONY: bench
 BENCH_ARGS ?=

@@ -12,6 +12,7 @@ from lightning_cqk.callbacks.loss_spike import LossSpikeMonitor
 from lightning_cqk.callbacks.nonfinite import NonFiniteGuard
 from lightning_cqk.callbacks.summary import RunSummary
 from lightning_cqk.callbacks.throughput import Throughput
+from lightning_cqk.callbacks.val_windows import ValWindowLosses
 
 __all__ = [
     "AtomicCheckpointIO",
@@ -26,4 +27,5 @@ __all__ = [
     "Throughput",
     "TokenBudget",
     "TrainingClock",
+    "ValWindowLosses",
 ]

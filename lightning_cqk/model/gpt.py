@@ -17,11 +17,21 @@ residual stream (every module attribute named `out_proj`), so the residual varia
 Dropout: `embd_dropout_p` on the block input, `attn_dropout_p` on the attention weights (inside each backend) and
 `resid_dropout_p` on each residual branch's output (`ModelConfig.dropout` is the shorthand for the three).
 The embedding table and output head have `padded_vocab_size` rows (`vocab_multiple`).
+
+Paired initialisation (`paired_init`): every module draws its initial values from the global generator re-seeded by
+(seed, the module's name), where seed is the global generator's seed (`torch.initial_seed()`, which
+`seed_everything` sets). Two models built with the same seed therefore start from the same values for every
+parameter they have in common (same name, same shape), whatever other modules either has: an ablation's levels
+differ only in what they change. Building a model leaves the global CPU generator where it was (later draws, e.g.
+dropout masks, do not depend on the architecture).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -52,6 +62,7 @@ class GPT(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        cpu_rng = torch.get_rng_state()  # restored below: building a model draws nothing from the global generator
         self.config = config
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.position == "learned" else None
@@ -71,6 +82,7 @@ class GPT(nn.Module):
         else:
             self.rope_cos = self.rope_sin = None
         self.reset_parameters()
+        torch.set_rng_state(cpu_rng)
 
     def _share_backend_modules(self) -> None:
         """Let each backend class tie modules across the layers that use it (e.g. one dynamics net per model)."""
@@ -92,19 +104,24 @@ class GPT(nn.Module):
         return layers
 
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation, then each backend's own init for its special parameters."""
+        """GPT-2 initialisation, then each backend's own init for its special parameters (each module's draws from a
+        generator seeded by the seed and its name: `paired_init`)."""
         std = self.config.init_std
-        for module in self.modules():
+        seed = torch.initial_seed()
+        for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, mean=0.0, std=std)
+                with paired_init(seed, name, module.weight):
+                    nn.init.normal_(module.weight, mean=0.0, std=std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-        self.init_residual_projections()
-        for module in self.modules():
+                with paired_init(seed, name, module.weight):
+                    nn.init.normal_(module.weight, mean=0.0, std=std)
+        self.init_residual_projections(seed)
+        for name, module in self.named_modules():
             if isinstance(module, AttentionBackend):
-                module.reset_backend_parameters()
+                with paired_init(seed, f"{name}#backend", *module.parameters()):
+                    module.reset_backend_parameters()
         if self.rope_cos is not None:
             cos, sin = build_rope_cache(
                 self.config.block_size, self.config.head_size, self.config.rope_base, device=self.rope_cos.device
@@ -112,16 +129,18 @@ class GPT(nn.Module):
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
 
-    def init_residual_projections(self) -> None:
+    def init_residual_projections(self, seed: int) -> None:
         """`residual_init`: "scaled" redraws every `out_proj` weight from N(0, init_std / sqrt(2 n_layer)) (GPT-2,
-        Radford et al. 2019 §2.3); "plain" leaves it at N(0, init_std), like every other linear layer."""
+        Radford et al. 2019 §2.3); "plain" leaves it at N(0, init_std), like every other linear layer. Each draw is
+        seeded by (seed, the projection's name): `paired_init`."""
         if self.config.residual_init == "plain":
             return
         residual_std = self.config.init_std / math.sqrt(2 * self.config.n_layer)
-        for module in self.modules():
+        for name, module in self.named_modules():
             out_proj = getattr(module, "out_proj", None)
             if isinstance(out_proj, nn.Linear):
-                nn.init.normal_(out_proj.weight, mean=0.0, std=residual_std)
+                with paired_init(seed, f"{name}.out_proj" if name else "out_proj", out_proj.weight):
+                    nn.init.normal_(out_proj.weight, mean=0.0, std=residual_std)
 
     def context(
         self, T: int, embeddings: torch.Tensor, reference: list[torch.Tensor] | None = None
@@ -198,3 +217,23 @@ class GPT(nn.Module):
             embedding[id(self.wpe.weight)] = self.wpe.weight
         n_embedding = sum(p.numel() for p in embedding.values())
         return {"total": total, "non_embedding": total - n_embedding, "embedding": n_embedding}
+
+
+# ------------------------------------------------------------------------------------------ paired initialisation
+def paired_init_seed(seed: int, name: str) -> int:
+    """The generator seed of module `name` under run seed `seed` (sha256: the same in every process and Python)."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@contextlib.contextmanager
+def paired_init(seed: int, name: str, *tensors: torch.Tensor) -> Iterator[None]:
+    """Run the block with the global generator (and the CUDA generators of `tensors`' devices) seeded from
+    (seed, name); restore every generator afterwards. Init draws inside depend on the seed and the name only."""
+    cuda = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
+    with torch.random.fork_rng(devices=cuda):
+        s = paired_init_seed(seed, name)
+        torch.default_generator.manual_seed(s)
+        for index in cuda:
+            torch.cuda.default_generators[index].manual_seed(s)
+        yield

@@ -2,8 +2,11 @@
 
 spec.py     the spec format, profiles and grid expansion into deterministically named runs
 runner.py   local (sequential or N at a time) and SLURM launching, manifest, skip and resume
-report.py   Markdown / CSV tables and PNG figures from the runs' TensorBoard scalars
-stats.py    mean / std over seeds, Welch's t-test (Student-t CDF without scipy)
+report.py   verdicts, Markdown / CSV tables from the runs' TensorBoard scalars (finished runs only)
+figures.py  the report's PNG figures
+stats.py    scipy.stats: paired / Welch t, Holm, minimum detectable effect, variance ratios, bootstrap
+verdict.py  the spec's claims judged: supports / contradicts / inconclusive, void without a positive control
+estimate.py the CPU time of a sweep from analytic FLOPs and a measured step time (`--dry-run`)
 """
 
 from lightning_cqk.sweep.spec import Run, SpecError, Sweep, expand, load_spec

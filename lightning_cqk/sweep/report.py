@@ -1,23 +1,30 @@
-"""Report of a sweep: tables (Markdown and CSV) and figures (PNG) from the runs' TensorBoard scalars.
+"""Report of a sweep: verdicts, tables (Markdown and CSV) and figures (PNG) from the runs' TensorBoard scalars.
 
     lightning_cqk report runs/coupling-cpu [--output DIR]
 
 Reads `<sweep>/manifest.json` (written by `lightning_cqk sweep`: the spec, the groups and seeds of the runs) and,
-for every run, its TensorBoard event files and `budget.json`, and writes into `<sweep>/report/` (or `--output`):
+for every run, its TensorBoard event files, `budget.json` and `val_windows.json`, and writes into `<sweep>/report/`
+(or `--output`):
 
-    <study>.md / <study>.csv   one row per group (a grid point; its seeds are the samples):
-        final val ppl and val bpb, mean +- sample std over seeds (the last validation of each run);
-        delta %: the change of the mean of the study's metric vs the baseline group (the same grid point with the
-            spec's `baseline` levels), 100 * (mean / mean_baseline - 1);
-        seed-var ratio: var(group) / var(baseline) of the metric over seeds (the coupled-QK paper's "8x seed
-            variance" is this ratio for the uncoupled MLP vs coupled);
-        p: Welch's t-test of the group's seeds vs the baseline's (two-sided; needs >= 2 seeds on both sides);
-        tokens, FLOPs, train s: what the runs used (budget.json; mean over seeds);
-        published: the paper's number for the group (spec `published.values`) and its change vs the paper's
-            baseline (computed from the values, or `published.deltas` where the paper states only the change).
-    val_curves.png       the metric vs optimizer steps trained, per group: mean over seeds, +-1 std band (min/max of 2)
-    stability.png        pre-clip gradient norm (train/grad_norm/total) and cumulative loss spikes (train/spikes)
-    ppl_vs_tokens.png    the metric vs training tokens, per group (the compute-matched view: equal tokens vs more)
+    <study>.md   verdicts first: per claim of the spec (`claims:`) the paper's change beside ours with its 95%
+                 interval, the test (paired t over seeds, Welch where runs do not pair; Holm-adjusted over the study),
+                 the minimum detectable effect at 80% power and the computed verdict (lightning_cqk/sweep/verdict.py);
+                 the positive control (`control:`), without which the verdicts are void; then one row per group.
+    <study>.csv  the group table (every number of the rows, floats in full).
+    claims.csv   the verdict table.
+    figures      val_curves.png (absolute curves, and the change vs the baseline per seed pair, small multiples),
+                 stability.png (gradient norm, loss spikes), ppl_vs_tokens.png (lightning_cqk/sweep/figures.py).
+
+Finished runs only: a run counts when it wrote `budget.json` and its last validation is at its last training step
+(a run killed during its final validation, or resumed without redoing it, is listed as unfinished, never scored with
+an older validation). A run whose final metric is NaN or inf is counted as diverged: it is named, it never enters a
+mean or a test, and a comparison uses the seeds finite in all of its groups.
+
+Per group the table also says how much the metric still moved over the last 20% of training (from the last
+validation at or before 80% of the steps to the final one, mean over seeds): a reader sees whether runs had settled.
+The validation set's own sampling error is the bootstrap standard error over its windows (`val_windows.json`,
+written at the final validation by `lightning_cqk.callbacks.ValWindowLosses`), as a % of the metric; per compared
+group also that of its difference from the baseline on the same windows (what the set alone makes of a change).
 
 A run's scalar value at a step is the last one written for that step (a resumed run re-logs the steps between its
 checkpoint and where it was killed); its final value is the value at its largest step.
@@ -35,7 +42,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.sweep.stats import mean, std, welch_t_test
+from lightning_cqk.sweep.stats import bootstrap_se_of_mean_loss, contrast, mean, n_diverged, std, variance_ratio
+from lightning_cqk.sweep.verdict import VOID, Judgement, judge
 
 VAL_METRICS = ("val/ppl", "val/bpb")
 CURVE_TAGS = (
@@ -47,6 +55,8 @@ CURVE_TAGS = (
     "train/loss",
     "train/tokens_seen",
 )
+VAL_WINDOWS = "val_windows.json"
+SETTLE_FRACTION = 0.8  # "still moving": the change of the metric over the last 20% of training
 
 
 class ReportError(ValueError):
@@ -88,32 +98,74 @@ def _read_manifest(sweep_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def unfinished_reason(scalars: dict[str, list[tuple[int, float]]], budget: dict[str, Any], metric: str) -> str:
+    """'' for a finished run, else why it is not: no budget.json, no validation, or a last validation that is not
+    after the last training step (budget.json `steps`)."""
+    if not budget:
+        return "no budget.json (training did not end)"
+    series = scalars.get(metric) or []
+    if not series:
+        return f"no {metric} logged"
+    steps = budget.get("steps")
+    # TensorBoard step s is logged after s + 1 optimizer steps (the validation after step N is at index N - 1)
+    if steps is not None and series[-1][0] + 1 < int(steps):
+        return f"last validation after step {series[-1][0] + 1}, training ended at step {int(steps)}"
+    return ""
+
+
 def collect(sweep_dir: str | Path) -> dict[str, Any]:
-    """Everything the tables and figures need: per group, per run, the scalars and budget."""
+    """Everything the tables and figures need: per group, per finished run, the scalars and budget."""
     sweep_dir = Path(sweep_dir)
     manifest = _read_manifest(sweep_dir)
+    metric = manifest["spec"].get("metric", "val/ppl")
     groups: dict[str, dict[str, Any]] = {}
-    missing = []
+    missing: list[str] = []
+    unfinished: dict[str, str] = {}
     for run in manifest["runs"]:
         group = groups.setdefault(run["group"], {"levels": run["levels"], "runs": []})
         run_dir = sweep_dir / run["name"]
-        scalars = read_scalars(run_dir, CURVE_TAGS) if run_dir.is_dir() else {}
-        budget_file = run_dir / "budget.json"
-        budget = json.loads(budget_file.read_text()) if budget_file.is_file() else {}
-        if not scalars.get("val/ppl") or not budget:
+        if not run_dir.is_dir():
             missing.append(run["name"])
             continue
-        group["runs"].append({"name": run["name"], "seed": run["seed"], "scalars": scalars, "budget": budget})
-    return {"manifest": manifest, "groups": groups, "missing": missing}
+        scalars = read_scalars(run_dir, set(CURVE_TAGS) | {metric})
+        budget_file = run_dir / "budget.json"
+        budget = json.loads(budget_file.read_text()) if budget_file.is_file() else {}
+        reason = unfinished_reason(scalars, budget, metric)
+        if reason:
+            unfinished[run["name"]] = reason
+            continue
+        windows_file = run_dir / VAL_WINDOWS
+        windows = json.loads(windows_file.read_text()) if windows_file.is_file() else None
+        group["runs"].append(
+            {"name": run["name"], "seed": run["seed"], "scalars": scalars, "budget": budget, "windows": windows}
+        )
+    return {"manifest": manifest, "groups": groups, "missing": missing, "unfinished": unfinished}
 
 
 # ---------------------------------------------------------------------------------------------------- tables
-def _final(run: dict[str, Any], tag: str) -> float:
+def final(run: dict[str, Any], tag: str) -> float:
     series = run["scalars"].get(tag) or []
     return series[-1][1] if series else math.nan
 
 
-def _baseline_group(levels: dict[str, str], baseline: dict[str, str], groups: dict[str, Any]) -> str | None:
+def settle_pct(run: dict[str, Any], tag: str, fraction: float = SETTLE_FRACTION) -> float:
+    """% change of `tag` from its last value at or before `fraction` of the run's last step to its final value."""
+    series = run["scalars"].get(tag) or []
+    if len(series) < 2:
+        return math.nan
+    last_step, last = series[-1]
+    earlier = [v for s, v in series if s <= fraction * last_step]
+    if not earlier or not (math.isfinite(earlier[-1]) and math.isfinite(last)) or earlier[-1] == 0:
+        return math.nan
+    return 100.0 * (last / earlier[-1] - 1.0)
+
+
+def group_values(data: dict[str, Any], tag: str) -> dict[str, dict[int, float]]:
+    """group -> {seed: final value of tag} over the finished runs (non-finite values kept: they count as diverged)."""
+    return {name: {r["seed"]: final(r, tag) for r in g["runs"]} for name, g in data["groups"].items()}
+
+
+def baseline_group(levels: dict[str, str], baseline: dict[str, str], groups: dict[str, Any]) -> str | None:
     target = dict(levels, **baseline)
     for name, group in groups.items():
         if group["levels"] == target:
@@ -121,42 +173,102 @@ def _baseline_group(levels: dict[str, str], baseline: dict[str, str], groups: di
     return None
 
 
+def _published_delta(name: str, base: str | None, published: dict[str, Any]) -> float:
+    values, deltas = published.get("values") or {}, published.get("deltas") or {}
+    if name in deltas:
+        return float(deltas[name])
+    pub, pub_base = values.get(name), values.get(base) if base else None
+    return 100.0 * (float(pub) / float(pub_base) - 1.0) if pub is not None and pub_base else math.nan
+
+
 def table_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per group with the numbers of the module docstring (floats; nan where not defined)."""
+    """One row per group (floats; nan where not defined)."""
     spec = data["manifest"]["spec"]
     metric = spec.get("metric", "val/ppl")
-    baseline = spec["baseline"]
     published = spec.get("published") or {}
-    pub_values = published.get("values") or {}
-    pub_deltas = published.get("deltas") or {}
     groups = data["groups"]
+    values = group_values(data, metric)
     rows = []
     for name, group in groups.items():
         runs = group["runs"]
-        base_name = _baseline_group(group["levels"], baseline, groups)
-        base_runs = groups[base_name]["runs"] if base_name else []
-        values = [_final(r, metric) for r in runs]
-        base_values = [_final(r, metric) for r in base_runs]
-        row: dict[str, Any] = {"group": name, "baseline": base_name or "", "seeds": len(runs)}
+        base = baseline_group(group["levels"], spec["baseline"], groups)
+        own = list(values[name].values())
+        row: dict[str, Any] = {"group": name, "baseline": base or "", "seeds": len(runs), "diverged": n_diverged(own)}
         for tag in VAL_METRICS:
-            xs = [_final(r, tag) for r in runs]
+            xs = [final(r, tag) for r in runs]
             row[f"{tag}_mean"], row[f"{tag}_std"] = mean(xs), std(xs)
-        m, mb = mean(values), mean(base_values)
-        row["delta_pct"] = 100.0 * (m / mb - 1.0) if base_values and mb else math.nan
-        var, var_b = std(values) ** 2, std(base_values) ** 2
-        row["seed_var_ratio"] = var / var_b if var_b and var_b > 0 else math.nan
-        row["p_welch"] = welch_t_test(values, base_values)[2] if name != base_name else math.nan
+        row["settle_pct"] = mean([settle_pct(r, metric) for r in runs])
+        if base and base != name:
+            eff = contrast(values, [name], [base])
+            var = variance_ratio(values[name], values[base])
+            row.update(
+                test=eff.test,
+                n_used=eff.n,
+                delta_pct=eff.delta_pct,
+                ci_low_pct=eff.ci_low_pct,
+                ci_high_pct=eff.ci_high_pct,
+                p=eff.p,
+                mde_pct=eff.mde_pct,
+                seed_var_ratio=var.ratio,
+            )
+        else:
+            row.update(
+                test="",
+                n_used=0,
+                delta_pct=math.nan,
+                ci_low_pct=math.nan,
+                ci_high_pct=math.nan,
+                p=math.nan,
+                mde_pct=math.nan,
+                seed_var_ratio=math.nan,
+            )
+        row["val_se_delta_pct"] = paired_window_se(runs, groups[base]["runs"]) if base and base != name else math.nan
         for key in ("tokens", "flops", "wallclock"):
             row[key] = mean([float(r["budget"].get(key, math.nan)) for r in runs])
-        pub, pub_base = pub_values.get(name), pub_values.get(base_name) if base_name else None
-        row["published"] = float(pub) if pub is not None else math.nan
-        row["published_delta_pct"] = (
-            100.0 * (float(pub) / float(pub_base) - 1.0) if pub is not None and pub_base else math.nan
-        )
-        if name in pub_deltas:  # the paper states only the change for this group
-            row["published_delta_pct"] = float(pub_deltas[name])
+        row["published_delta_pct"] = _published_delta(name, base, published)
         rows.append(row)
     return rows
+
+
+def val_sampling_error(data: dict[str, Any]) -> tuple[float, int, int]:
+    """(bootstrap SE of the validation loss over windows, in % of the metric; windows; runs it is the median of).
+
+    For val/ppl, a standard error s of the loss (nats) is a relative error of about 100 s % of the perplexity; for
+    val/bpb and val/loss likewise relative to the loss. Median over the runs that wrote `val_windows.json`."""
+    metric = data["manifest"]["spec"].get("metric", "val/ppl")
+    errs, windows = [], 0
+    for group in data["groups"].values():
+        for run in group["runs"]:
+            w = run.get("windows")
+            if not w or not w.get("nll"):
+                continue
+            se = bootstrap_se_of_mean_loss(w["nll"], w["tokens"])
+            loss = sum(w["nll"]) / max(sum(w["tokens"]), 1.0)
+            if not math.isfinite(se):
+                continue
+            errs.append(100.0 * se if metric == "val/ppl" else 100.0 * se / loss)
+            windows = len(w["nll"])
+    if not errs:
+        return math.nan, 0, 0
+    errs.sort()
+    return errs[len(errs) // 2], windows, len(errs)
+
+
+def paired_window_se(runs: list[dict[str, Any]], base_runs: list[dict[str, Any]]) -> float:
+    """How much of a difference the validation set alone makes between two groups: the bootstrap SE over windows of
+    the difference of their validation losses (same seed, same windows), as % of the metric; median over seeds."""
+    base_by_seed = {r["seed"]: r.get("windows") for r in base_runs}
+    errs = []
+    for run in runs:
+        a, b = run.get("windows"), base_by_seed.get(run["seed"])
+        if not a or not b or len(a["nll"]) != len(b["nll"]) or a["tokens"] != b["tokens"]:
+            continue
+        diff = [x - y for x, y in zip(a["nll"], b["nll"], strict=True)]
+        se = bootstrap_se_of_mean_loss(diff, a["tokens"])
+        if math.isfinite(se):
+            errs.append(100.0 * se)
+    errs.sort()
+    return errs[len(errs) // 2] if errs else math.nan
 
 
 def _fmt(x: float, spec: str = ".2f") -> str:
@@ -178,48 +290,145 @@ def _pm(m: float, s: float, digits: int) -> str:
     return f"{m:.{digits}f} ± {s:.{digits}f}" if not math.isnan(s) else f"{m:.{digits}f}"
 
 
-def markdown(data: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-    """The study's Markdown report (header, table, notes)."""
+def _ci(d: float, lo: float, hi: float) -> str:
+    if math.isnan(d):
+        return "–"
+    return f"{d:+.2f} [{lo:+.2f}, {hi:+.2f}]" if not math.isnan(lo) else f"{d:+.2f}"
+
+
+def verdicts(data: dict[str, Any]) -> list[Judgement]:
+    """The spec's claims (and its positive control) judged on the finished runs."""
+    spec = data["manifest"]["spec"]
+    values = group_values(data, spec.get("metric", "val/ppl"))
+    return judge(values, spec.get("claims") or [], spec.get("control"))
+
+
+def _claim_lines(judgements: list[Judgement], spec: dict[str, Any]) -> list[str]:
+    if not judgements:
+        return ["No claims in the spec (`claims:`): no verdicts.", ""]
+    lines = [
+        "| claim | expects | paper Δ % | our Δ % [95% CI] | test (seeds) | Holm p | detectable Δ % (80% power) "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for j in judgements:
+        label = f"**control** {j.name}" if j.is_control else j.name
+        what = (
+            " − ".join([" + ".join(j.plus), " + ".join(j.minus)]) if len(j.plus) > 1 else f"{j.plus[0]} vs {j.minus[0]}"
+        )
+        expects = j.expect + (f" (±{j.margin_pct:g}%)" if j.expect == "same" else "")
+        if j.variance is not None:
+            v = j.variance
+            paper = f"var ×{j.published_ratio:g}" if math.isfinite(j.published_ratio) else "–"
+            ours = f"var ×{v.ratio:.2f} [{v.ci_low:.2f}, {v.ci_high:.2f}]" if math.isfinite(v.ratio) else "–"
+            test, mde = f"{v.test} ({v.n_a})", "–"
+        else:
+            e = j.effect
+            paper = _fmt(j.published_pct, "+.1f")
+            ours = _ci(e.delta_pct, e.ci_low_pct, e.ci_high_pct)
+            div = f", {e.diverged} diverged" if e.diverged else ""
+            test, mde = f"{e.test} ({e.n}{div})", _fmt(e.mde_pct, ".2f")
+        verdict = f"**{j.verdict}**" + (f" ({j.why})" if j.verdict == VOID else "")
+        lines.append(
+            f"| {label}: {what} | {expects} | {paper} | {ours} | {test} | {_fmt(j.p_holm, '.3g')} | {mde} | {verdict} |"
+        )
+    lines.append("")
+    notes = {j.published_note for j in judgements if j.published_note}
+    lines.append(
+        "Δ % is the change of the geometric mean of the metric over seeds (paired by seed: every level of a seed sees "
+        "the same batches and starts from the same shared weights). The paper's Δ % comes from another scale and "
+        "corpus" + (f" ({'; '.join(sorted(notes))})" if notes else "") + ": compare direction and size, not the "
+        "absolute numbers. Verdicts are computed (lightning_cqk/sweep/verdict.py): supports / contradicts need Holm p "
+        "< 0.05 in the paper's / the opposite direction; `same` needs the 95% CI inside the margin."
+    )
+    skipped = spec.get("claims_not_in_profile") or []
+    if skipped:
+        lines.append(f"Not tested at this profile (a group it leaves out): {', '.join(skipped)}.")
+    control = [j for j in judgements if j.is_control]
+    if control:
+        c = control[0]
+        if c.verdict == "supports":
+            lines.append(
+                f"Positive control `{c.plus[0]}` detected (Holm p {_fmt(c.p_holm, '.3g')}): the study has power."
+            )
+        else:
+            lines.append(
+                f"**Positive control `{c.plus[0]}` NOT detected ({c.why}): the study has no power; every verdict is "
+                "void.** Train longer, add seeds or enlarge the validation set."
+            )
+    lines.append("")
+    return lines
+
+
+def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[Judgement]) -> str:
+    """The study's Markdown report (header, verdicts, group table, notes)."""
     manifest = data["manifest"]
     spec = manifest["spec"]
     metric = spec.get("metric", "val/ppl")
     published = spec.get("published") or {}
-    with_published = bool(published.get("values") or published.get("deltas"))  # columns only where there are numbers
     lines = [f"## {spec.get('title', manifest['study'])} ({manifest['study']}, {manifest['profile']} profile)", ""]
     if spec.get("paper") or spec.get("claim"):
         lines += [f"{spec.get('paper', '')}: {spec.get('claim', '')}".strip(": "), ""]
-    pub_head = f" | published {published.get('metric', metric)} | published Δ %" if with_published else ""
+    git = manifest.get("git") or {}
+    if git.get("revision"):
+        lines += [f"Code: git {git['revision'][:12]}{' (dirty)' if git.get('dirty') else ''}.", ""]
+    lines += ["### Verdicts", ""] + _claim_lines(judgements, spec)
+    lines += ["### Groups", ""]
     lines.append(
-        f"| group | seeds | val ppl | val bpb | Δ {metric} vs baseline % | seed-var ratio | p (Welch) | tokens | FLOPs"
-        f" | train s{pub_head} |"
+        f"| group | seeds (diverged) | val ppl | val bpb | Δ {metric} % [95% CI] | p | test | detectable Δ % | "
+        "val-set SE of Δ % | seed-var ratio | moved over last 20% | tokens | train s | paper Δ % |"
     )
-    lines.append("|" + "---|" * (10 + (2 if with_published else 0)))
+    lines.append("|" + "---|" * 14)
     for r in rows:
         is_base = r["group"] == r["baseline"]
         cells = [
             f"{r['group']}{' (baseline)' if is_base else ''}",
-            str(r["seeds"]),
+            f"{r['seeds']}" + (f" ({r['diverged']})" if r["diverged"] else ""),
             _pm(r["val/ppl_mean"], r["val/ppl_std"], 2),
             _pm(r["val/bpb_mean"], r["val/bpb_std"], 4),
-            "–" if is_base else _fmt(r["delta_pct"], "+.2f"),
+            "–" if is_base else _ci(r["delta_pct"], r["ci_low_pct"], r["ci_high_pct"]),
+            _fmt(r["p"], ".3g"),
+            r["test"] or "–",
+            _fmt(r["mde_pct"], ".2f"),
+            _fmt(r["val_se_delta_pct"], ".2f"),
             "–" if is_base else _fmt(r["seed_var_ratio"], ".2f"),
-            _fmt(r["p_welch"], ".3f"),
+            _fmt(r["settle_pct"], "+.2f") + ("%" if not math.isnan(r["settle_pct"]) else ""),
             _si(r["tokens"]),
-            _si(r["flops"]),
             _fmt(r["wallclock"], ".0f"),
+            "–" if is_base else _fmt(r["published_delta_pct"], "+.1f"),
         ]
-        if with_published:
-            cells += [_fmt(r["published"], ".2f"), "–" if is_base else _fmt(r["published_delta_pct"], "+.1f")]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    se, windows, n_runs = val_sampling_error(data)
     notes = [
-        f"Mean ± sample std over seeds of the last validation; Δ and p compare the study metric ({metric}) with "
-        f"the baseline group ({', '.join(f'{k}={v}' for k, v in spec['baseline'].items())}, same other levels).",
+        f"Mean ± sample std over the finite seeds of the last validation; Δ, p (unadjusted) and the detectable Δ "
+        f"compare {metric} with the baseline group ({', '.join(f'{k}={v}' for k, v in spec['baseline'].items())}, "
+        "same other levels). 'moved over last 20%': the change of the metric from the validation at 80% of the "
+        "steps to the last (near 0: settled).",
+        f"Validation-set sampling error: ±{se:.2f}% of {metric} (bootstrap SE over {windows} windows, median of "
+        f"{n_runs} runs); of a difference between two groups on the same windows: 'val-set SE of Δ' (bootstrap of "
+        "the per-window differences, same seed: the windows' difficulty cancels)."
+        if n_runs
+        else "Validation-set sampling error: not recorded (no run wrote val_windows.json; "
+        "add lightning_cqk.callbacks.ValWindowLosses, as callbacks/sweep.yaml does).",
     ]
     if published:
-        notes.append(f"Published: {published.get('source', 'the paper')}.")
+        notes.append(
+            f"Paper Δ %: {published.get('source', 'the paper')}; its absolute numbers "
+            f"({published.get('metric', metric)}"
+            ") are at another scale, corpus and tokenizer and are not comparable with ours."
+        )
+    diverged = [r["name"] for g in data["groups"].values() for r in g["runs"] if not math.isfinite(final(r, metric))]
+    if diverged:
+        notes.append(f"Diverged (non-finite final {metric}; counted, never averaged): {', '.join(diverged)}.")
+    if data["unfinished"]:
+        notes.append(
+            "Unfinished runs (left out): "
+            + "; ".join(f"{name}: {why}" for name, why in data["unfinished"].items())
+            + "."
+        )
     if data["missing"]:
-        notes.append(f"Runs without a finished validation (left out): {', '.join(data['missing'])}.")
+        notes.append(f"Runs not started (left out): {', '.join(data['missing'])}.")
     lines += notes
     return "\n".join(lines) + "\n"
 
@@ -228,18 +437,48 @@ CSV_FIELDS = (
     "group",
     "baseline",
     "seeds",
+    "diverged",
     "val/ppl_mean",
     "val/ppl_std",
     "val/bpb_mean",
     "val/bpb_std",
     "delta_pct",
+    "ci_low_pct",
+    "ci_high_pct",
+    "p",
+    "test",
+    "n_used",
+    "mde_pct",
+    "val_se_delta_pct",
     "seed_var_ratio",
-    "p_welch",
+    "settle_pct",
     "tokens",
     "flops",
     "wallclock",
-    "published",
     "published_delta_pct",
+)
+CLAIM_FIELDS = (
+    "claim",
+    "control",
+    "expect",
+    "plus",
+    "minus",
+    "published_pct",
+    "published_ratio",
+    "delta_pct",
+    "ci_low_pct",
+    "ci_high_pct",
+    "var_ratio",
+    "var_ci_low",
+    "var_ci_high",
+    "test",
+    "n",
+    "diverged",
+    "p",
+    "p_holm",
+    "mde_pct",
+    "verdict",
+    "why",
 )
 
 
@@ -252,138 +491,82 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-# --------------------------------------------------------------------------------------------------- figures
-def _band(runs: list[dict[str, Any]], tag: str, x_of=None) -> tuple[list[float], list[float], list[float]]:
-    """Mean and +-1 std (min/max for two seeds) of a tag over seeds at the steps every run logged."""
-    series = [dict(r["scalars"].get(tag) or []) for r in runs]
-    if not series or not all(series):
-        return [], [], []
-    steps = sorted(set.intersection(*(set(s) for s in series)))
-    xs, lo, hi, ms = [], [], [], []
-    for step in steps:
-        vals = [s[step] for s in series]
-        m = mean(vals)
-        if len(vals) == 2:
-            low, high = min(vals), max(vals)
-        elif len(vals) > 2:
-            low, high = m - std(vals), m + std(vals)
-        else:
-            low = high = m
-        xs.append(x_of(runs[0], step) if x_of else step + 1)  # TensorBoard step s = after s + 1 optimizer steps
-        ms.append(m)
-        lo.append(low)
-        hi.append(high)
-    return xs, ms, list(zip(lo, hi, strict=True))  # type: ignore[return-value]
-
-
-def figures(data: dict[str, Any], out: Path) -> list[Path]:
-    """Write the PNG figures; returns their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    spec = data["manifest"]["spec"]
-    metric = spec.get("metric", "val/ppl")
-    groups = {k: g for k, g in data["groups"].items() if g["runs"]}
-    colors = plt.get_cmap("tab20" if len(groups) > 10 else "tab10")
-    written = []
-
-    def tokens_at(run: dict[str, Any], step: int) -> float:
-        """Tokens trained when step `step` was logged: the run's train/tokens_seen there, else (step + 1) x B x T."""
-        seen = dict(run["scalars"].get("train/tokens_seen") or [])
-        return seen.get(step, (step + 1) * float(run["budget"].get("tokens_per_step") or 1))
-
-    def plot_band(ax, tag: str, x_of=None) -> bool:
-        any_line = False
-        for i, (name, group) in enumerate(groups.items()):
-            xs, ms, band = _band(group["runs"], tag, x_of)
-            if not xs:
-                continue
-            any_line = True
-            ax.plot(xs, ms, color=colors(i % colors.N), label=f"{name} (n={len(group['runs'])})", lw=1.4)
-            ax.fill_between(xs, [b[0] for b in band], [b[1] for b in band], color=colors(i % colors.N), alpha=0.2)
-        return any_line
-
-    title = f"{data['manifest']['study']} ({data['manifest']['profile']})"
-    fig, ax = plt.subplots(figsize=(8, 5))
-    plot_band(ax, metric)
-    ax.set(xlabel="optimizer steps", ylabel=metric, title=f"{title}: validation, mean ± std over seeds")
-    if metric == "val/ppl":
-        ax.set_yscale("log")
-    ax.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    written.append(out / "val_curves.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, tag, label in (
-        (axes[0], "train/grad_norm/total", "gradient norm (pre-clip)"),
-        (axes[1], "train/spikes", "loss spikes (cumulative)"),
-    ):
-        if plot_band(ax, tag):
-            ax.legend(fontsize=7)
-        else:
-            ax.text(0.5, 0.5, f"{tag} not logged\n(add callbacks/stability.yaml)", ha="center", transform=ax.transAxes)
-        ax.set(xlabel="optimizer steps", ylabel=label, title=f"{title}: {label}")
-    if axes[0].lines:
-        axes[0].set_yscale("log")
-    fig.tight_layout()
-    written.append(out / "stability.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    plot_band(ax, metric, tokens_at)
-    for i, group in enumerate(groups.values()):
-        finals = [(float(r["budget"].get("tokens", 0)), _final(r, metric)) for r in group["runs"]]
-        ax.scatter([f[0] for f in finals], [f[1] for f in finals], color=colors(i % colors.N), s=14, zorder=3)
-    ax.set(xlabel="training tokens", ylabel=metric, title=f"{title}: {metric} vs tokens (dots: final, per seed)")
-    if metric == "val/ppl":
-        ax.set_yscale("log")
-    ax.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    written.append(out / "ppl_vs_tokens.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
-    return written
+def claims_csv(judgements: list[Judgement]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=CLAIM_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for j in judgements:
+        e, v = j.effect, j.variance
+        row = {
+            "claim": j.name,
+            "control": j.is_control,
+            "expect": j.expect,
+            "plus": " ".join(j.plus),
+            "minus": " ".join(j.minus),
+            "published_pct": j.published_pct,
+            "published_ratio": j.published_ratio,
+            "delta_pct": e.delta_pct if e else math.nan,
+            "ci_low_pct": e.ci_low_pct if e else math.nan,
+            "ci_high_pct": e.ci_high_pct if e else math.nan,
+            "var_ratio": v.ratio if v else math.nan,
+            "var_ci_low": v.ci_low if v else math.nan,
+            "var_ci_high": v.ci_high if v else math.nan,
+            "test": (e or v).test,
+            "n": e.n if e else v.n_a,
+            "diverged": e.diverged if e else "",
+            "p": (e or v).p,
+            "p_holm": j.p_holm,
+            "mde_pct": e.mde_pct if e else math.nan,
+            "verdict": j.verdict,
+            "why": j.why,
+        }
+        writer.writerow({k: (repr(x) if isinstance(x, float) else x) for k, x in row.items()})
+    return buf.getvalue()
 
 
 # ---------------------------------------------------------------------------------------------------- command
 def write_report(
     sweep_dir: str | Path, output: str | Path | None = None, quiet: bool = False, glue: list[str] | None = None
 ) -> dict[str, Path]:
-    """Write `<study>.md`, `<study>.csv` and the figures; print the Markdown. Returns the written paths.
+    """Write `<study>.md`, `<study>.csv`, `claims.csv` and the figures; print the Markdown. Returns the paths.
 
     GLUE: the `glue.json` tables (`lightning_cqk glue`) of the sweep's checkpoints, and of the extra checkpoints or
     directories in `glue`, are put side by side in a "GLUE" section of the Markdown and in `glue.md`.
     """
+    from lightning_cqk.sweep.figures import figures
+
     sweep_dir = Path(sweep_dir)
     data = collect(sweep_dir)
     if not any(g["runs"] for g in data["groups"].values()):
         raise ReportError(
-            f"{sweep_dir}: none of the {len(data['missing'])} runs has a finished validation yet "
-            "(val/ppl and budget.json); run the sweep first."
+            f"{sweep_dir}: none of the {len(data['manifest']['runs'])} runs has finished (budget.json and a last "
+            "validation at its last step); run the sweep first."
+            + (
+                f" Unfinished: {'; '.join(f'{k}: {v}' for k, v in data['unfinished'].items())}."
+                if data["unfinished"]
+                else ""
+            )
         )
     out = Path(output) if output is not None else sweep_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     study = data["manifest"]["study"]
     rows = table_rows(data)
-    md = markdown(data, rows)
+    judgements = verdicts(data)
+    md = markdown(data, rows, judgements)
     glue_md = _glue_section(sweep_dir, glue or [])
     if glue_md:
         (out / "glue.md").write_text(glue_md)
         md = f"{md.rstrip()}\n\n## GLUE (fine-tuned checkpoints, `lightning_cqk glue`)\n\n{glue_md}"
-    paths = {"markdown": out / f"{study}.md", "csv": out / f"{study}.csv"}
+    paths = {"markdown": out / f"{study}.md", "csv": out / f"{study}.csv", "claims": out / "claims.csv"}
     paths["markdown"].write_text(md)
     paths["csv"].write_text(to_csv(rows))
-    for fig in figures(data, out):
+    paths["claims"].write_text(claims_csv(judgements))
+    for fig in figures(data, out, judgements):
         paths[fig.stem] = fig
     if not quiet:
         print(md)
         pngs = ", ".join(p.name for p in paths.values() if p.suffix == ".png")
-        print(f"Report: {paths['markdown']}, {paths['csv']}; figures ({out}): {pngs}")
+        print(f"Report: {paths['markdown']}, {paths['csv']}, {paths['claims']}; figures ({out}): {pngs}")
     return paths
 
 
@@ -399,7 +582,7 @@ def _glue_section(sweep_dir: Path, extra: list[str]) -> str:
 def report_command(argv: list[str]) -> None:
     """`lightning_cqk report runs/<sweep> [--output DIR]`."""
     parser = argparse.ArgumentParser(
-        prog="lightning_cqk report", description="Tables and figures of a sweep from its runs' TensorBoard scalars."
+        prog="lightning_cqk report", description="Verdicts, tables and figures of a sweep from its runs' scalars."
     )
     parser.add_argument("sweep_dir", help="a sweep directory, e.g. runs/coupling-cpu")
     parser.add_argument("--output", default=None, help="where to write (default <sweep_dir>/report)")

@@ -526,6 +526,9 @@ def dry_run(sweep: Sweep) -> None:
         wait = f", after {', '.join(run.depends_on)}" if run.depends_on else ""
         print(f"  {run.name:<40} {action}{wait}")
         print(f"      {shlex.join(['lightning_cqk', 'fit', *run.cli_args(sweep.sweep_dir)])}")
+    from lightning_cqk.sweep.estimate import summary_lines
+
+    print("\n".join(summary_lines(sweep, sweep.jobs)))
 
 
 def sweep_command(argv: list[str]) -> None:

@@ -21,10 +21,22 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
         overrides: {trainer.max_steps: 120}          # CLI overrides of every run of this profile
         axes: {attention: {...}}          # optional: replaces an axis's levels for this profile only
         slurm: ["#SBATCH --gpus-per-node=1"]          # optional: lines added to the SLURM array script
-    published:                            # optional: the paper's numbers, per group, shown beside ours
+    published:                            # optional: the paper's numbers, per group (only their changes are shown)
       source: arXiv 2604.01683 v1 abstract (shared/papers.md §1.5)
       metric: val/ppl
       values: {standard: 24.22, coupled-leapfrog: 22.62}
+    claims:                               # what the report gives a verdict on (format: lightning_cqk/sweep/verdict.py)
+      - {name: coupled-helps, group: coupled-leapfrog, vs: standard, expect: lower, published_pct: -6.6}
+    control:                              # the positive control: one extra group with a known large effect
+      name: half_depth                    # its level on the baseline axis (the first axis of `baseline`)
+      overrides: {model.config.n_layer: 2}
+      expect: higher                      # the report must find it significant, else the verdicts are void
+      at: {}                              # levels of the other axes (default: their baseline, else first, level)
+
+A claim whose groups are not all in a profile's grid (a level that profile leaves out) is not judged there; the
+report names it. A profile may give its own `control:` and `claims:` (they replace the spec's) and `data_order:
+seed` (default: each seed shuffles the training windows with its own order, `data.seed = seed`; the levels of one
+seed share it) or `fixed` (every run uses the data config's seed).
 
 Overrides are `--key=value` flags of `lightning_cqk fit` (dicts and lists are passed as YAML/JSON); the key
 `config` adds `--config` files (a path or a list) for one level. String values may use placeholders:
@@ -34,7 +46,12 @@ makes this run wait for that one (the compute-matched study's `budget.match_to`)
 
 A run's name is its levels joined by `-` in axis order, then `-s<seed>` (e.g. `coupled-leapfrog-s2`); its group
 (the seeds of one setting) is the name without the seed. Order: axes vary slowest-first in spec order, seeds
-fastest; runs that wait for another come after it.
+fastest; runs that wait for another come after it; the control's runs come last.
+
+Paired design: the runs of one seed differ only in their levels. They see the same training batches in the same
+order (the data seed depends on the run's seed only) and start from the same values for every parameter they have
+in common (the model initialises each parameter from a generator seeded by the seed and the parameter's name:
+`lightning_cqk.model.gpt.paired_init`), so the report compares them seed by seed.
 """
 
 from __future__ import annotations
@@ -177,7 +194,51 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     metric = spec.get("metric", "val/ppl")
     if metric not in ("val/ppl", "val/bpb", "val/loss"):
         raise SpecError(f"{where}: metric {metric!r} must be val/ppl, val/bpb or val/loss.")
+    from lightning_cqk.sweep.verdict import ClaimError, parse_claim
+
+    claims = spec.get("claims") or []
+    if not isinstance(claims, list):
+        raise SpecError(f"{where}: claims is a list of mappings (see lightning_cqk/sweep/verdict.py).")
+    try:
+        for claim in claims:
+            parse_claim(claim, where)
+    except ClaimError as err:
+        raise SpecError(str(err)) from None
+    names = [c["name"] for c in claims]
+    if len(set(names)) != len(names):
+        raise SpecError(f"{where}: claim names must be distinct, got {names}.")
+    for name, profile in spec["profiles"].items():
+        try:
+            for claim in profile.get("claims") or []:
+                parse_claim(claim, f"{where} (profile {name})")
+        except ClaimError as err:
+            raise SpecError(str(err)) from None
+        control = profile.get("control", spec.get("control"))
+        if control is not None:
+            _check_control(control, spec, f"{where} (profile {name})")
+        if profile.get("data_order", "seed") not in ("seed", "fixed"):
+            raise SpecError(
+                f"{where}: profile {name!r}: data_order is `seed` or `fixed`, got {profile['data_order']!r}."
+            )
     return spec
+
+
+def _check_control(control: Any, spec: dict[str, Any], where: str) -> None:
+    if not isinstance(control, dict) or not control.get("name") or not isinstance(control.get("overrides"), dict):
+        raise SpecError(
+            f"{where}: control needs a name and overrides (a mapping), e.g. "
+            "{name: half_depth, overrides: {model.config.n_layer: 2}, expect: higher}."
+        )
+    if not _NAME.match(str(control["name"])):
+        raise SpecError(f"{where}: control name {control['name']!r} is not a plain name (letters, digits, _ . + = -).")
+    if control.get("expect") not in ("lower", "higher"):
+        raise SpecError(f"{where}: control expect must be lower or higher (the direction of its known large effect).")
+    axis = next(iter(spec["baseline"]))
+    if control["name"] in (spec["axes"].get(axis) or {}):
+        raise SpecError(f"{where}: control name {control['name']!r} is already a level of axis {axis!r}.")
+    unknown = sorted(set(control.get("at") or {}) - set(spec["axes"]))
+    if unknown:
+        raise SpecError(f"{where}: control `at` names unknown axes {unknown}; axes: {list(spec['axes'])}.")
 
 
 def _check_axes(axes: Any, where: str) -> None:
@@ -253,6 +314,26 @@ def expand(
             runs.append(
                 Run(name, group, seed, levels, [_fill(c, placeholders) for c in run_configs], overrides, depends)
             )
+    control = prof.get("control", spec.get("control"))
+    if "claims" in prof:  # a profile whose groups are named differently (e.g. other sizes) brings its own claims
+        spec = copy.deepcopy(spec)
+        spec["claims"] = prof["claims"]
+    if control is not None:
+        runs += _control_runs(control, spec, axes, configs, prof, seeds, placeholders, where)
+        spec = copy.deepcopy(spec)
+        spec["control"] = _control_claim(control, spec, axes)
+    groups = {r.group for r in runs}
+    kept, left_out = [], []
+    for claim in spec.get("claims") or []:
+        named = [claim["group"], claim["vs"]] if "group" in claim else [*claim["plus"], *claim["minus"]]
+        (kept if all(str(g) in groups for g in named) else left_out).append(claim)
+    if left_out:  # e.g. a level the cpu profile leaves out for its budget: said in the report, never judged
+        spec = copy.deepcopy(spec)
+        spec["claims"] = kept
+        spec["claims_not_in_profile"] = [str(c["name"]) for c in left_out]
+    if prof.get("data_order", "seed") == "seed":
+        for run in runs:
+            run.overrides.setdefault("data.seed", run.seed)
     runs = _order(runs, where)
     return Sweep(
         spec_path=str(spec_path),
@@ -265,6 +346,80 @@ def expand(
         needs=[_fill(p, placeholders) for p in _as_list(prof.get("needs", []))],
         slurm=[str(line) for line in prof.get("slurm", [])],
     )
+
+
+def _control_levels(control: dict[str, Any], spec: dict[str, Any], axes: dict[str, dict]) -> dict[str, str]:
+    """The control group's levels: the baseline axis at the control's name, the others at `at` / baseline / first."""
+    axis = next(iter(spec["baseline"]))
+    at = control.get("at") or {}
+    levels = {}
+    for name, options in axes.items():
+        levels[name] = str(at.get(name, spec["baseline"].get(name, next(iter(options)))))
+    levels[axis] = str(control["name"])
+    return levels
+
+
+def _control_claim(control: dict[str, Any], spec: dict[str, Any], axes: dict[str, dict]) -> dict[str, Any]:
+    """The control as a claim for the report: its group vs the same levels with the baseline level."""
+    levels = _control_levels(control, spec, axes)
+    base = dict(levels, **spec["baseline"])
+    return {
+        "name": f"control-{control['name']}",
+        "text": str(control.get("text", "positive control (known large effect)")),
+        "group": "-".join(levels[a] for a in axes),
+        "vs": "-".join(base[a] for a in axes),
+        "expect": control["expect"],
+        "overrides": control["overrides"],
+    }
+
+
+def _control_runs(
+    control: dict[str, Any],
+    spec: dict[str, Any],
+    axes: dict[str, dict],
+    configs: list[str],
+    prof: dict[str, Any],
+    seeds: list[int],
+    placeholders: dict[str, str],
+    where: str,
+) -> list[Run]:
+    """One run per seed of the control group: the baseline levels' overrides, then the control's."""
+    levels = _control_levels(control, spec, axes)
+    base = dict(levels, **spec["baseline"])
+    for axis, level in base.items():
+        if level not in axes[axis]:
+            raise SpecError(
+                f"{where}: control: level {axis}={level!r} is not a level of the axis ({list(axes[axis])})."
+            )
+    group = "-".join(levels[a] for a in axes)
+    runs = []
+    for seed in seeds:
+        run_configs = list(configs)
+        overrides: dict[str, Any] = {k: copy.deepcopy(v) for k, v in (prof.get("overrides") or {}).items()}
+        for axis in axes:
+            for key, value in (axes[axis][base[axis]] or {}).items():
+                if key == "config":
+                    run_configs += _as_list(value)
+                    continue
+                if isinstance(value, str) and "{run:" in value:
+                    raise SpecError(f"{where}: the control's base level {axis}.{base[axis]} waits for another run.")
+                overrides.pop(key, None)
+                overrides[key] = _fill(value, placeholders)
+        for key, value in control["overrides"].items():
+            overrides.pop(key, None)
+            overrides[key] = _fill(copy.deepcopy(value), placeholders)
+        runs.append(
+            Run(
+                f"{group}-s{seed}",
+                group,
+                seed,
+                dict(levels),
+                [_fill(c, placeholders) for c in run_configs],
+                overrides,
+                [],
+            )
+        )
+    return runs
 
 
 def _as_list(value: Any) -> list[str]:

@@ -1,90 +1,295 @@
-"""Statistics for sweep reports: mean and sample std over seeds, Welch's t-test with the Student-t CDF.
+"""Statistics of sweep reports (scipy.stats): effects with confidence intervals, tests, power, variance ratios.
 
-No scipy: the two-sided p-value of Student's t with (possibly fractional) df degrees of freedom is the regularized
-incomplete beta function I_x(df/2, 1/2) at x = df / (df + t^2), computed with Lentz's continued fraction
-(Numerical Recipes §6.4). Tests check it against the closed forms for df = 1 (Cauchy) and df = 2 and against
-tabulated critical values.
+Every effect is measured on the log of the metric (val ppl, bpb or loss are positive), per seed:
+
+    d_s = sum(log x_s for x in `plus` groups) - sum(log x_s for x in `minus` groups)
+
+so a simple comparison (plus = [group], minus = [baseline]) gives d_s = log(x_s / b_s), and for val ppl that is the
+difference of the validation losses in nats. An interaction (the change at one scale minus the change at another)
+is plus = [L-coupled, S-standard], minus = [L-standard, S-coupled]. The effect is reported as
+Delta% = 100 (exp(mean d) - 1), the change of the geometric mean, with its 95% confidence interval transformed the
+same way.
+
+- Paired (every group has a run at the seed, the design of `lightning_cqk sweep`): a one-sample t-test of the
+  per-seed d_s (`scipy.stats.ttest_1samp`, identical to `ttest_rel` for two groups).
+- Unpaired (a plain two-group comparison whose seeds do not match): Welch's t-test (`ttest_ind(equal_var=False)`).
+  Contrasts of more than two groups need pairing.
+- Holm-Bonferroni (step-down) adjusts the p-values of the comparisons of one study (scipy has no Holm: 8 lines).
+- Minimum detectable effect: the smallest |Delta%| that a two-sided test at alpha 0.05 detects with 80% power, given
+  the observed standard deviation and the number of seeds (noncentral t, `scipy.stats.nct`, solved with brentq;
+  where nct is NaN, for one or two df far in its tail, the same power integrated over the chi-square).
+- Seed variance: the ratio var(a) / var(b) of the metric over seeds. Paired seeds are not independent samples, so the
+  test is Pitman-Morgan's (r = corr(a + b, a - b), t with n - 2 df; `scipy.stats.pearsonr`), with Pitman's
+  confidence interval of the ratio; unpaired groups get the F-test and its interval (`scipy.stats.f`).
+
+A non-finite value (NaN or inf: a diverged seed) is never used in a mean or a test: it is counted as diverged, and
+the statistics use the seeds that are finite in every group of the comparison.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from scipy import integrate, optimize, stats
+
+ALPHA = 0.05
+POWER = 0.80
 
 
 def mean(xs: Sequence[float]) -> float:
-    """Arithmetic mean (nan for no values)."""
-    return sum(xs) / len(xs) if xs else math.nan
+    """Arithmetic mean of the finite values (nan for none)."""
+    xs = [x for x in xs if math.isfinite(x)]
+    return float(np.mean(xs)) if xs else math.nan
 
 
 def std(xs: Sequence[float]) -> float:
-    """Sample standard deviation (n - 1 in the denominator); nan for fewer than two values."""
-    if len(xs) < 2:
+    """Sample standard deviation (n - 1) of the finite values; nan for fewer than two."""
+    xs = [x for x in xs if math.isfinite(x)]
+    return float(np.std(xs, ddof=1)) if len(xs) >= 2 else math.nan
+
+
+def n_diverged(xs: Sequence[float]) -> int:
+    """How many values are NaN or inf."""
+    return sum(1 for x in xs if not math.isfinite(x))
+
+
+def pct(log_ratio: float) -> float:
+    """A change on the log scale as a percentage: 100 (exp(d) - 1)."""
+    return 100.0 * math.expm1(log_ratio) if math.isfinite(log_ratio) else math.nan
+
+
+@dataclasses.dataclass
+class Effect:
+    """One comparison (a contrast of groups on the log metric)."""
+
+    test: str  # "paired t" | "Welch t" | "" (no test possible)
+    n: int  # seeds used (pairs when paired; the smaller group when Welch)
+    diverged: int  # seeds left out because a value was NaN/inf (in any group of the contrast)
+    delta_pct: float
+    ci_low_pct: float
+    ci_high_pct: float
+    t: float
+    df: float
+    p: float
+    mde_pct: float  # minimum detectable |Delta%| at 80% power, alpha 0.05 (two-sided)
+    sd_log: float  # standard deviation of the per-seed d (paired) or pooled-by-Welch standard error x sqrt(n)
+    why: str = ""  # why a number is nan
+
+
+def _nan_effect(test: str, n: int, diverged: int, why: str) -> Effect:
+    nan = math.nan
+    return Effect(test, n, diverged, nan, nan, nan, nan, nan, nan, nan, nan, why)
+
+
+def mde_log(se: float, df: float, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Smallest true effect delta (log units) that a two-sided t-test with standard error `se` and `df` degrees of
+    freedom rejects with probability `power`: P(|T'| > t_crit) = power, T' ~ noncentral t(df, delta / se)."""
+    if not (se > 0 and df > 0 and math.isfinite(se) and math.isfinite(df)):
         return math.nan
-    m = mean(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    crit = stats.t.ppf(1 - alpha / 2, df)
+
+    def power_at(ncp: float) -> float:
+        p = stats.nct.sf(crit, df, ncp) + stats.nct.cdf(-crit, df, ncp)
+        if math.isfinite(p):
+            return float(p)
+
+        # nct is NaN for few df far in the tail: T' = (Z + ncp) / sqrt(V / df), V ~ chi2(df), integrated over V
+        def at(v: float) -> float:
+            c = crit * math.sqrt(v / df)
+            return (stats.norm.sf(c - ncp) + stats.norm.cdf(-c - ncp)) * stats.chi2.pdf(v, df)
+
+        return float(integrate.quad(at, 0.0, math.inf, limit=200)[0])
+
+    hi = 1.0
+    while power_at(hi) < power:  # bracket the root (nct is NaN far out in the tail, so never start wide)
+        hi *= 2.0
+        if hi > 1e4:
+            return math.nan
+    ncp = optimize.brentq(lambda c: power_at(c) - power, 0.0, hi, xtol=1e-10)
+    return ncp * se
 
 
-def _beta_cf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny, eps = 1e-300, 1e-15
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 10_000):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < eps:
-            return h
-    raise ArithmeticError(f"incomplete beta: no convergence for a={a}, b={b}, x={x}")
+def contrast(
+    values: Mapping[str, Mapping[int, float]], plus: Sequence[str], minus: Sequence[str], alpha: float = ALPHA
+) -> Effect:
+    """Effect of `plus` minus `minus` groups on the log metric; values: group -> {seed: metric}.
 
-
-def betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta function I_x(a, b) for a, b > 0 and 0 <= x <= 1."""
-    if not (a > 0 and b > 0):
-        raise ValueError(f"betainc needs a, b > 0, got {a}, {b}")
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"betainc needs 0 <= x <= 1, got {x}")
-    if x in (0.0, 1.0):
-        return x
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _beta_cf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _beta_cf(b, a, 1.0 - x) / b
-
-
-def t_two_sided_p(t: float, df: float) -> float:
-    """P(|T| >= |t|) for Student's t with df > 0 degrees of freedom (df may be fractional, as in Welch's test)."""
-    if not df > 0:
-        raise ValueError(f"degrees of freedom must be positive, got {df}")
-    if math.isinf(t):
-        return 0.0
-    return betainc(df / 2.0, 0.5, df / (df + t * t))
-
-
-def welch_t_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
-    """Welch's unequal-variance t-test of mean(a) vs mean(b): (t, df, two-sided p).
-
-    nan everywhere when either sample has fewer than two values or both have zero variance (no test possible).
+    Paired over the seeds every group has; Welch when plus and minus are one group each and share fewer than two
+    finite seeds while each has at least two.
     """
-    if len(a) < 2 or len(b) < 2:
-        return math.nan, math.nan, math.nan
-    va, vb = std(a) ** 2 / len(a), std(b) ** 2 / len(b)
-    if va + vb == 0.0:
-        return math.nan, math.nan, math.nan
-    t = (mean(a) - mean(b)) / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return t, df, t_two_sided_p(t, df)
+    groups = list(plus) + list(minus)
+    for g in groups:
+        if g not in values:
+            return _nan_effect("", 0, 0, f"group {g!r} has no runs")
+    common = set.intersection(*(set(values[g]) for g in groups))
+    finite = sorted(s for s in common if all(_positive_finite(values[g][s]) for g in groups))
+    diverged = (
+        len(common)
+        - len(finite)
+        + sum(n_diverged([v for s, v in values[g].items() if s not in common]) for g in groups)
+    )
+    if len(finite) >= 2:
+        d = np.array(
+            [sum(math.log(values[g][s]) for g in plus) - sum(math.log(values[g][s]) for g in minus) for s in finite]
+        )  # (n,)
+        n = len(d)
+        sd = float(np.std(d, ddof=1))
+        md = float(np.mean(d))
+        se = sd / math.sqrt(n)
+        if se == 0.0:
+            return Effect(
+                "paired t",
+                n,
+                diverged,
+                pct(md),
+                pct(md),
+                pct(md),
+                math.nan,
+                n - 1,
+                math.nan,
+                math.nan,
+                0.0,
+                "zero variance of the per-seed differences: no test",
+            )
+        res = stats.ttest_1samp(d, 0.0)
+        half = stats.t.ppf(1 - alpha / 2, n - 1) * se
+        mde = mde_log(se, n - 1, alpha)
+        return Effect(
+            "paired t",
+            n,
+            diverged,
+            pct(md),
+            pct(md - half),
+            pct(md + half),
+            float(res.statistic),
+            float(n - 1),
+            float(res.pvalue),
+            pct(mde),
+            sd,
+        )
+    if len(plus) == 1 and len(minus) == 1:
+        a = [math.log(v) for v in values[plus[0]].values() if _positive_finite(v)]
+        b = [math.log(v) for v in values[minus[0]].values() if _positive_finite(v)]
+        div = n_diverged(list(values[plus[0]].values())) + n_diverged(list(values[minus[0]].values()))
+        if len(a) < 2 or len(b) < 2:
+            return _nan_effect("Welch t", min(len(a), len(b)), div, "fewer than two finite seeds on a side")
+        va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+        md = float(np.mean(a) - np.mean(b))
+        if va + vb == 0.0:
+            return _nan_effect("Welch t", min(len(a), len(b)), div, "zero variance on both sides: no test")
+        res = stats.ttest_ind(a, b, equal_var=False)
+        se = math.sqrt(va + vb)
+        df = float((va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)))
+        half = stats.t.ppf(1 - alpha / 2, df) * se
+        return Effect(
+            "Welch t",
+            min(len(a), len(b)),
+            div,
+            pct(md),
+            pct(md - half),
+            pct(md + half),
+            float(res.statistic),
+            df,
+            float(res.pvalue),
+            pct(mde_log(se, df, alpha)),
+            se * math.sqrt(min(len(a), len(b))),
+        )
+    return _nan_effect("paired t", len(finite), diverged, "fewer than two seeds finite in every group of the contrast")
+
+
+def _positive_finite(x: float) -> bool:
+    return math.isfinite(x) and x > 0
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni step-down adjusted p-values (nan entries stay nan and do not count in the family)."""
+    idx = [i for i, p in enumerate(pvalues) if math.isfinite(p)]
+    m = len(idx)
+    adjusted = [math.nan] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(sorted(idx, key=lambda i: pvalues[i])):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+@dataclasses.dataclass
+class VarianceRatio:
+    """var(a) / var(b) over seeds with a two-sided test and a 95% confidence interval."""
+
+    test: str  # "Pitman-Morgan" (paired) | "F" (independent) | ""
+    n_a: int
+    n_b: int
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p: float
+    why: str = ""
+
+
+def variance_ratio(a: Mapping[int, float], b: Mapping[int, float], alpha: float = ALPHA) -> VarianceRatio:
+    """Seed-variance ratio of group a over group b (values seed -> metric; non-finite seeds left out).
+
+    Paired (>= 3 common finite seeds): Pitman-Morgan test, r = corr(a + b, a - b) ~ t(n - 2); interval (Pitman
+    1939): F (K -+ sqrt(K^2 - 1)) with K = 1 + 2 (1 - rho^2) t_crit^2 / (n - 2), rho = corr(a, b), F = s_a^2 / s_b^2.
+    Otherwise the F-test with interval [F / F_(1-alpha/2), F / F_(alpha/2)] (df n_a - 1, n_b - 1).
+    """
+    common = sorted(s for s in set(a) & set(b) if math.isfinite(a[s]) and math.isfinite(b[s]))
+    if len(common) >= 3:
+        x = np.array([a[s] for s in common])  # (n,)
+        y = np.array([b[s] for s in common])  # (n,)
+        n = len(common)
+        vx, vy = float(np.var(x, ddof=1)), float(np.var(y, ddof=1))
+        if vx == 0.0 or vy == 0.0:
+            return VarianceRatio(
+                "Pitman-Morgan", n, n, _ratio(vx, vy), math.nan, math.nan, math.nan, "a group has zero variance"
+            )
+        ratio = vx / vy
+        p = _pm_p(x, y)
+        rho = float(np.corrcoef(x, y)[0, 1])
+        tc = stats.t.ppf(1 - alpha / 2, n - 2)
+        k = 1.0 + 2.0 * (1.0 - rho**2) * tc**2 / (n - 2)
+        root = math.sqrt(max(k * k - 1.0, 0.0))
+        return VarianceRatio("Pitman-Morgan", n, n, ratio, ratio * (k - root), ratio * (k + root), p)
+    xa = [v for v in a.values() if math.isfinite(v)]
+    xb = [v for v in b.values() if math.isfinite(v)]
+    if len(xa) < 2 or len(xb) < 2:
+        return VarianceRatio("F", len(xa), len(xb), math.nan, math.nan, math.nan, math.nan, "fewer than two seeds")
+    va, vb = float(np.var(xa, ddof=1)), float(np.var(xb, ddof=1))
+    if va == 0.0 or vb == 0.0:
+        return VarianceRatio("F", len(xa), len(xb), _ratio(va, vb), math.nan, math.nan, math.nan, "zero variance")
+    ratio, d1, d2 = va / vb, len(xa) - 1, len(xb) - 1
+    p = float(2 * min(stats.f.cdf(ratio, d1, d2), stats.f.sf(ratio, d1, d2)))
+    lo = ratio / stats.f.ppf(1 - alpha / 2, d1, d2)
+    hi = ratio / stats.f.ppf(alpha / 2, d1, d2)
+    return VarianceRatio("F", len(xa), len(xb), ratio, lo, hi, min(p, 1.0))
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan
+
+
+def _pm_p(x: np.ndarray, y: np.ndarray) -> float:
+    """Pitman-Morgan two-sided p: r = corr(x + y, x - y), t = r sqrt((n - 2) / (1 - r^2)) ~ t(n - 2)."""
+    r = float(np.corrcoef(x + y, x - y)[0, 1])
+    n = len(x)
+    if abs(r) >= 1.0:
+        return 0.0
+    t = r * math.sqrt((n - 2) / (1 - r * r))
+    return float(2 * stats.t.sf(abs(t), n - 2))
+
+
+def bootstrap_se_of_mean_loss(
+    nll: Sequence[float], tokens: Sequence[float], n_boot: int = 2000, seed: int = 0
+) -> float:
+    """Bootstrap standard error (over validation windows) of the validation loss sum(nll) / sum(tokens)."""
+    nll_a, tok_a = np.asarray(nll, dtype=float), np.asarray(tokens, dtype=float)
+    if len(nll_a) < 2 or not np.all(np.isfinite(nll_a)):
+        return math.nan
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(nll_a), size=(n_boot, len(nll_a)))  # (n_boot, windows)
+    losses = nll_a[idx].sum(axis=1) / tok_a[idx].sum(axis=1)  # (n_boot,)
+    return float(np.std(losses, ddof=1))

@@ -1,4 +1,5 @@
-"""`lightning_cqk report`: its numbers equal the TensorBoard scalars they come from, and its figures are written."""
+"""`lightning_cqk report`: its numbers equal the TensorBoard scalars they come from (statistics against scipy),
+unfinished and diverged runs are named and never scored, and its figures are small PNGs with plain labels."""
 
 from __future__ import annotations
 
@@ -10,17 +11,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 from torch.utils.tensorboard import SummaryWriter
 
 from lightning_cqk.cli import main
 from lightning_cqk.downstream.glue_table import FORMAT
-from lightning_cqk.sweep.report import read_scalars, report_command, write_report
-from lightning_cqk.sweep.stats import welch_t_test
+from lightning_cqk.sweep.report import read_scalars, report_command, unfinished_reason, write_report
 
 # final val/ppl per seed (the last of three validations); the curve before it is arbitrary
-FINAL = {"base": [20.5, 21.25, 19.75], "var": [18.0, 18.5, 19.75]}
+FINAL = {"base": [20.5, 21.25, 19.75], "var": [18.0, 18.5, 19.75], "half": [26.0, 27.5, 26.5]}
 RESUMED = 22.0  # base-s1's final val/ppl as re-logged by its resumed attempt (the value the report must use)
-EXPECTED = {"base": [RESUMED, 21.25, 19.75], "var": FINAL["var"]}
+EXPECTED = {"base": [RESUMED, 21.25, 19.75], "var": FINAL["var"], "half": FINAL["half"]}
 STEPS = (10, 20, 30)
 TOKENS_PER_STEP = 512
 
@@ -29,17 +30,31 @@ def f32(x: float) -> float:
     return float(np.float32(x))  # TensorBoard stores scalars as float32
 
 
-def _write_run(run_dir: Path, group: str, seed: int, final: float) -> None:
+def _write_run(run_dir: Path, group: str, seed: int, final: float, steps=STEPS, budget_steps: int = STEPS[-1]) -> None:
     with SummaryWriter(str(run_dir)) as w:
-        for i, step in enumerate(STEPS):
-            ppl = final + 10.0 * (len(STEPS) - 1 - i) + seed
-            ppl = final if step == STEPS[-1] else ppl
+        for i, step in enumerate(steps):
+            ppl = final + 10.0 * (len(steps) - 1 - i) + seed
+            ppl = final if step == steps[-1] else ppl
             w.add_scalar("val/ppl", ppl, step, walltime=1000.0 + step)
-            w.add_scalar("val/bpb", math.log2(ppl) / 3.0, step, walltime=1000.0 + step)
+            w.add_scalar("val/bpb", math.log2(ppl) / 3.0 if math.isfinite(ppl) else ppl, step, walltime=1000.0 + step)
             w.add_scalar("train/grad_norm/total", 1.0 / (i + 1) + seed, step, walltime=1000.0 + step)
-            w.add_scalar("train/spikes", float(i), step, walltime=1000.0 + step)
-    budget = {"tokens": STEPS[-1] * TOKENS_PER_STEP, "flops": 3.0e9 * seed, "wallclock": 10.0 * seed + 1.0}
-    (run_dir / "budget.json").write_text(json.dumps({**budget, "steps": STEPS[-1], "tokens_per_step": TOKENS_PER_STEP}))
+            w.add_scalar("train/spikes", 0.0, step, walltime=1000.0 + step)
+    budget = {"tokens": budget_steps * TOKENS_PER_STEP, "flops": 3.0e9 * seed, "wallclock": 10.0 * seed + 1.0}
+    (run_dir / "budget.json").write_text(
+        json.dumps({**budget, "steps": budget_steps, "tokens_per_step": TOKENS_PER_STEP})
+    )
+
+
+SPEC = {
+    "study": "toy",
+    "title": "Toy study",
+    "metric": "val/ppl",
+    "baseline": {"arm": "base"},
+    "published": {"source": "a paper", "values": {"base": 10.0, "var": 9.0}, "deltas": {}},
+    "claims": [{"name": "var-helps", "group": "var", "vs": "base", "expect": "lower", "published_pct": -10.0}],
+    "control": {"name": "control-half", "group": "half", "vs": "base", "expect": "higher"},
+    "claims_not_in_profile": ["needs-a-level-cpu-leaves-out"],
+}
 
 
 @pytest.fixture
@@ -52,17 +67,13 @@ def sweep_dir(tmp_path: Path) -> Path:
             runs.append({"name": name, "group": group, "seed": seed, "levels": {"arm": group}})
             _write_run(sweep / name, group, seed, final)
     runs.append({"name": "var-s4", "group": "var", "seed": 4, "levels": {"arm": "var"}})  # never ran
+    # var-s5 was killed during its final validation: its last validation (step 20) is not its last step (30)
+    runs.append({"name": "var-s5", "group": "var", "seed": 5, "levels": {"arm": "var"}})
+    _write_run(sweep / "var-s5", "var", 5, 5.0, steps=(10, 20))
     # base-s1 was killed after its last validation and resumed: the resumed attempt re-logged step 30 (last wins)
     with SummaryWriter(str(sweep / "base-s1"), filename_suffix=".resumed") as w:
         w.add_scalar("val/ppl", RESUMED, 30, walltime=5000.0)
-    spec = {
-        "study": "toy",
-        "title": "Toy study",
-        "metric": "val/ppl",
-        "baseline": {"arm": "base"},
-        "published": {"source": "a paper", "values": {"base": 10.0, "var": 9.0}, "deltas": {}},
-    }
-    (sweep / "manifest.json").write_text(json.dumps({"study": "toy", "profile": "cpu", "spec": spec, "runs": runs}))
+    (sweep / "manifest.json").write_text(json.dumps({"study": "toy", "profile": "cpu", "spec": SPEC, "runs": runs}))
     return sweep
 
 
@@ -79,7 +90,7 @@ def test_table_numbers_equal_the_scalars(sweep_dir: Path, capsys):
     var = [f32(x) for x in EXPECTED["var"]]
     for group, values in (("base", base), ("var", var)):
         row = rows[group]
-        assert int(row["seeds"]) == 3
+        assert int(row["seeds"]) == 3 and int(row["diverged"]) == 0
         assert float(row["val/ppl_mean"]) == pytest.approx(statistics.fmean(values), rel=1e-12)
         assert float(row["val/ppl_std"]) == pytest.approx(statistics.stdev(values), rel=1e-12)
         # base-s1's resumed attempt re-logged only val/ppl at step 30: its bpb stays the first attempt's
@@ -89,22 +100,77 @@ def test_table_numbers_equal_the_scalars(sweep_dir: Path, capsys):
         assert float(row["flops"]) == pytest.approx(3.0e9 * 2)  # mean over seeds 1, 2, 3
         assert float(row["wallclock"]) == pytest.approx(21.0)
     var_row = rows["var"]
-    assert float(var_row["delta_pct"]) == pytest.approx(100 * (statistics.fmean(var) / statistics.fmean(base) - 1))
-    assert float(var_row["seed_var_ratio"]) == pytest.approx(statistics.variance(var) / statistics.variance(base))
-    assert float(var_row["p_welch"]) == pytest.approx(welch_t_test(var, base)[2], rel=1e-12)
-    assert 0.0 < float(var_row["p_welch"]) < 1.0
-    assert float(var_row["published"]) == 9.0 and float(var_row["published_delta_pct"]) == pytest.approx(-10.0)
-    assert math.isnan(float(rows["base"]["p_welch"])) and rows["base"]["baseline"] == "base"
+    ref = stats.ttest_rel(np.log(var), np.log(base))  # paired by seed, on the log metric
+    assert var_row["test"] == "paired t" and float(var_row["p"]) == pytest.approx(ref.pvalue, rel=1e-9)
+    geo = math.exp(statistics.fmean(np.log(var)) - statistics.fmean(np.log(base)))
+    assert float(var_row["delta_pct"]) == pytest.approx(100 * (geo - 1), rel=1e-9)
+    assert float(var_row["ci_low_pct"]) < float(var_row["delta_pct"]) < float(var_row["ci_high_pct"])
+    assert float(var_row["published_delta_pct"]) == pytest.approx(-10.0)
+    # the last 20% of training: from step 20 (<= 0.8 x 30) to 30; var-s1: 18 + 10 + 1 -> 18
+    moved = statistics.fmean([100 * (f32(v) / f32(v + 10.0 + s) - 1) for s, v in enumerate(FINAL["var"], start=1)])
+    assert float(var_row["settle_pct"]) == pytest.approx(moved, rel=1e-6)
+    assert math.isnan(float(rows["base"]["p"])) and rows["base"]["baseline"] == "base"
     out = capsys.readouterr().out
     assert "| var | 3 |" in out and "(baseline)" in out and "var-s4" in out  # the missing run is named
+    assert "var-s5: last validation after step 21, training ended at step 30" in out  # unfinished: named, left out
     assert f"{statistics.fmean(var):.2f} ± {statistics.stdev(var):.2f}" in paths["markdown"].read_text()
+    claims = {r["claim"]: r for r in csv.DictReader(paths["claims"].open())}
+    assert claims["control-half"]["control"] == "True" and claims["var-helps"]["verdict"] in (
+        "supports",
+        "inconclusive",
+        "void",
+    )
+    assert "Positive control" in out
+    assert "Not tested at this profile (a group it leaves out): needs-a-level-cpu-leaves-out." in out
 
 
-def test_figures_are_pngs(sweep_dir: Path):
+def test_nan_and_inf_seeds_are_reported_as_diverged(sweep_dir: Path, capsys):
+    for seed, bad in ((2, float("nan")), (3, float("inf"))):
+        with SummaryWriter(str(sweep_dir / f"var-s{seed}"), filename_suffix=".diverged") as w:
+            w.add_scalar("val/ppl", bad, 30, walltime=9000.0)
+    paths = write_report(sweep_dir)  # never raises
+    rows = {r["group"]: r for r in csv.DictReader(paths["csv"].open())}
+    assert int(rows["var"]["diverged"]) == 2 and float(rows["var"]["val/ppl_mean"]) == f32(18.0)
+    assert rows["var"]["test"] == "" or math.isnan(float(rows["var"]["p"]))  # one finite pair: no test
+    out = capsys.readouterr().out
+    assert "Diverged" in out and "var-s2" in out and "var-s3" in out
+    claims = {r["claim"]: r for r in csv.DictReader(paths["claims"].open())}
+    assert claims["var-helps"]["verdict"] in ("inconclusive", "void")
+
+
+def test_unfinished_reason():
+    assert unfinished_reason({"val/ppl": [(10, 5.0)]}, {}, "val/ppl").startswith("no budget.json")
+    assert unfinished_reason({}, {"steps": 10}, "val/ppl") == "no val/ppl logged"
+    assert unfinished_reason({"val/ppl": [(8, 5.0)]}, {"steps": 10}, "val/ppl") == (
+        "last validation after step 9, training ended at step 10"
+    )
+    assert unfinished_reason({"val/ppl": [(9, 5.0)]}, {"steps": 10}, "val/ppl") == ""  # logged at index 9 = step 10
+
+
+def test_figures_are_small_pngs_and_say_when_there_were_no_spikes(sweep_dir: Path):
     paths = write_report(sweep_dir, quiet=True)
-    for name in ("val_curves", "stability", "ppl_vs_tokens"):
+    for name in ("val_curves", "delta_curves", "stability", "ppl_vs_tokens"):
         data = paths[name].read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and 5000 < len(data) < 300_000, name
+
+
+def test_log_axis_labels_are_plain_numbers():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lightning_cqk.sweep.figures import _plain
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [12.0, 48.0])
+    ax.set_yscale("log")
+    _plain(ax)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    plt.close(fig)
+    assert labels and all("times" not in t and "^" not in t for t in labels), labels
+    assert "20" in labels
 
 
 def test_report_command_errors_clearly(tmp_path: Path):
@@ -137,3 +203,23 @@ def test_report_puts_glue_tables_side_by_side(sweep_dir: Path, tmp_path: Path, c
     # report/ itself is never searched: a second report finds the same two tables, not a copy of them
     report_command([str(sweep_dir), "--glue", str(other / "glue.json")])
     assert capsys.readouterr().out.count("| RTE (acc) |") == 1
+
+
+def test_validation_sampling_error_of_the_set_and_of_a_difference(sweep_dir: Path, capsys):
+    """The windows' own difficulty dominates the set's error but cancels in a same-seed difference."""
+    rng = np.random.default_rng(0)
+    difficulty = rng.normal(0.0, 0.3, size=200)  # per-window loss offsets shared by every model
+    for group, finals in FINAL.items():
+        for seed, final in enumerate(finals, start=1):
+            noise = rng.normal(0.0, 0.01, size=200)
+            nll = [(math.log(final) + d + e) * 256.0 for d, e in zip(difficulty, noise, strict=True)]
+            (sweep_dir / f"{group}-s{seed}" / "val_windows.json").write_text(
+                json.dumps({"step": 30, "nll": nll, "tokens": [256.0] * 200})
+            )
+    paths = write_report(sweep_dir)
+    rows = {r["group"]: r for r in csv.DictReader(paths["csv"].open())}
+    paired = float(rows["var"]["val_se_delta_pct"])
+    assert 0.05 < paired < 0.2  # ~ 100 x 0.01 x sqrt(2) / sqrt(200) = 0.1%
+    out = capsys.readouterr().out
+    own = float(out.split("Validation-set sampling error: ±")[1].split("%")[0])
+    assert own == pytest.approx(100 * 0.3 / math.sqrt(200), rel=0.2)  # ~2.1%: the set alone, far above the paired

@@ -11,20 +11,23 @@ import pytest
 import yaml
 
 from lightning_cqk.cli import CQKCLI, main
+from lightning_cqk.config import ModelConfig
+from lightning_cqk.model.flops import training_flops_per_batch
+from lightning_cqk.sweep.estimate import MARGIN, STEP_MS_FIXED, STEP_MS_PER_GFLOP, estimate_runs
 from lightning_cqk.sweep.spec import SpecError, expand, load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 SPECS = sorted((REPO / "configs" / "ablations").glob("*.yaml"))
 # study -> (cpu runs, paper runs)
-COUNTS = {
-    "coupling": (4 * 3, 4 * 3),
-    "steps": (5 * 2, 5 * 3),
-    "compute_matched": (4 * 2, 4 * 3),
-    "corpus": (3 * 2 * 2, 3 * 2 * 3),
-    "scale": (3 * 3 * 1, 3 * 3 * 3),
-    "sharing": (8, 8),
-    "deconstruction": (19, 19),
-    "logit_control": (2 * 2 * 4, 2 * 3 * 8),  # paper: 4 methods x AdamW, Muon
+COUNTS = {  # groups (grid + the positive control) x seeds
+    "coupling": (5 * 5, 5 * 5),
+    "steps": ((4 + 1) * 3, (5 + 1) * 3),
+    "compute_matched": ((3 + 1) * 3, (4 + 1) * 3),
+    "corpus": ((3 * 2 + 1) * 3, (3 * 2 + 1) * 3),
+    "scale": ((3 * 3 + 1) * 3, (3 * 3 + 1) * 3),
+    "sharing": ((8 + 1) * 3, 8 + 1),
+    "deconstruction": ((6 + 1) * 3, 19 + 1),
+    "logit_control": ((2 * 1 * 4 + 1) * 3, 2 * 3 * 8 + 1),  # paper: 4 methods x AdamW, Muon
 }
 
 
@@ -61,30 +64,91 @@ def test_spec_expands_to_named_runs(spec: Path):
         assert set(published.get("values") or {}) <= groups | {r.group for r in expand(spec, "paper").runs}
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
-def test_cpu_profile_is_small_and_shares_one_validation_set(spec: Path):
+# the eight studies of issue 14, sized to learn on CPU within 4 hours together (other specs: their own budget)
+STUDIES = ("coupling", "steps", "compute_matched", "corpus", "scale", "sharing", "deconstruction", "logit_control")
+STUDY_SPECS = [REPO / "configs" / "ablations" / f"{name}.yaml" for name in STUDIES]
+
+
+@pytest.mark.parametrize("spec", STUDY_SPECS, ids=lambda p: p.stem)
+def test_cpu_profile_learns_within_budget_and_shares_one_validation_set(spec: Path):
+    """Issue 14: >= 1,000 steps per run, >= 3 seeds (5 for the seed-variance claim), a positive control, one fixed
+    validation set per study, and an estimated <= 40 min wall on 2 idle cores (lightning_cqk/sweep/estimate.py)."""
     sweep = expand(spec, "cpu")
-    steps = 0
+    seeds = {r.seed for r in sweep.runs}
+    assert len(seeds) >= (5 if spec.stem == "coupling" else 3)
+    assert sweep.spec["control"]["group"] in {r.group for r in sweep.runs}
+    val = {
+        (r.overrides["trainer.limit_val_batches"], r.overrides["data.val_batch_size"], r.overrides["data.seq_len"])
+        for r in sweep.runs
+    }
+    assert len(val) == 1, "every run of a study validates on the same windows"
     for run in sweep.runs:
-        o = run.overrides
-        assert o["data.seq_len"] * o["data.batch_size"] == 2048
-        assert o["trainer.limit_val_batches"] == 8 and o["data.val_batch_size"] == 16  # one fixed validation set
         assert run.configs[:2] == ["configs/quickstart.yaml", "callbacks/sweep.yaml"]  # tiny preset, bytes
-        if o.get("budget.match_to"):  # compute_matched: ratio x the coupled run's tokens (or its wall-clock)
-            tokens = o["budget.ratio"] * sweep.run(run.depends_on[0]).overrides["budget.tokens"]
-        else:
-            tokens = o["budget.tokens"]
-        steps += tokens / 2048
-    assert steps <= 1200, "a cpu profile must finish in < 20 min on 2 cores"
+        assert run.overrides["data.seed"] == run.seed  # the data order follows the seed, shared by its levels
+    claims = sweep.spec["claims"]
+    assert claims, "a study without a claim at the cpu profile gives no verdict"
+    groups = {r.group for r in sweep.runs}
+    for claim in claims:  # every claim judged at this profile names groups of its grid
+        assert {claim.get("group"), claim.get("vs")} - {None} <= groups and set(claim.get("plus", [])) <= groups
+    runs = estimate_runs(sweep)
+    assert min(r.steps for r in runs) >= 1000
+    for run, est in zip(sweep.runs, runs, strict=True):  # a validation at the last step, or the report refuses it
+        assert est.steps % run.overrides["trainer.val_check_interval"] == 0, run.name
+    wall_min = sum(r.seconds for r in runs) / sweep.jobs / 60
+    assert wall_min <= 40, f"{spec.stem}: {wall_min:.0f} min"
+
+
+def test_all_cpu_studies_fit_four_hours():
+    total = sum(sum(r.seconds for r in estimate_runs(s)) / s.jobs for s in (expand(p, "cpu") for p in STUDY_SPECS))
+    assert total / 3600 <= 4.0, f"{total / 3600:.2f} h"
+
+
+def test_dry_run_prints_the_estimate(capsys):
+    """steps x the step time of the FLOP model, per run and per study; compute-matched runs take their reference's
+    tokens times the ratio."""
+    main(["sweep", "configs/ablations/compute_matched.yaml", "--dry-run"])
+    out = capsys.readouterr().out
+    sweep = expand(REPO / "configs" / "ablations" / "compute_matched.yaml", "cpu")
+    est = {r.name: r for r in estimate_runs(sweep)}
+    cfg = ModelConfig(preset="tiny", vocab_size=257)
+    step_s = MARGIN * (STEP_MS_FIXED + STEP_MS_PER_GFLOP * training_flops_per_batch(cfg, 4, 256) / 1e9) / 1000
+    assert est["standard-B-s1"].steps == 1000 and est["standard-B-s1"].step_s == pytest.approx(step_s)
+    assert est["standard-2.4B-s1"].steps == 2400 and est["standard-2.4B-s1"].tokens == 2400 * 1024
+    line = next(x for x in out.splitlines() if x.strip().startswith("standard-B-s1") and "steps x" in x)
+    assert f"{step_s * 1000:.0f} ms" in line and "1.02M tokens" in line
+    assert "study: 12 runs, 16,200 steps" in out and "min wall with 2 jobs" in out
+
+
+def test_claims_of_levels_a_profile_leaves_out_are_named_not_judged():
+    sweep = expand(REPO / "configs" / "ablations" / "steps.yaml", "cpu")  # steps5 is left out on CPU
+    assert sweep.spec["claims_not_in_profile"] == ["five-steps-same"]
+    assert "five-steps-same" not in [c["name"] for c in sweep.spec["claims"]]
+    assert "claims_not_in_profile" not in expand(REPO / "configs" / "ablations" / "steps.yaml", "paper").spec
+
+
+def test_control_is_one_group_of_the_baseline_levels(tmp_path: Path):
+    sweep = expand(REPO / "configs" / "ablations" / "corpus.yaml", "cpu")
+    control = [r for r in sweep.runs if r.levels["attention"] == "half_depth_low_lr"]
+    assert [r.name for r in control] == [f"pubmed-half_depth_low_lr-s{s}" for s in (1, 2, 3)]
+    base = sweep.run("pubmed-standard-s1")
+    assert control[0].overrides == {**base.overrides, "model.config.n_layer": 2, "model.optim.lr": 1.0e-5}
+    assert sweep.spec["control"] == {
+        **sweep.spec["control"],
+        "group": "pubmed-half_depth_low_lr",
+        "vs": "pubmed-standard",
+    }
 
 
 def test_coupling_grid():
     sweep = expand(REPO / "configs" / "ablations" / "coupling.yaml", "cpu")
-    assert [r.name for r in sweep.runs][:4] == ["standard-s1", "standard-s2", "standard-s3", "coupled-leapfrog-s1"]
+    names = [r.name for r in sweep.runs]
+    assert names[:6] == [f"standard-s{s}" for s in range(1, 6)] + ["coupled-leapfrog-s1"]
+    assert names[-5:] == [f"half_depth_low_lr-s{s}" for s in range(1, 6)]  # the positive control comes last
     leapfrog = sweep.run("coupled-euler-s2")
     assert leapfrog.overrides["model.config.attention"] == "coupled"
     assert leapfrog.overrides["model.config.attention_options"] == {"integrator": "euler"}
-    assert leapfrog.cli_args(sweep.sweep_dir)[-4:] == [
+    assert leapfrog.cli_args(sweep.sweep_dir)[-5:] == [
+        "--data.seed=2",
         "--seed_everything=2",
         "--trainer.logger.init_args.save_dir=runs",
         "--trainer.logger.init_args.name=coupling-cpu",
@@ -96,7 +160,7 @@ def test_compute_matched_runs_wait_for_the_coupled_run():
     sweep = expand(REPO / "configs" / "ablations" / "compute_matched.yaml", "cpu", output="runs/cm")
     order = [r.name for r in sweep.runs]
     for seed in (1, 2):
-        for arm, on, ratio in (("standard-2.4B", "tokens", 2.4), ("standard-wallclock", "wallclock", 1.0)):
+        for arm, on, ratio in (("standard-2.4B", "tokens", 2.4),):
             run = sweep.run(f"{arm}-s{seed}")
             assert run.depends_on == [f"coupled-B-s{seed}"]
             assert order.index(run.name) > order.index(f"coupled-B-s{seed}")
@@ -104,8 +168,8 @@ def test_compute_matched_runs_wait_for_the_coupled_run():
             assert run.overrides["budget.match_on"] == on and run.overrides["budget.ratio"] == ratio
             assert run.overrides["budget.tokens"] is None
             assert "--budget.tokens=null" in run.cli_args(sweep.sweep_dir)
-        assert sweep.run(f"coupled-B-s{seed}").overrides["budget.tokens"] == 163840  # B
-        assert sweep.run(f"standard-B-s{seed}").overrides["budget.tokens"] == 163840
+        assert sweep.run(f"coupled-B-s{seed}").overrides["budget.tokens"] == 1024000  # B
+        assert sweep.run(f"standard-B-s{seed}").overrides["budget.tokens"] == 1024000
 
 
 def test_corpus_cpu_profile_reads_shared_data(monkeypatch, tmp_path: Path):
@@ -179,7 +243,7 @@ def _tiny(run_args: list[str], tmp_path: Path) -> list[str]:
 def test_one_run_of_each_spec_trains(spec: Path, tmp_path: Path, request):
     """The last run without waits of each cpu profile, shrunk to 2 steps of 2 x 32 tokens."""
     sweep = expand(spec, "cpu", output=tmp_path / "sweep")
-    run = [r for r in sweep.runs if not r.depends_on][-1]
+    run = [r for r in sweep.runs if not r.depends_on and r.group != sweep.spec["control"]["group"]][-1]
     args = run.cli_args(sweep.sweep_dir)
     if "data.source" in run.overrides:  # a corpus of ../shared/data
         if sweep.missing_needs():
@@ -205,6 +269,10 @@ def test_one_run_of_each_spec_trains(spec: Path, tmp_path: Path, request):
         (lambda s: s["axes"]["arm"]["b"].update({"budget.match_to": "{run:b}"}), "refers to the run itself"),
         (lambda s: s["axes"]["arm"]["b"].update({"budget.match_to": "{run:q}"}), "names no level"),
         (lambda s: s.update(metric="val/acc"), "metric 'val/acc'"),
+        (lambda s: s.update(claims=[{"name": "c", "group": "b", "vs": "a", "expect": "better"}]), "expect 'better'"),
+        (lambda s: s.update(control={"name": "half", "expect": "higher"}), "control needs a name and overrides"),
+        (lambda s: s.update(control={"name": "b", "overrides": {}, "expect": "higher"}), "already a level"),
+        (lambda s: s["profiles"]["cpu"].update(data_order="random"), "data_order"),
     ],
 )
 def test_malformed_specs_fail_clearly(tmp_path: Path, edit, message: str):

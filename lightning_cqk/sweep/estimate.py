@@ -1,0 +1,162 @@
+"""Time estimate of a sweep on CPU, from analytic FLOPs and a measured step time (printed by `sweep --dry-run`).
+
+    step seconds = MARGIN x (STEP_MS_FIXED + STEP_MS_PER_GFLOP x training GFLOPs per optimizer step) / 1000
+    run seconds  = RUN_START_S + steps x step seconds + (validations + 1.5) x step seconds of the validation set's
+                   forward FLOPs (the 1.5: the final per-window pass of ValWindowLosses)
+    study wall   = sum of its runs / jobs (runs go `jobs` at a time, one thread each)
+
+Calibration, measured side by side (two 1-thread processes at once, `benchmarks/cpu_step_time.py`: plain torch
+loop, forward, backward, clip, AdamW; byte vocabulary; 12 timed steps after 3 warm-up; the shared machine was
+otherwise idle, load average 0.1-0.3), in ms per step at B = 16, T = 128:
+
+    tiny (4 x 128)          11.7 GFLOP   229-230 ms      d64, 2 layers    1.8 GFLOP   40-47 ms
+    tiny coupled            12.5 GFLOP   224-239 ms      tiny coupled x7  14.9 GFLOP  343-360 ms
+    d192, 6 layers          36.8 GFLOP   558-630 ms      tiny, B 8 x T 256 13.3 GFLOP 232-272 ms
+
+The line through tiny and d64 gives 18.7 ms per GFLOP + 10 ms; MARGIN 1.2 covers the worst measured point
+(coupled x7, whose small per-head matmuls run below the large-matmul rate) and Lightning's own per-step work
+(README "Overheads": 223 ms per tiny step inside a training run). It over-estimates large models (d192: 840 ms for
+558-630 measured): a conservative estimate. Checked through the real CLI at the cpu profiles' setting (tiny, 4 x 256
+tokens, callbacks/sweep.yaml, two runs side by side, load ~2): standard 131-152 ms per step (estimate 161), coupled
+134-139 (estimate 170). GPUs are not modelled: the estimate is for `cpu` profiles.
+
+Runs are resolved without the CLI (fast enough for every run of a spec): the `--config` files are merged in order
+(`data` and `model` through their `init_args` when present), then the overrides; the model shape goes through
+`ModelConfig` (preset first, explicit fields win).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+STEP_MS_PER_GFLOP = 18.7
+STEP_MS_FIXED = 10.0
+MARGIN = 1.2
+RUN_START_S = 15.0  # interpreter, Lightning and data start-up, and the final save of a run
+VOCAB = {"bytes": 257, "gpt2": 50257}
+# Per-step work that analytic FLOPs do not count, as a share of the step (README "Overheads", tiny, B16 x T128):
+LOGIT_CONTROL_OVERHEAD = {"qk_clip": 0.155, "quack": 0.010}
+
+
+@dataclasses.dataclass
+class RunEstimate:
+    name: str
+    steps: int
+    tokens: int
+    step_s: float
+    val_s: float
+    seconds: float
+
+
+def _merge(into: dict, new: dict) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict) and key not in ("attention_options",):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _unwrap(section: Any) -> dict:
+    """A config section with or without `class_path` / `init_args` as a flat dict of its arguments."""
+    if not isinstance(section, dict):
+        return {}
+    return dict(section.get("init_args") or {}) if "class_path" in section else dict(section)
+
+
+def resolve(configs: list[str], overrides: dict[str, Any]) -> dict[str, Any]:
+    """{'model': ModelConfig fields, 'optim', 'data', 'trainer', 'budget'} of one run (files, then overrides)."""
+    merged: dict[str, Any] = {"model": {"config": {}, "optim": {}}, "data": {}, "trainer": {}, "budget": {}}
+    for path in configs:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        for section in ("trainer", "budget"):
+            _merge(merged[section], raw.get(section) or {})
+        _merge(merged["data"], _unwrap(raw.get("data")))
+        model = _unwrap(raw.get("model"))
+        _merge(merged["model"]["config"], model.get("config") or {})
+        _merge(merged["model"]["optim"], model.get("optim") or {})
+    for key, value in overrides.items():
+        parts = key.split(".")
+        if parts[0] == "data" and len(parts) > 2 and parts[1] == "init_args":
+            parts = ["data", *parts[2:]]
+        node = merged
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return merged
+
+
+def model_config(resolved: dict[str, Any]):
+    from lightning_cqk.config import ModelConfig
+
+    fields = {k: v for k, v in resolved["model"]["config"].items() if v is not None}
+    fields["vocab_size"] = VOCAB.get(str(resolved["data"].get("tokenizer", "bytes")), 50257)
+    return ModelConfig(**fields)
+
+
+def step_seconds(gflop_per_step: float) -> float:
+    return MARGIN * (STEP_MS_FIXED + STEP_MS_PER_GFLOP * gflop_per_step) / 1000.0
+
+
+def estimate_runs(sweep) -> list[RunEstimate]:
+    """Per run of a `Sweep`: steps, tokens and seconds on one CPU thread (runs waiting for another use its numbers)."""
+    from lightning_cqk.model.flops import forward_flops_per_step, forward_flops_per_token, training_flops_per_batch
+
+    out: dict[str, RunEstimate] = {}
+    for run in sweep.runs:  # dependency order: a referenced run comes first
+        r = resolve(run.configs, run.overrides)
+        cfg = model_config(r)
+        data, trainer, budget = r["data"], r["trainer"], r["budget"]
+        seq, batch = int(data.get("seq_len", 256)), int(data.get("batch_size", 16))
+        accum = int(trainer.get("accumulate_grad_batches") or 1)
+        tokens_per_step = seq * batch * accum
+        gflop = accum * training_flops_per_batch(cfg, batch, seq) / 1e9
+        method = ((r["model"]["optim"].get("logit_control") or {}).get("method")) or "none"
+        step_s = step_seconds(gflop) * (1.0 + LOGIT_CONTROL_OVERHEAD.get(method, 0.0))
+        steps = _steps(run, budget, trainer, tokens_per_step, step_s, out)
+        val_every = trainer.get("val_check_interval") or steps
+        n_val = max(1, steps // int(val_every)) if isinstance(val_every, int) else 1
+        val_seq = int(data.get("val_seq_len") or seq)
+        val_windows = int(trainer.get("limit_val_batches") or 1) * int(data.get("val_batch_size") or batch)
+        val_gflop = (forward_flops_per_token(cfg, val_seq) * val_seq + forward_flops_per_step(cfg)) * val_windows / 1e9
+        val_s = (n_val + 1.5) * step_seconds(val_gflop)  # + ValWindowLosses' one-window-at-a-time final pass
+        seconds = RUN_START_S + steps * step_s + val_s
+        out[run.name] = RunEstimate(run.name, steps, steps * tokens_per_step, step_s, val_s, seconds)
+    return list(out.values())
+
+
+def _steps(run, budget: dict, trainer: dict, tokens_per_step: int, step_s: float, done: dict) -> int:
+    match_to = budget.get("match_to")
+    if match_to and run.depends_on:
+        ref = done[run.depends_on[0]]
+        ratio, on = float(budget.get("ratio", 1.0)), budget.get("match_on", "tokens")
+        if on == "wallclock":
+            return max(1, math.floor(ratio * ref.steps * ref.step_s / step_s))
+        if on == "steps":
+            return max(1, math.floor(ratio * ref.steps))
+        return max(1, math.floor(ratio * ref.tokens / tokens_per_step * (1 + 1e-9)))
+    if budget.get("tokens"):
+        return max(1, math.floor(float(budget["tokens"]) / tokens_per_step * (1 + 1e-9)))
+    return int(trainer.get("max_steps") or 0)
+
+
+def summary_lines(sweep, jobs: int) -> list[str]:
+    """The estimate as printed by `--dry-run`: per run and per study."""
+    runs = estimate_runs(sweep)
+    total = sum(r.seconds for r in runs)
+    lines = [f"Estimate (CPU, 1 thread per run, {jobs} at a time; lightning_cqk/sweep/estimate.py):"]
+    for r in runs:
+        lines.append(
+            f"  {r.name:<40} {r.steps:>6} steps x {r.step_s * 1000:6.0f} ms + validation {r.val_s:5.0f} s "
+            f"+ start {RUN_START_S:.0f} s = {r.seconds / 60:5.1f} min, {r.tokens / 1e6:6.2f}M tokens"
+        )
+    lines.append(
+        f"  study: {len(runs)} runs, {sum(r.steps for r in runs):,} steps, "
+        f"{sum(r.tokens for r in runs) / 1e6:.1f}M tokens, {total / 3600:.2f} CPU-hours, "
+        f"about {total / max(jobs, 1) / 60:.0f} min wall with {jobs} jobs on an idle machine"
+    )
+    return lines

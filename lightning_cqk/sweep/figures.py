@@ -1,0 +1,230 @@
+"""Figures of a sweep report (PNG, matplotlib Agg), made to be read at a glance.
+
+    val_curves.png     the metric vs optimizer steps per group: mean over finite seeds, band = min..max over seeds;
+                       a log axis labelled with plain numbers (no "2.4 x 10^1"), limits that hold every band
+    delta_curves.png   small multiples, one panel per compared group: the change vs its baseline group in %, paired
+                       by seed (the geometric-mean change, as the tables; band: min..max over seeds), the zero line,
+                       the last 80% of training; title: final change and the verdict of the claim on that pair
+    stability.png      pre-clip gradient norm and cumulative loss spikes; a panel without data says so in words
+    ppl_vs_tokens.png  the metric vs training tokens (dots: each seed's final value)
+
+Groups are told apart by colour and line style (10 colours x 4 styles); files stay well under 300 KB (100 dpi).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+STYLES = ("-", "--", ":", "-.")
+
+
+def _plain(ax, axis: str = "y") -> None:
+    """Plain-number tick labels on a log axis (10, 20, 50 rather than 10^1, 2 x 10^1)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    target.set_minor_formatter(NullFormatter())
+
+
+def _finite(xs: list[float]) -> list[float]:
+    return [x for x in xs if math.isfinite(x)]
+
+
+def _band(runs: list[dict[str, Any]], tag: str, x_of=None):
+    """(xs, mean, low, high) over the steps every run logged; low/high = min/max over finite seeds."""
+    series = [dict(r["scalars"].get(tag) or []) for r in runs]
+    if not series or not all(series):
+        return [], [], [], []
+    steps = sorted(set.intersection(*(set(s) for s in series)))
+    xs, ms, lo, hi = [], [], [], []
+    for step in steps:
+        vals = _finite([s[step] for s in series])
+        if not vals:
+            continue
+        xs.append(x_of(runs[0], step) if x_of else step + 1)  # TensorBoard step s: after s + 1 optimizer steps
+        ms.append(sum(vals) / len(vals))
+        lo.append(min(vals))
+        hi.append(max(vals))
+    return xs, ms, lo, hi
+
+
+def _style(i: int, cmap) -> dict[str, Any]:
+    return {"color": cmap(i % 10), "linestyle": STYLES[(i // 10) % len(STYLES)]}
+
+
+def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> list[Path]:
+    """Write the PNG figures; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lightning_cqk.sweep.report import baseline_group
+
+    spec = data["manifest"]["spec"]
+    metric = spec.get("metric", "val/ppl")
+    groups = {k: g for k, g in data["groups"].items() if g["runs"]}
+    cmap = plt.get_cmap("tab10")
+    title = f"{data['manifest']['study']} ({data['manifest']['profile']})"
+    written: list[Path] = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        written.append(out / name)
+        fig.savefig(written[-1], dpi=100)
+        plt.close(fig)
+
+    def plot_bands(ax, tag: str, x_of=None) -> list[float]:
+        shown: list[float] = []
+        for i, (name, group) in enumerate(groups.items()):
+            xs, ms, lo, hi = _band(group["runs"], tag, x_of)
+            if not xs:
+                continue
+            ax.plot(xs, ms, lw=1.4, label=f"{name} (n={len(group['runs'])})", **_style(i, cmap))
+            ax.fill_between(xs, lo, hi, color=cmap(i % 10), alpha=0.15, lw=0)
+            shown += lo + hi
+        return shown
+
+    def fit_limits(ax, values: list[float], log: bool) -> None:
+        vals = [v for v in values if math.isfinite(v) and (v > 0 or not log)]
+        if not vals:
+            return
+        lo, hi = min(vals), max(vals)
+        if log:
+            ax.set_yscale("log")
+            ax.set_ylim(lo / 1.05, hi * 1.05)
+            _plain(ax)
+        else:
+            pad = 0.05 * (hi - lo or abs(hi) or 1.0)
+            ax.set_ylim(lo - pad, hi + pad)
+
+    # -- absolute curves
+    fig, ax = plt.subplots(figsize=(8, 5))
+    shown = plot_bands(ax, metric)
+    fit_limits(ax, shown, log=metric == "val/ppl")
+    ax.set(xlabel="optimizer steps", ylabel=metric, title=f"{title}: {metric}, mean over seeds (band: min-max)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper right", ncol=2 if len(groups) > 8 else 1)
+    save(fig, "val_curves.png")
+
+    # -- change vs the baseline, paired by seed, small multiples
+    verdict_of = {}
+    for j in judgements or []:
+        if len(j.plus) == 1 and len(j.minus) == 1 and j.effect is not None:
+            verdict_of.setdefault((j.plus[0], j.minus[0]), j.verdict)
+    compared = []
+    for name, group in groups.items():
+        base = baseline_group(group["levels"], spec["baseline"], groups)
+        if base and base != name:
+            compared.append((name, base))
+    if compared:
+        cols = min(4, len(compared))
+        rows = math.ceil(len(compared) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False, sharex=True)
+        for k, (name, base) in enumerate(compared):
+            ax = axes[k // cols][k % cols]
+            by_seed = {r["seed"]: dict(r["scalars"].get(metric) or []) for r in groups[name]["runs"]}
+            base_seed = {r["seed"]: dict(r["scalars"].get(metric) or []) for r in groups[base]["runs"]}
+            seeds = sorted(set(by_seed) & set(base_seed))
+            steps = sorted(set.intersection(*(set(by_seed[s]) & set(base_seed[s]) for s in seeds))) if seeds else []
+            xs, ms, lo, hi = [], [], [], []
+            for step in steps:
+                d = _finite(
+                    [
+                        math.log(by_seed[s][step] / base_seed[s][step])
+                        for s in seeds
+                        if by_seed[s][step] > 0 and base_seed[s][step] > 0
+                    ]
+                )  # log ratios, as the tables
+                if d:
+                    xs.append(step + 1)
+                    ms.append(100.0 * math.expm1(sum(d) / len(d)))
+                    lo.append(100.0 * math.expm1(min(d)))
+                    hi.append(100.0 * math.expm1(max(d)))
+            ax.axhline(0.0, color="0.4", lw=0.8)
+            if xs:
+                start = len(xs) // 5  # the first validations move by tens of %: show the last 80% of the curve
+                ax.plot(xs[start:], ms[start:], color=cmap(k % 10), lw=1.4)
+                ax.fill_between(xs[start:], lo[start:], hi[start:], color=cmap(k % 10), alpha=0.2, lw=0)
+                fit_limits(ax, lo[start:] + hi[start:] + [0.0], log=False)
+                verdict = verdict_of.get((name, base), "")
+                ax.set_title(
+                    f"{name}\nfinal {ms[-1]:+.2f}% vs {base}" + (f" · {verdict}" if verdict else ""), fontsize=8
+                )
+            else:
+                ax.text(0.5, 0.5, "no paired seeds", ha="center", va="center", transform=ax.transAxes)
+                ax.set_title(name, fontsize=8)
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=7)
+        for k in range(len(compared), rows * cols):
+            axes[k // cols][k % cols].axis("off")
+        fig.suptitle(
+            f"{title}: change of {metric} vs baseline, %, paired by seed (band: min-max over seeds)", fontsize=9
+        )
+        for ax in axes[-1]:
+            ax.set_xlabel("optimizer steps", fontsize=8)
+        save(fig, "delta_curves.png")
+
+    # -- stability
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    shown = plot_bands(axes[0], "train/grad_norm/total")
+    if shown:
+        fit_limits(axes[0], shown, log=True)
+        axes[0].legend(fontsize=7, ncol=2 if len(groups) > 8 else 1)
+        axes[0].grid(alpha=0.3, which="both")
+    else:
+        axes[0].text(
+            0.5,
+            0.5,
+            "gradient norm not logged\n(GradNormMonitor is in callbacks/sweep.yaml)",
+            ha="center",
+            va="center",
+            transform=axes[0].transAxes,
+        )
+    axes[0].set(xlabel="optimizer steps", ylabel="gradient norm (pre-clip)", title=f"{title}: gradient norm")
+    spikes = [
+        max((v for _, v in r["scalars"].get("train/spikes") or []), default=math.nan)
+        for g in groups.values()
+        for r in g["runs"]
+    ]
+    logged = [v for v in spikes if math.isfinite(v)]
+    if logged and max(logged) > 0:
+        plot_bands(axes[1], "train/spikes")
+        axes[1].legend(fontsize=7, ncol=2 if len(groups) > 8 else 1)
+        axes[1].grid(alpha=0.3)
+        axes[1].set(xlabel="optimizer steps", ylabel="loss spikes (cumulative)")
+    else:
+        axes[1].axis("off")
+        msg = (
+            f"no loss spikes in any of the {len(logged)} runs\n(LossSpikeMonitor)"
+            if logged
+            else "loss spikes not logged\n(LossSpikeMonitor is in callbacks/sweep.yaml)"
+        )
+        axes[1].text(0.5, 0.5, msg, ha="center", va="center", fontsize=11, transform=axes[1].transAxes)
+    axes[1].set_title(f"{title}: loss spikes")
+    save(fig, "stability.png")
+
+    # -- metric vs tokens
+    def tokens_at(run: dict[str, Any], step: int) -> float:
+        seen = dict(run["scalars"].get("train/tokens_seen") or [])
+        return seen.get(step, (step + 1) * float(run["budget"].get("tokens_per_step") or 1))
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    shown = plot_bands(ax, metric, tokens_at)
+    for i, group in enumerate(groups.values()):
+        finals = [
+            (float(r["budget"].get("tokens", 0)), (r["scalars"].get(metric) or [(0, math.nan)])[-1][1])
+            for r in group["runs"]
+        ]
+        finals = [f for f in finals if math.isfinite(f[1])]
+        ax.scatter([f[0] for f in finals], [f[1] for f in finals], color=cmap(i % 10), s=14, zorder=3)
+    fit_limits(ax, shown, log=metric == "val/ppl")
+    ax.set(xlabel="training tokens", ylabel=metric, title=f"{title}: {metric} vs tokens (dots: final, per seed)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper right", ncol=2 if len(groups) > 8 else 1)
+    save(fig, "ppl_vs_tokens.png")
+    return written
