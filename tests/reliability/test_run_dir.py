@@ -134,11 +134,25 @@ def test_resume_applies_a_changed_lr_refuses_a_changed_model_and_records_only_wh
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, seconds: float = 120) -> None:
+    """Wait for `path` to appear; on failure kill `proc`'s whole process group (it would train for ever)."""
     deadline = time.monotonic() + seconds
-    while not path.exists():
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, f"{path} did not appear"
-        time.sleep(0.05)
+    try:
+        while not path.exists():
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, f"{path} did not appear"
+            time.sleep(0.05)
+    except BaseException:
+        _kill_group(proc)
+        raise
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=60)
 
 
 @pytest.mark.slow
@@ -156,14 +170,17 @@ def test_sigterm_to_the_process_group_and_ctrl_c_save_and_the_same_command_resum
     for sig, status in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
         proc = subprocess.Popen(command, env=env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)  # fmt: skip
-        _wait_for(run_dir / "run.json", proc)
-        record = json.loads((run_dir / "run.json").read_text())
-        while len(record["attempts"]) < len(saved_steps) + 1:
-            time.sleep(0.05)
+        try:
+            _wait_for(run_dir / "run.json", proc)
             record = json.loads((run_dir / "run.json").read_text())
-        time.sleep(1.0)  # a few steps, with both DataLoader workers busy
-        os.killpg(proc.pid, sig)  # what `timeout`, `kill -- -PGID` and Ctrl-C in a terminal do
-        err = proc.communicate(timeout=120)[1]
+            while len(record["attempts"]) < len(saved_steps) + 1:
+                time.sleep(0.05)
+                record = json.loads((run_dir / "run.json").read_text())
+            time.sleep(1.0)  # a few steps, with both DataLoader workers busy
+            os.killpg(proc.pid, sig)  # what `timeout`, `kill -- -PGID` and Ctrl-C in a terminal do
+            err = proc.communicate(timeout=120)[1]
+        finally:  # never leave a run of 100,000 steps behind a failed assertion
+            _kill_group(proc)
         assert proc.returncode == status, err[-3000:]
         assert "is killed by signal" not in err
         name = signal.Signals(sig).name
