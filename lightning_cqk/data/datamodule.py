@@ -53,14 +53,19 @@ def collate_tokens(items: list, vocab_size: int | None = None, where: str = "") 
 
 
 def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader `worker_init_fn`: workers ignore SIGTERM and SIGINT, so that a signal sent to the whole process
-    group (`timeout`, `kill -- -PGID`, a scheduler, Ctrl-C) reaches the training process alone, which stops at a batch
-    boundary and saves, instead of failing with "DataLoader worker ... is killed by signal". Workers still exit with
-    the training process (the DataLoader shuts them down; an orphaned worker notices its parent is gone)."""
+    """DataLoader `worker_init_fn`: each worker leaves the training process's process group, so that a signal sent to
+    the whole group (`timeout`, `kill -- -PGID`, a scheduler, Ctrl-C in a terminal) reaches the training process
+    alone, which stops at a batch boundary and saves, instead of failing with "DataLoader worker ... is killed by
+    signal". The workers keep torch's SIGTERM handling, so the DataLoader's own shutdown (`terminate()` of a worker
+    that does not exit in time, and multiprocessing's join at interpreter exit) still ends them: a worker that ignored
+    SIGTERM instead would leave the training process waiting for it for ever. An orphaned worker notices that its
+    parent is gone (torch's worker watchdog) and exits."""
+    import os
     import signal
 
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(os, "setpgid"):
+        os.setpgid(0, 0)  # its own process group: group-wide signals no longer reach it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C sent to it alone is the training process's to handle
 
 
 def token_loader(dataset, batch_size: int, num_workers: int, train: bool, vocab_size: int | None = None, where=""):
