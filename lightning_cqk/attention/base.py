@@ -124,7 +124,13 @@ class AttentionBackend(nn.Module):
         `backends` are this class's instances in layer order. Default: nothing is shared. A backend whose options
         ask for one module shared by all layers assigns the first layer's module to the others here, so the
         parameter exists once (counted once, decayed once, saved under each layer's key).
+
+        The default ties the learned q/k transforms that ask for it (`transform.tie_transforms`: v1's
+        share_dynamics="model", v2's share_layers); an override that ties more should call it too.
         """
+        from lightning_cqk.attention.transform import tie_transforms
+
+        tie_transforms(backends)
 
     def reset_backend_parameters(self) -> None:
         """Initialise parameters that the generic GPT-2 init must not touch. Default: nothing."""

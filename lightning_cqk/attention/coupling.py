@@ -1,0 +1,207 @@
+"""v2: invertible affine query-key coupling (`qk_transform: {kind: invertible}`).
+
+Paper: B. Gahtan and A. M. Bronstein, "Invertible Query-Key Coupling Composes with Attention Mechanisms", the later
+version of arXiv 2604.01683. Public: an identity-initialised transform that "jointly transforms each token's query and
+key before attention scoring", about 0.3% extra parameters, RealNVP-style alternating affine maps stacked on existing
+attention mechanisms (`shared/papers_update.md`). Not public: the conditioner, the number of layers, the sharing; every
+such choice below is an option, [NS] marks them.
+
+Per pair (q, k) of a token (d features each; what a pair is per backend: `transform.py`), `layers` affine coupling
+layers (Dinh, Sohl-Dickstein & Bengio 2017, "Density estimation using Real NVP", arXiv 1605.08803, eq. 7) alternate
+which half of the pair they update, starting with k:
+
+    layer 1, 3, ...:   [s, t] = c_l(q),   k <- k * exp(S(s)) + t          (q unchanged)
+    layer 2, 4, ...:   [s, t] = c_l(k),   q <- q * exp(S(s)) + t          (k unchanged)
+    S(s) = a tanh(s / a)  (soft clamp of the log-scales to (-a, a), a = `scale_clamp`; None: S(s) = s)
+
+The conditioner c_l is a two-layer SiLU MLP R^d -> R^{2d} (R^d with `additive`, the NICE form of Dinh et al. 2015,
+arXiv 1410.8516: s = 0, t = c_l(.)): c_l(x) = W2 silu(W1 x + b1) + b2. W2 and b2 start at zero, so every layer is
+exactly the identity at init (s = t = 0), and the model equals its base backend until training moves them.
+
+Invertible by construction: layer l is undone by x <- (x - t) * exp(-S(s)) with [s, t] = c_l(the other half), layers
+in reverse order (`inverse`). Its Jacobian is triangular with diagonal exp(S(s)), so log |det J| of the whole map is
+the sum of all clamped log-scales (`log_det`), 0 in the additive form (volume-preserving). The map acts on each token
+alone: causality is untouched, and the transformed k is what an inference cache holds.
+
+Options (`InvertibleOptions`, defaults in brackets):
+    layers [2] [NS]: coupling layers (>= 1); 2 updates k then q once each, the smallest stack in which both change.
+    hidden [6] [NS]: hidden width of every conditioner.
+    share_heads [False] [NS]: one conditioner per layer for all pairs of a layer (instead of one per pair).
+    share_layers [False] [NS]: one conditioner set for all layers of one backend class with equal shapes.
+    scale_clamp [2.0] [NS]: the soft clamp a above (None: no clamp). exp(S(s)) then lies in (e^-2, e^2).
+    additive [False] [NS]: NICE form (shift only).
+    rope_order ["pre"] [NS]: before RoPE (keeps RoPE's relative-position property) or after it ("post").
+
+Default size: per layer and pair, layers * (d hidden + hidden + hidden 2d + 2d) parameters. At the `150m` preset
+(16 layers, 12 heads, d = 64): 16 * 12 * 2 * (64*6 + 6 + 6*128 + 128) = 493,824, 0.33% of the standard model's
+151,985,664 (the paper: "roughly 0.3%"); the forward costs 2 * layers * 3 d hidden multiply-adds per pair and token,
+about 1% of a layer's FLOPs at head size 64. Init [NS]: W1 ~ N(0, 1/d) (LeCun normal), b1 = 0, W2 = b2 = 0.
+
+Implementation: the conditioners run pairs-first, (P, B*T, d) views of the projections' layout, as batched matmuls
+(`torch.baddbmm`; with share_heads the one weight is broadcast over the pairs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightning_cqk.attention.dynamics import heads_back, heads_first
+from lightning_cqk.attention.transform import QKTransform, TransformOptions
+
+if TYPE_CHECKING:
+    from lightning_cqk.config import ModelConfig
+
+
+@dataclass
+class InvertibleOptions(TransformOptions):
+    """Options of `qk_transform: {kind: invertible}` (see the module docstring)."""
+
+    layers: int = 2
+    hidden: int = 6
+    share_heads: bool = False
+    share_layers: bool = False
+    scale_clamp: float | None = 2.0
+    additive: bool = False
+
+
+class ConditionerBank(nn.Module):
+    """`layers` two-layer SiLU MLPs per group of pairs (G = 1 when shared by all pairs, else P), last layer zero.
+
+    Parameters (L = layers): w1 (L, G, d, hidden), b1 (L, G, hidden), w2 (L, G, hidden, d_out), b2 (L, G, d_out),
+    d_out = 2 d (log-scale and shift) or d (shift only).
+    """
+
+    def __init__(self, layers: int, groups: int, dim: int, hidden: int, additive: bool) -> None:
+        super().__init__()
+        d_out = dim if additive else 2 * dim
+        self.w1 = nn.Parameter(torch.empty(layers, groups, dim, hidden))
+        self.b1 = nn.Parameter(torch.empty(layers, groups, hidden))
+        self.w2 = nn.Parameter(torch.empty(layers, groups, hidden, d_out))
+        self.b2 = nn.Parameter(torch.empty(layers, groups, d_out))
+        self.b1._no_weight_decay = self.b2._no_weight_decay = True  # bias banks (read by optim.weight_decay_groups)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.w1, mean=0.0, std=self.w1.size(2) ** -0.5)
+        nn.init.zeros_(self.b1)
+        nn.init.zeros_(self.w2)
+        nn.init.zeros_(self.b2)
+
+    def forward(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """Conditioner `layer` on pairs-first x (P, N, d) -> (P, N, d_out)."""
+        P, dtype = x.size(0), x.dtype
+        w1, b1 = self.w1[layer].to(dtype), self.b1[layer].to(dtype)  # (G, d, hidden), (G, hidden)
+        w2, b2 = self.w2[layer].to(dtype), self.b2[layer].to(dtype)  # (G, hidden, d_out), (G, d_out)
+        if w1.size(0) != P:  # shared by all pairs: broadcast the one weight
+            w1, b1, w2, b2 = w1.expand(P, -1, -1), b1.expand(P, -1), w2.expand(P, -1, -1), b2.expand(P, -1)
+        z = torch.baddbmm(b1.unsqueeze(1), x, w1)  # (P, N, hidden)
+        return torch.baddbmm(b2.unsqueeze(1), F.silu(z), w2)  # (P, N, d_out)
+
+
+class InvertibleCoupling(QKTransform):
+    """Alternating affine coupling of (q, k), identity at init (see the module docstring).
+
+    Attributes:
+        conditioners: the `ConditionerBank` (shared across layers with share_layers).
+    """
+
+    kind = "invertible"
+    Options = InvertibleOptions
+
+    def __init__(
+        self, config: ModelConfig, layer_idx: int, options: InvertibleOptions, n_pairs: int, dim: int
+    ) -> None:
+        super().__init__(config, layer_idx, options, n_pairs, dim)
+        groups = 1 if options.share_heads else n_pairs
+        self.conditioners = ConditionerBank(options.layers, groups, dim, options.hidden, options.additive)
+
+    def reset_parameters(self) -> None:
+        self.conditioners.reset_parameters()
+
+    def share_key(self):
+        if not self.options.share_layers:
+            return None
+        return ("invertible", tuple(self.conditioners.w1.shape), tuple(self.conditioners.w2.shape))
+
+    def shared_module_name(self) -> str:
+        return "conditioners"
+
+    def _scale_shift(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(S(s), t) of conditioner `layer` on pairs-first x (P, N, d); S(s) is None in the additive form."""
+        out = self.conditioners(layer, x)  # (P, N, d_out)
+        if self.options.additive:
+            return None, out
+        s, t = out.chunk(2, dim=-1)  # (P, N, d) each
+        clamp = self.options.scale_clamp
+        if clamp is not None:
+            s = clamp * torch.tanh(s / clamp)
+        return s, t
+
+    def forward_with_log_det(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q', k', log |det J|) with q, k (B, P, T, d) and log |det J| (B, P, T), the sum of the clamped log-scales."""
+        batch = q.size(0)
+        q_h, k_h = heads_first(q), heads_first(k)  # (P, B*T, d) each
+        log_det = q_h.new_zeros(q_h.shape[:-1])  # (P, B*T)
+        for layer in range(self.options.layers):
+            source, target = (q_h, k_h) if layer % 2 == 0 else (k_h, q_h)
+            s, t = self._scale_shift(layer, source)
+            if s is None:
+                target = target + t  # (P, N, d)
+            else:
+                target = torch.addcmul(t, target, s.exp())  # target * exp(s) + t
+                log_det = log_det + s.sum(-1)
+            if layer % 2 == 0:
+                k_h = target
+            else:
+                q_h = target
+        return heads_back(q_h, batch), heads_back(k_h, batch), log_det.view(-1, batch, q.size(2)).transpose(0, 1)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, k) -> (q', k') on (B, P, T, d) tensors."""
+        batch = q.size(0)
+        q_h, k_h = heads_first(q), heads_first(k)  # (P, B*T, d) each
+        for layer in range(self.options.layers):
+            if layer % 2 == 0:
+                s, t = self._scale_shift(layer, q_h)
+                k_h = k_h + t if s is None else torch.addcmul(t, k_h, s.exp())  # (P, N, d)
+            else:
+                s, t = self._scale_shift(layer, k_h)
+                q_h = q_h + t if s is None else torch.addcmul(t, q_h, s.exp())  # (P, N, d)
+        return heads_back(q_h, batch), heads_back(k_h, batch)  # (B, P, T, d) each
+
+    def inverse(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact inverse map: (q', k') -> (q, k) on (B, P, T, d) tensors (layers undone in reverse order)."""
+        batch = q.size(0)
+        q_h, k_h = heads_first(q), heads_first(k)
+        for layer in reversed(range(self.options.layers)):
+            if layer % 2 == 0:
+                s, t = self._scale_shift(layer, q_h)
+                k_h = k_h - t if s is None else (k_h - t) * (-s).exp()
+            else:
+                s, t = self._scale_shift(layer, k_h)
+                q_h = q_h - t if s is None else (q_h - t) * (-s).exp()
+        return heads_back(q_h, batch), heads_back(k_h, batch)
+
+    @classmethod
+    def check(cls, config, layer_idx, options: InvertibleOptions, n_pairs: int, dim: int) -> None:
+        super().check(config, layer_idx, options, n_pairs, dim)
+        for key in ("layers", "hidden"):
+            value = getattr(options, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key}={value!r}; use a positive integer.")
+        clamp = options.scale_clamp
+        if clamp is not None and (isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not clamp > 0):
+            raise ValueError(f"scale_clamp={clamp!r}; use a positive number (the largest |log-scale|) or null.")
+        for key in ("share_heads", "share_layers", "additive"):
+            if not isinstance(getattr(options, key), bool):
+                raise ValueError(f"{key}={getattr(options, key)!r}; use true or false.")
+
+    @classmethod
+    def flops_per_token(cls, options: InvertibleOptions, n_pairs: int, dim: int) -> int:
+        d_out = dim if options.additive else 2 * dim
+        return options.layers * n_pairs * 2 * (dim * options.hidden + options.hidden * d_out)
