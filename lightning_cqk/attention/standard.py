@@ -75,7 +75,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
+from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions, QKWeight, QKWeights
 from lightning_cqk.attention.functional import causal_attention, causal_logits
 from lightning_cqk.attention.transform import build_transform, check_transform, qk_stage, transform_flops
 
@@ -203,6 +203,12 @@ class StandardAttention(AttentionBackend):
     def reset_backend_parameters(self) -> None:
         if self.qk_transform is not None:
             self.qk_transform.reset_parameters()
+
+    def qk_weights(self) -> QKWeights:
+        """q_proj (nh row blocks) and k_proj (nkv blocks); one "qk" matrix when q is tied to k."""
+        if self.q_proj is None:
+            return QKWeights("mha", (QKWeight("k_proj", "qk", self.n_kv_head),))
+        return QKWeights("mha", (QKWeight("q_proj", "q", self.n_head), QKWeight("k_proj", "k", self.n_kv_head)))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal softmax attention per head: q (B, nh, T, hs), k, v (B, nkv, T, hs) -> (B, nh, T, hs)."""
