@@ -69,6 +69,12 @@ class InvertibleOptions(TransformOptions):
     additive: bool = False
 
 
+def same_layout(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`out` laid out in memory as `like` (a copy only when they differ, e.g. after RoPE's concatenation), so the
+    score matmuls see the base backend's layout and the identity at init is bitwise."""
+    return out if out.stride() == like.stride() else torch.empty_like(like).copy_(out)
+
+
 class ConditionerBank(nn.Module):
     """`layers` two-layer SiLU MLPs per group of pairs (G = 1 when shared by all pairs, else P), last layer zero.
 
@@ -153,7 +159,7 @@ class InvertibleCoupling(QKTransform):
             if s is None:
                 target = target + t  # (P, N, d)
             else:
-                target = torch.addcmul(t, target, s.exp())  # target * exp(s) + t
+                target = (target * s.exp()).add_(t)  # target * exp(s) + t, in target's memory layout
                 log_det = log_det + s.sum(-1)
             if layer % 2 == 0:
                 k_h = target
@@ -168,11 +174,13 @@ class InvertibleCoupling(QKTransform):
         for layer in range(self.options.layers):
             if layer % 2 == 0:
                 s, t = self._scale_shift(layer, q_h)
-                k_h = k_h + t if s is None else torch.addcmul(t, k_h, s.exp())  # (P, N, d)
+                # k * exp(s) + t; the product is laid out as k (the projections' layout), so SDPA sees q and k as
+                # in the base backend and the identity at init is bitwise.
+                k_h = k_h + t if s is None else (k_h * s.exp()).add_(t)  # (P, N, d)
             else:
                 s, t = self._scale_shift(layer, k_h)
-                q_h = q_h + t if s is None else torch.addcmul(t, q_h, s.exp())  # (P, N, d)
-        return heads_back(q_h, batch), heads_back(k_h, batch)  # (B, P, T, d) each
+                q_h = q_h + t if s is None else (q_h * s.exp()).add_(t)  # (P, N, d)
+        return same_layout(heads_back(q_h, batch), q), same_layout(heads_back(k_h, batch), k)  # (B, P, T, d) each
 
     def inverse(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact inverse map: (q', k') -> (q, k) on (B, P, T, d) tensors (layers undone in reverse order)."""
