@@ -192,6 +192,24 @@ def test_leapfrog_preserves_volume_and_is_reversible(options):
     assert (q0 - q).abs().max() < 1e-10 and (k0 - k).abs().max() < 1e-10
 
 
+@pytest.mark.parametrize("steps", [1, 2])
+def test_leapfrog_is_symplectic_only_for_a_gradient_field(steps):
+    """M^T J M = J (J = [[0, I], [-I, 0]]) for the per-token Jacobian M of leapfrog with f = -grad V; with a free MLP
+    f (non-symmetric Jacobian) M still has determinant 1 (volume-preserving) but is not symplectic."""
+    dt = torch.tensor(0.7, dtype=torch.float64)
+    z = torch.randn(16, dtype=torch.float64)
+    eye, zero = torch.eye(4, dtype=torch.float64), torch.zeros(4, 4, dtype=torch.float64)
+    J = torch.cat((torch.cat((zero, eye), 1), torch.cat((-eye, zero), 1)))  # (8, 8) for one head's (q, k)
+    defects = {}
+    for gradient_field in (True, False):
+        backend, _ = make("coupled", n_embd=8, n_head=2, steps=steps, gradient_field=gradient_field)
+        M = _per_head_jacobians(backend, z, dt)  # (2, 8, 8), one per head
+        assert (torch.linalg.det(M) - 1).abs().max() < 1e-10
+        defects[gradient_field] = (M.transpose(-1, -2) @ J @ M - J).abs().max().item()
+    assert defects[True] < 1e-12
+    assert defects[False] > 1e-2
+
+
 def test_euler_does_not_preserve_volume():
     backend, _ = make("coupled", n_embd=8, n_head=2, integrator="euler")
     dt = torch.tensor(0.7, dtype=torch.float64)
