@@ -25,6 +25,7 @@ COUNTS = {
     "sharing": (8, 8),
     "deconstruction": (19, 19),
     "logit_control": (2 * 2 * 4, 2 * 3 * 4),
+    "composition": (4 * 3 * 2, 4 * 3 * 3),
 }
 
 
