@@ -31,6 +31,10 @@ Options (`InvertibleOptions`, defaults in brackets):
     scale_clamp [2.0] [NS]: the soft clamp a above (None: no clamp). exp(S(s)) then lies in (e^-2, e^2).
     additive [False] [NS]: NICE form (shift only).
     rope_order ["pre"] [NS]: before RoPE (keeps RoPE's relative-position property) or after it ("post").
+    fused [True] (implementation, not a modelling choice): each coupling layer is one `torch.autograd.Function`
+        with a hand-written backward (`AffineCouplingStep`: contiguous scale and shift, in-place elementwise work,
+        the log-scale derivative through the clamp written out); False runs the same equations through plain
+        autograd (the reference the fused path is tested against in fp64, forward and every gradient).
 
 Default size: per layer and pair, layers * (d hidden + hidden + hidden 2d + 2d) parameters. At the `150m` preset
 (16 layers, 12 heads, d = 64): 16 * 12 * 2 * (64*6 + 6 + 6*128 + 128) = 493,824, 0.33% of the standard model's
@@ -38,7 +42,7 @@ Default size: per layer and pair, layers * (d hidden + hidden + hidden 2d + 2d) 
 about 1% of a layer's FLOPs at head size 64. Init [NS]: W1 ~ N(0, 1/d) (LeCun normal), b1 = 0, W2 = b2 = 0.
 
 Implementation: the conditioners run pairs-first, (P, B*T, d) views of the projections' layout, as batched matmuls
-(`torch.baddbmm`; with share_heads the one weight is broadcast over the pairs).
+(`torch.baddbmm`; with share_heads the one weight is broadcast over the pairs, and its gradient summed over them).
 """
 
 from __future__ import annotations
@@ -67,12 +71,101 @@ class InvertibleOptions(TransformOptions):
     share_layers: bool = False
     scale_clamp: float | None = 2.0
     additive: bool = False
+    fused: bool = True
 
 
 def same_layout(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """`out` laid out in memory as `like` (a copy only when they differ, e.g. after RoPE's concatenation), so the
     score matmuls see the base backend's layout and the identity at init is bitwise."""
     return out if out.stride() == like.stride() else torch.empty_like(like).copy_(out)
+
+
+def block_diagonal(w: torch.Tensor, n: int) -> torch.Tensor:
+    """(G, a, b) per-pair matrices (G = n, or 1 for one shared by all n pairs) -> the (n a, n b) block-diagonal matrix."""
+    return torch.block_diag(*w.expand(n, *w.shape[1:]).unbind(0))
+
+
+def diagonal_blocks(full: torch.Tensor, n: int, groups: int) -> torch.Tensor:
+    """The n diagonal (a, b) blocks of a (n a, n b) matrix as (n, a, b); summed to (1, a, b) when groups == 1."""
+    a, b = full.size(0) // n, full.size(1) // n
+    blocks = full.view(n, a, n, b).diagonal(dim1=0, dim2=2).permute(2, 0, 1)  # (n, a, b)
+    return blocks.sum(0, keepdim=True) if groups == 1 and n > 1 else blocks
+
+
+class AffineCouplingStep(torch.autograd.Function):
+    """One affine coupling layer on token-major tensors, target <- target * exp(S(s)) + t with [s, t] = c(cond).
+
+    Shapes: cond, target (N, P d) (a token's P pairs side by side: the projections' own layout, so no copy); w1
+    (G, d, H), b1 (G, H), w2 (G, H, d_out), b2 (G, d_out) with G = P or 1 (one conditioner for all pairs). The P
+    per-pair conditioners run as two dense matmuls with block-diagonal weights, (N, P d) @ (P d, P H) and
+    (N, P H) @ (P H, P d): a few wasted multiply-adds on zero blocks buy one efficient GEMM instead of P skinny ones.
+    Returns the new target (N, P d).
+
+    Backward by hand (g = dL/d target'; e = exp(S(s)), th = tanh(s / a)):
+        dL/d target = g e,   dL/dt = g,   dL/ds = g e target (1 - th^2)   (1 - th^2: the soft clamp; 1 without)
+        dL/dh = dL/ds W2_s^T + dL/dt W2_t^T,   dL/dz = dL/dh silu'(z),   dL/d cond = dL/dz W1^T
+    and the weight gradients as the diagonal blocks of the matching dense products (summed over pairs when shared).
+    """
+
+    @staticmethod
+    def forward(ctx, cond, target, w1, b1, w2, b2, clamp: float | None, additive: bool):
+        groups, d = w1.size(0), w1.size(1)
+        P = cond.size(1) // d
+        W1 = block_diagonal(w1, P)  # (P d, P H)
+        z = torch.addmm(b1.expand(P, -1).reshape(-1), cond, W1)  # (N, P H)
+        h = F.silu(z)  # (N, P H)
+        if additive:
+            W2 = block_diagonal(w2, P)  # (P H, P d)
+            out = torch.addmm(b2.expand(P, -1).reshape(-1), h, W2).add_(target)  # target + t, (N, P d)
+            ctx.save_for_backward(cond, z, W1, W2)
+            ctx.conf = (clamp, additive, groups, P)
+            return out
+        W2s, W2t = block_diagonal(w2[..., :d], P), block_diagonal(w2[..., d:], P)  # (P H, P d) each
+        s = torch.addmm(b2[:, :d].expand(P, -1).reshape(-1), h, W2s)  # (N, P d)
+        t = torch.addmm(b2[:, d:].expand(P, -1).reshape(-1), h, W2t)  # (N, P d)
+        th = None
+        if clamp is not None:
+            th = s.div_(clamp).tanh_()  # tanh(s / a), kept for backward
+            e = torch.mul(th, clamp).exp_()  # exp(a tanh(s / a))
+        else:
+            e = s.exp_()
+        out = t.addcmul_(target, e)  # target * e + t, (N, P d)
+        ctx.save_for_backward(cond, target, z, e, W1, W2s, W2t, th)
+        ctx.conf = (clamp, additive, groups, P)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        clamp, additive, groups, P = ctx.conf
+        g = g.contiguous()  # (N, P d)
+        if additive:
+            cond, z, W1, W2 = ctx.saved_tensors
+            g_target = g
+            g_h = g @ W2.t()  # (N, P H)
+        else:
+            cond, target, z, e, W1, W2s, W2t, th = ctx.saved_tensors
+            g_target = g * e  # (N, P d)
+            g_s = g_target * target  # dL/d S(s)
+            if th is not None:
+                g_s.mul_(1.0 - th * th)  # through the soft clamp: dS/ds = 1 - tanh^2(s / a)
+            g_h = torch.addmm(g_s @ W2s.t(), g, W2t.t())  # (N, P H)
+        h = F.silu(z)  # (N, P H), recomputed (small)
+        sig = torch.sigmoid(z)
+        g_z = g_h.mul_(sig * (1.0 + z * (1.0 - sig)))  # silu'(z), (N, P H)
+        g_cond = g_z @ W1.t()  # (N, P d)
+        g_w1 = diagonal_blocks(cond.t() @ g_z, P, groups)  # (G, d, H)
+        g_b1 = g_z.sum(0).view(P, -1)  # (P, H)
+        h_t = h.t()
+        if additive:
+            g_w2 = diagonal_blocks(h_t @ g, P, groups)  # (G, H, d)
+            g_b2 = g.sum(0).view(P, -1)
+        else:
+            g_w2 = torch.cat((diagonal_blocks(h_t @ g_s, P, groups), diagonal_blocks(h_t @ g, P, groups)), dim=-1)
+            g_b2 = torch.cat((g_s.sum(0).view(P, -1), g.sum(0).view(P, -1)), dim=-1)  # (P, 2d)
+        if groups == 1 and P > 1:
+            g_b1, g_b2 = g_b1.sum(0, keepdim=True), g_b2.sum(0, keepdim=True)
+        return g_cond, g_target, g_w1, g_b1, g_w2, g_b2, None, None
 
 
 class ConditionerBank(nn.Module):
@@ -169,6 +262,8 @@ class InvertibleCoupling(QKTransform):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(q, k) -> (q', k') on (B, P, T, d) tensors."""
+        if self.options.fused:
+            return self.forward_fused(q, k)
         batch = q.size(0)
         q_h, k_h = heads_first(q), heads_first(k)  # (P, B*T, d) each
         for layer in range(self.options.layers):
@@ -181,6 +276,22 @@ class InvertibleCoupling(QKTransform):
                 s, t = self._scale_shift(layer, k_h)
                 q_h = q_h + t if s is None else (q_h * s.exp()).add_(t)  # (P, N, d)
         return same_layout(heads_back(q_h, batch), q), same_layout(heads_back(k_h, batch), k)  # (B, P, T, d) each
+
+    def forward_fused(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` with one `AffineCouplingStep` (hand-written backward) per coupling layer, token-major."""
+        B, P, T, d = q.shape
+        dtype, bank, o = q.dtype, self.conditioners, self.options
+        q_t = q.transpose(1, 2).reshape(B * T, P * d)  # (N, P d): a view for the projections' layout
+        k_t = k.transpose(1, 2).reshape(B * T, P * d)  # (N, P d)
+        for layer in range(o.layers):
+            weights = tuple(w[layer].to(dtype) for w in (bank.w1, bank.b1, bank.w2, bank.b2))
+            if layer % 2 == 0:
+                k_t = AffineCouplingStep.apply(q_t, k_t, *weights, o.scale_clamp, o.additive)  # (N, P d)
+            else:
+                q_t = AffineCouplingStep.apply(k_t, q_t, *weights, o.scale_clamp, o.additive)  # (N, P d)
+        q_out = q_t.view(B, T, P, d).transpose(1, 2)  # (B, P, T, d)
+        k_out = k_t.view(B, T, P, d).transpose(1, 2)  # (B, P, T, d)
+        return same_layout(q_out, q), same_layout(k_out, k)
 
     def inverse(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact inverse map: (q', k') -> (q, k) on (B, P, T, d) tensors (layers undone in reverse order)."""
@@ -205,7 +316,7 @@ class InvertibleCoupling(QKTransform):
         clamp = options.scale_clamp
         if clamp is not None and (isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not clamp > 0):
             raise ValueError(f"scale_clamp={clamp!r}; use a positive number (the largest |log-scale|) or null.")
-        for key in ("share_heads", "share_layers", "additive"):
+        for key in ("share_heads", "share_layers", "additive", "fused"):
             if not isinstance(getattr(options, key), bool):
                 raise ValueError(f"{key}={getattr(options, key)!r}; use true or false.")
 

@@ -271,3 +271,35 @@ def test_refusals_say_why():
     options = MultiHeadLatentAttention.parse_options({"qk_transform": {"kind": "invertible"}})
     assert "cannot be rewritten" in MultiHeadLatentAttention.absorbed_path_refusal(options)
     assert MultiHeadLatentAttention.absorbed_path_refusal(MultiHeadLatentAttention.parse_options({})) is None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"scale_clamp": None, "layers": 3}, {"share_heads": True}, {"additive": True, "share_heads": True}],
+    ids=["default", "no_clamp_3_layers", "shared_heads", "additive_shared"],
+)
+@pytest.mark.parametrize("layout", ["projection", "contiguous"])
+def test_fused_step_equals_autograd_reference_fp64(options, layout):
+    """The hand-written backward (`AffineCouplingStep`, token-major, block-diagonal weights) against plain autograd
+    on the pairs-first equations: outputs, q/k gradients and every parameter gradient."""
+    P, d, B, T = 3, 4, 2, 5
+    fused = coupling(P, d, **options, fused=True)
+    reference = coupling(P, d, seed=1, **options, fused=False)
+    reference.load_state_dict(fused.state_dict())
+    if layout == "projection":  # views of a (B, T, P d) projection, as `split_heads` makes them
+        q0 = torch.randn(B, T, P, d, dtype=torch.float64).transpose(1, 2)
+        k0 = torch.randn(B, T, P, d, dtype=torch.float64).transpose(1, 2)
+    else:
+        q0, k0 = torch.randn(B, P, T, d, dtype=torch.float64), torch.randn(B, P, T, d, dtype=torch.float64)
+    outs, grads = [], []
+    for module in (fused, reference):
+        q, k = q0.clone().requires_grad_(), k0.clone().requires_grad_()
+        q1, k1 = module(q, k)
+        assert q1.stride() == q.stride() and k1.stride() == k.stride()  # the input's memory layout
+        ((q1 * torch.linspace(-1, 2, d, dtype=q1.dtype)).sum() + (k1**2).sum()).backward()
+        outs.append((q1.detach(), k1.detach()))
+        grads.append([q.grad, k.grad] + [p.grad for p in module.parameters()])
+    for a, b in zip(outs[0], outs[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
+    for a, b in zip(grads[0], grads[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12)
