@@ -3,6 +3,7 @@
     python benchmarks/bench.py                                   # CPU here: tiny/bytes and tiny/gpt2, a few minutes
     python benchmarks/bench.py --presets 60m:gpt2:16x1024 150m:gpt2:8x1024   # GPU (bf16 by default there)
     python benchmarks/bench.py --only backends --backends standard coupled --steps 20
+    python benchmarks/bench.py --only backends --backends standard+invertible differential+invertible --threads 2
 
 Rows (per preset `name:tokenizer:BxT`, targets from issue 9):
     framework   tokens/s of a training step (forward + backward + clip + AdamW + schedule) through the Lightning
@@ -16,8 +17,11 @@ Rows (per preset `name:tokenizer:BxT`, targets from issue 9):
                 optimiser state). On CPU both come from the allocation events of `torch.profiler` (profile_memory),
                 on CUDA from `torch.cuda.memory_allocated` / `max_memory_allocated`. Both count real allocations, so
                 recomputation (checkpointing) is credited honestly. Targets: coupled <= 1.10x time and activations,
-                differential <= 1.25x, k_eq_v <= 1.0x. On CUDA, MFU = analytic training FLOPs of the actual backends
-                (`lightning_cqk.model.flops`) / step time / the device's dense peak for the dtype.
+                differential <= 1.25x, k_eq_v <= 1.0x. Compositions `<base>+<transform>` (base: standard, gqa,
+                differential, mla; transform: coupled, invertible; `lightning_cqk.attention.transform`) are compared
+                with their own base, measured in the same interleaved rounds: target <= 1.10x. On CUDA, MFU =
+                analytic training FLOPs of the actual backends (`lightning_cqk.model.flops`) / step time / the
+                device's dense peak for the dtype.
     loader      tokens/s of the real training DataLoader (`TokenDataModule`, litdata shards prepared here) vs the
                 tokens/s the Lightning step consumes at that preset. Target >= 20x.
     prepare     `lightning_cqk prepare` end to end (read, split, tokenize, write shards) with the GPT-2 tokenizer
@@ -62,7 +66,18 @@ from lightning_cqk.optim import OptimConfig, weight_decay_groups  # noqa: E402
 VARIANTS: dict[str, tuple[str, dict]] = {
     "k_eq_v": ("standard", {"qkv_sharing": "k_eq_v"}),
     "coupled_qk": ("coupled", {"recompute": "qk"}),  # keeps nothing beyond standard, recomputes the q/k projections
+    "gqa": ("standard", {"n_kv_groups": 2}),
 }
+#: The q/k transforms of `lightning_cqk.attention.transform`, composed with each base mechanism: one row per
+#: composition, its ratio against its own base (issue 15: at most 1.10x the base backend's step).
+TRANSFORM_SPECS = {"coupled": {"kind": "coupled"}, "invertible": {"kind": "invertible"}}
+COMPOSITION_BASES = ("standard", "gqa", "differential", "mla")
+BASES: dict[str, str] = {}
+for _base in COMPOSITION_BASES:
+    _name, _options = VARIANTS.get(_base, (_base, {}))
+    for _kind, _spec in TRANSFORM_SPECS.items():
+        VARIANTS[f"{_base}+{_kind}"] = (_name, {**_options, "qk_transform": _spec})
+        BASES[f"{_base}+{_kind}"] = _base
 #: Issue 9's targets: (row kind, label) -> (comparison, bound).
 TARGETS: dict[tuple[str, str], tuple[str, float]] = {
     ("framework", "lightning"): (">=", 0.95),
@@ -70,6 +85,7 @@ TARGETS: dict[tuple[str, str], tuple[str, float]] = {
     ("act", "coupled"): ("<=", 1.10),
     ("time", "differential"): ("<=", 1.25),
     ("time", "k_eq_v"): ("<=", 1.00),
+    **{("time", label): ("<=", 1.10) for label in BASES},
     ("loader", "loader"): (">=", 20.0),
     ("prepare", "gpt2"): (">=", 3.0),
 }
@@ -286,6 +302,7 @@ def parse_value(text: str):
 
 def backend_variants(names: list[str] | None) -> dict[str, tuple[str, dict]]:
     labels = names or [*attention.available(), *VARIANTS]
+    labels = [b for label in labels for b in ([BASES[label], label] if label in BASES else [label])]  # bases too
     out: dict[str, tuple[str, dict]] = {"standard": ("standard", {})}
     for label in labels:
         if label in VARIANTS:
@@ -438,11 +455,15 @@ def bench_backends(p: Preset, args, device, dtype) -> list[Row]:
         act, peak = memory[label]
         flops = training_flops_per_batch(models[label][1], p.batch, p.seq_len)
         mfu = f"{flops / t / peak_flops * 100:.1f}%" if peak_flops else "-"
-        rows.append(
-            Row(p.label, f"{label}: step time", f"{t * 1e3:.1f} ms", f"{t0 * 1e3:.1f} ms", t / t0, ("time", label), mfu)
-        )
-        rows.append(Row(p.label, f"{label}: activations", fmt_bytes(act), fmt_bytes(a0), act / a0, ("act", label)))
-        rows.append(Row(p.label, f"{label}: peak memory", fmt_bytes(peak), fmt_bytes(m0), peak / m0, ("peak", label)))
+        base = BASES.get(label)
+        if base in times and times[base]:  # a composition: against its own base mechanism, step by step
+            tb = statistics.median(times[base])
+            (ab, mb), what = memory[base], f"{label}: step time vs {base}"
+        else:
+            (tb, ab, mb), what = (t0, a0, m0), f"{label}: step time"
+        rows.append(Row(p.label, what, f"{t * 1e3:.1f} ms", f"{tb * 1e3:.1f} ms", t / tb, ("time", label), mfu))
+        rows.append(Row(p.label, f"{label}: activations", fmt_bytes(act), fmt_bytes(ab), act / ab, ("act", label)))
+        rows.append(Row(p.label, f"{label}: peak memory", fmt_bytes(peak), fmt_bytes(mb), peak / mb, ("peak", label)))
     return rows
 
 

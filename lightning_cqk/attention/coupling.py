@@ -37,8 +37,8 @@ Options (`InvertibleOptions`, defaults in brackets):
         autograd (the reference the fused path is tested against in fp64, forward and every gradient).
 
 Default size: per layer and pair, layers * (d hidden + hidden + hidden 2d + 2d) parameters. At the `150m` preset
-(16 layers, 12 heads, d = 64): 16 * 12 * 2 * (64*6 + 6 + 6*128 + 128) = 493,824, 0.33% of the standard model's
-151,985,664 (the paper: "roughly 0.3%"); the forward costs 2 * layers * 3 d hidden multiply-adds per pair and token,
+(16 layers, 12 heads, d = 64): 16 * 12 * 2 * (64*6 + 6 + 6*128 + 128) = 493,824, 0.325% of the standard model's
+151,868,928 (the paper: "roughly 0.3%"); the forward costs 2 * layers * 3 d hidden multiply-adds per pair and token,
 about 1% of a layer's FLOPs at head size 64. Init [NS]: W1 ~ N(0, 1/d) (LeCun normal), b1 = 0, W2 = b2 = 0.
 
 Implementation: the conditioners run pairs-first, (P, B*T, d) views of the projections' layout, as batched matmuls
