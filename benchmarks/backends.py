@@ -4,8 +4,9 @@
     python benchmarks/backends.py --size_preset 150m --seq_len 2048
 
 A second table gives each q/k transform composed with each base mechanism (`<base>+<transform>`, as the rows of
-`benchmarks/bench.py`) against its own base. Nothing is allocated (the models are built on the meta device). Step times and memory of the same backends, measured
-side by side against `standard`, are in `benchmarks/bench.py` (`make bench`).
+`benchmarks/bench.py`) against its own base. Nothing is allocated (the models are built on the meta device). Step
+times and memory of the same backends, measured side by side against `standard` (compositions: against their base),
+are in `benchmarks/bench.py` (`make bench`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from lightning_cqk import attention
 from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import forward_flops_per_step, forward_flops_per_token
-
 
 #: Base mechanisms of the composition table (label -> backend name and options).
 COMPOSITION_BASES = {

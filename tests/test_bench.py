@@ -62,7 +62,9 @@ def test_bench_composition_rows_are_against_their_base():
     assert list(variants) == ["standard", "differential", "differential+invertible"]
     args = type("Args", (), dict(backends=["differential+invertible"], compile=False, warmup=0, steps=1, profile=None,
                                  peak_flops=None))()  # fmt: skip
-    rows = bench.bench_backends(bench.Preset.parse("tiny:bytes:1x8"), args, bench.torch.device("cpu"), bench.torch.float32)
+    rows = bench.bench_backends(
+        bench.Preset.parse("tiny:bytes:1x8"), args, bench.torch.device("cpu"), bench.torch.float32
+    )
     row = next(r for r in rows if r.measure == "differential+invertible: step time vs differential")
     base = next(r for r in rows if r.measure == "differential: step time")
     assert row.reference == base.value and row.key == ("time", "differential+invertible")

@@ -171,7 +171,9 @@ class DifferentialAttention(AttentionBackend):
 
     def qk_weights(self) -> QKWeights:
         """q_proj and k_proj, one row block per half-head (each of a head's two softmax maps is a q.k map)."""
-        return QKWeights("mha", (QKWeight("q_proj", "q", self.config.n_head), QKWeight("k_proj", "k", self.config.n_head)))
+        return QKWeights(
+            "mha", (QKWeight("q_proj", "q", self.config.n_head), QKWeight("k_proj", "k", self.config.n_head))
+        )
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k (B, nh, T, hs) as half-heads and v (B, nh/2, T, 2 hs) from x (B, T, C)."""

@@ -252,7 +252,9 @@ class StandardAttention(AttentionBackend):
     def check_config(cls, config: ModelConfig, layer_idx: int, options: StandardOptions) -> None:
         n_kv_heads(config, options)
         if options.impl not in ("sdpa", "math"):
-            raise ValueError(f"attention {cls.name!r} (layer {layer_idx}): impl={options.impl!r}; use 'sdpa' or 'math'.")
+            raise ValueError(
+                f"attention {cls.name!r} (layer {layer_idx}): impl={options.impl!r}; use 'sdpa' or 'math'."
+            )
         where = f"attention {cls.name!r} (layer {layer_idx})"
         check_transform(options.qk_transform, config, layer_idx, config.n_head, config.head_size, where)
 

@@ -24,7 +24,14 @@ the nh half-heads (q1 with k1 and q2 with k2 of every differential head); `mla`:
 and rotary parts together). Grouped K/V heads (nkv < nh): query head h is paired with its key head g(h) = h // (nh /
 nkv) (the head `repeat_interleave` and SDPA's `enable_gqa` pair it with); the transform acts on each (q_h, k_g(h)),
 so it yields nh distinct keys: the transformed keys are per query head, and an inference cache holds nh of them (the
-GQA saving is kept for values only). Tied q and k (q_eq_k): both enter T equal and leave it different.
+GQA saving is kept for values only). Tied q and k (q_eq_k): both enter T equal and leave it different. `mla`: only its
+materialised (training) path composes; attention on the cached latent with absorbed weights is refused
+(`MultiHeadLatentAttention.absorbed_path_refusal` says why). The deconstructed variants (`static_emb_qk`,
+`rnd_emb_qk`, `fixed_seq_qk`, `approximate`, `non_approximate`) do not run this stage: their q and k come from fixed
+inputs or feed non-softmax mixers, and they state no Q/K weights to logit control either.
+
+Tests: `tests/attention/test_transform.py` (every composition: identity at init, inverse, log-det, causality, fused
+== reference and SDPA == math in fp64, parameter counts by hand, old checkpoints), `tests/optim/test_qk_seam.py`.
 """
 
 from __future__ import annotations
@@ -122,9 +129,7 @@ def parse_transform(spec: dict[str, Any] | None) -> tuple[type[QKTransform], Tra
     if spec is None:
         return None
     if not isinstance(spec, dict):
-        raise ValueError(
-            f"qk_transform must be a mapping like {{kind: invertible, layers: 2}} or null, got {spec!r}."
-        )
+        raise ValueError(f"qk_transform must be a mapping like {{kind: invertible, layers: 2}} or null, got {spec!r}.")
     registry = transform_registry()
     spec = dict(spec)
     kind = spec.pop("kind", None)
@@ -139,7 +144,8 @@ def parse_transform(spec: dict[str, Any] | None) -> tuple[type[QKTransform], Tra
             close = difflib.get_close_matches(key, known, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(
-                f"Unknown option {key!r} for qk_transform kind {kind!r}.{hint} Valid options: {', '.join(sorted(known))}."
+                f"Unknown option {key!r} for qk_transform kind {kind!r}.{hint} "
+                f"Valid options: {', '.join(sorted(known))}."
             )
     return cls, cls.Options(**spec)
 

@@ -59,7 +59,6 @@ import torch
 from torch import nn
 
 
-
 @dataclass(frozen=True)
 class HeadRows:
     """A weight matrix whose output rows form `n_blocks` equal contiguous blocks (one per head, 1 when shared).

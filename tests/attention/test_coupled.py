@@ -2,9 +2,10 @@
 
 Checks: SDPA == math in fp64 (forward, input and parameter gradients); causality; dt = 0 equals `standard` with the
 same weights exactly; the batched per-head MLP equals a loop of independent MLPs; closed-form -grad V equals
-autograd; leapfrog preserves volume and is reversible, Euler's Jacobian determinant is det(I - dt^2 J_f); leapfrog
-of a gradient field conserves energy to second order; hand-counted parameters, the 60m fraction and the matched
-uncoupled capacity; cross-layer sharing; analytic FLOPs; option validation; shipped YAMLs; a tiny GPT trains.
+autograd; leapfrog preserves volume and is reversible, and is symplectic (M^T J M = J) only for a gradient field;
+Euler's Jacobian determinant is det(I - dt^2 J_f); leapfrog of a gradient field conserves energy to second order;
+hand-counted parameters, the 60m fraction and the exact parameter parity of the uncoupled control at every head size
+and hidden width; cross-layer sharing; analytic FLOPs; option validation; shipped YAMLs; a tiny GPT trains.
 """
 
 from __future__ import annotations

@@ -132,7 +132,11 @@ def test_parameter_count_by_hand(composition, transform):
 def test_invertible_is_exactly_the_base_backend_at_init(composition, impl):
     name, options = COMPOSITIONS[composition]
     base, ctx = make(name, options, impl=impl)
-    for spec in (TRANSFORMS["invertible"], TRANSFORMS["invertible_post_shared"], {"kind": "invertible", "additive": True}):
+    for spec in (
+        TRANSFORMS["invertible"],
+        TRANSFORMS["invertible_post_shared"],
+        {"kind": "invertible", "additive": True},
+    ):
         composed, _ = make(name, options, spec, seed=1, impl=impl)
         missing, unexpected = composed.load_state_dict(base.state_dict(), strict=False)
         assert not unexpected and missing and all(k.startswith("qk_transform.") for k in missing)
@@ -258,7 +262,9 @@ def test_checkpoint_saved_by_the_pre_stage_code_loads_with_identical_logits():
 
 def test_refusals_say_why():
     with pytest.raises(ValueError, match="already is standard attention"):
-        ModelConfig(n_embd=C, n_head=NH, attention="coupled", attention_options={"qk_transform": {"kind": "invertible"}})
+        ModelConfig(
+            n_embd=C, n_head=NH, attention="coupled", attention_options={"qk_transform": {"kind": "invertible"}}
+        )
     with pytest.raises(ValueError, match="Did you mean 'invertible'"):
         ModelConfig(n_embd=C, n_head=NH, attention_options={"qk_transform": {"kind": "invertable"}})
     with pytest.raises(ValueError, match="Did you mean 'layers'"):
