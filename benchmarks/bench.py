@@ -4,6 +4,7 @@
     python benchmarks/bench.py --presets 60m:gpt2:16x1024 150m:gpt2:8x1024   # GPU (bf16 by default there)
     python benchmarks/bench.py --only backends --backends standard coupled --steps 20
     python benchmarks/bench.py --only backends --backends standard+invertible differential+invertible --threads 2
+    python benchmarks/bench.py --only backends --presets tiny:bytes:8x256 --n_embd 256 --mlp_hidden 1024   # hs 64
 
 Rows (per preset `name:tokenizer:BxT`, targets from issue 9):
     framework   tokens/s of a training step (forward + backward + clip + AdamW + schedule) through the Lightning
@@ -90,6 +91,8 @@ TARGETS: dict[tuple[str, str], tuple[str, float]] = {
     ("prepare", "gpt2"): (">=", 3.0),
 }
 SECTIONS = ("framework", "backends", "loader", "prepare")
+#: Model shape fields set from the command line (--n_layer, --n_embd, --n_head, --mlp_hidden), over the preset's.
+SHAPE_OVERRIDES: dict[str, int] = {}
 
 
 @dataclass
@@ -122,6 +125,7 @@ class Preset:
             block_size=self.seq_len,
             attention=attention_name,
             attention_options=dict(options or {}),
+            **SHAPE_OVERRIDES,
         )
 
     @property
@@ -591,12 +595,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", nargs="*", default=None, help="backend labels to profile (top-ops table)")
     parser.add_argument("--profile_rows", type=int, default=15)
     parser.add_argument("--peak_flops", type=float, default=None, help="peak FLOP/s for MFU (CPU, unknown GPUs)")
+    for field_name in ("n_layer", "n_embd", "n_head", "mlp_hidden"):
+        parser.add_argument(f"--{field_name}", type=int, default=None, help="override the preset's model shape")
     parser.add_argument("--prepare_source", default="builtin:python_docs")
     parser.add_argument("--prepare_rounds", type=int, default=3)
     parser.add_argument("--bpe_file", default=None, help="GPT-2 .tiktoken (default $LIGHTNING_CQK_GPT2_BPE)")
     parser.add_argument("--loader_workers", type=int, default=0, help="DataLoader workers (quickstart: 0)")
     parser.add_argument("--loader_seconds", type=float, default=1.0, help="seconds per loader pass")
     args = parser.parse_args(argv)
+    SHAPE_OVERRIDES.clear()
+    SHAPE_OVERRIDES.update(
+        {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head", "mlp_hidden") if getattr(args, k) is not None}
+    )
 
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

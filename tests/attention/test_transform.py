@@ -309,3 +309,16 @@ def test_fused_step_equals_autograd_reference_fp64(options, layout):
         torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
     for a, b in zip(grads[0], grads[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12)
+
+
+def test_shipped_yaml_lists_every_option_with_its_default():
+    import dataclasses
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[2] / "configs" / "attention" / "invertible.yaml").read_text()
+    options = yaml.safe_load(text)["model"]["config"]["attention_options"]
+    spec = dict(options.pop("qk_transform"))
+    assert spec.pop("kind") == "invertible"
+    assert spec == {f.name: f.default for f in dataclasses.fields(InvertibleCoupling.Options)}
+    ModelConfig(attention_options={**options, "qk_transform": {"kind": "invertible", **spec}}, vocab_size=257)
