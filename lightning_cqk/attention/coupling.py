@@ -31,10 +31,11 @@ Options (`InvertibleOptions`, defaults in brackets):
     scale_clamp [2.0] [NS]: the soft clamp a above (None: no clamp). exp(S(s)) then lies in (e^-2, e^2).
     additive [False] [NS]: NICE form (shift only).
     rope_order ["pre"] [NS]: before RoPE (keeps RoPE's relative-position property) or after it ("post").
-    fused [True] (implementation, not a modelling choice): each coupling layer is one `torch.autograd.Function`
-        with a hand-written backward (`AffineCouplingStep`: contiguous scale and shift, in-place elementwise work,
-        the log-scale derivative through the clamp written out); False runs the same equations through plain
-        autograd (the reference the fused path is tested against in fp64, forward and every gradient).
+    fused [True] (implementation, not a modelling choice): the stack is one `torch.autograd.Function` with a
+        hand-written backward (`InvertibleCouplingFunction`: token-major, block-diagonal conditioner GEMMs, in-place
+        elementwise work, the clamp's derivative written out; it keeps only q and k and recomputes the rest in
+        backward); False runs the same equations through plain autograd (the reference the fused path is tested
+        against in fp64, forward and every gradient; it keeps every intermediate).
 
 Default size: per layer and pair, layers * (d hidden + hidden + hidden 2d + 2d) parameters. At the `150m` preset
 (16 layers, 12 heads, d = 64): 16 * 12 * 2 * (64*6 + 6 + 6*128 + 128) = 493,824, 0.325% of the standard model's
@@ -92,81 +93,122 @@ def diagonal_blocks(full: torch.Tensor, n: int, groups: int) -> torch.Tensor:
     return blocks.sum(0, keepdim=True) if groups == 1 and n > 1 else blocks
 
 
-class AffineCouplingStep(torch.autograd.Function):
-    """One affine coupling layer on token-major tensors, target <- target * exp(S(s)) + t with [s, t] = c(cond).
+def coupling_step_forward(cond, target, w1, b1, w2, b2, clamp: float | None, additive: bool):
+    """One affine coupling layer on token-major tensors: target <- target * exp(S(s)) + t, [s, t] = c(cond).
 
     Shapes: cond, target (N, P d) (a token's P pairs side by side: the projections' own layout, so no copy); w1
     (G, d, H), b1 (G, H), w2 (G, H, d_out), b2 (G, d_out) with G = P or 1 (one conditioner for all pairs). The P
     per-pair conditioners run as two dense matmuls with block-diagonal weights, (N, P d) @ (P d, P H) and
     (N, P H) @ (P H, P d): a few wasted multiply-adds on zero blocks buy one efficient GEMM instead of P skinny ones.
-    Returns the new target (N, P d).
+    Returns the new target (N, P d) and what `coupling_step_backward` needs.
+    """
+    groups, d = w1.size(0), w1.size(1)
+    P = cond.size(1) // d
+    W1 = block_diagonal(w1, P)  # (P d, P H)
+    z = torch.addmm(b1.expand(P, -1).reshape(-1), cond, W1)  # (N, P H)
+    h = F.silu(z)  # (N, P H)
+    if additive:
+        W2 = block_diagonal(w2, P)  # (P H, P d)
+        out = torch.addmm(b2.expand(P, -1).reshape(-1), h, W2).add_(target)  # target + t, (N, P d)
+        return out, (cond, None, z, None, W1, W2, None, None, groups, P)
+    W2s, W2t = block_diagonal(w2[..., :d], P), block_diagonal(w2[..., d:], P)  # (P H, P d) each
+    b2s = b2[:, :d].expand(P, -1).reshape(-1)  # (P d,)
+    t = torch.addmm(b2[:, d:].expand(P, -1).reshape(-1), h, W2t)  # (N, P d)
+    th = None
+    if clamp is not None:
+        # 1/a folded into the small weights: s / a = h (W2_s / a) + b2_s / a, one pass over (N, P d) fewer.
+        th = torch.addmm(b2s / clamp, h, W2s / clamp).tanh_()  # tanh(s / a)
+        e = torch.mul(th, clamp).exp_()  # exp(a tanh(s / a))
+    else:
+        e = torch.addmm(b2s, h, W2s).exp_()
+    out = t.addcmul_(target, e)  # target * e + t, (N, P d)
+    return out, (cond, target, z, e, W1, W2s, W2t, th, groups, P)
 
-    Backward by hand (g = dL/d target'; e = exp(S(s)), th = tanh(s / a)):
+
+def coupling_step_backward(saved, g):
+    """Gradients of one coupling layer by hand, from `coupling_step_forward`'s saved tensors and g = dL/d target'.
+
+    With e = exp(S(s)), th = tanh(s / a):
         dL/d target = g e,   dL/dt = g,   dL/ds = g e target (1 - th^2)   (1 - th^2: the soft clamp; 1 without)
         dL/dh = dL/ds W2_s^T + dL/dt W2_t^T,   dL/dz = dL/dh silu'(z),   dL/d cond = dL/dz W1^T
     and the weight gradients as the diagonal blocks of the matching dense products (summed over pairs when shared).
+    Returns (dL/d cond, dL/d target, dL/d w1, dL/d b1, dL/d w2, dL/d b2).
+    """
+    cond, target, z, e, W1, W2s, W2t, th, groups, P = saved
+    if target is None:  # additive: target' = target + t
+        W2 = W2s
+        g_target = g
+        g_h = g @ W2.t()  # (N, P H)
+    else:
+        g_target = g * e  # (N, P d)
+        g_s = g_target * target  # dL/d S(s)
+        if th is not None:  # through the soft clamp: dS/ds = 1 - tanh^2(s / a)
+            g_s = torch.addcmul(g_s, g_s * th, th, value=-1.0)
+        g_h = torch.addmm(g_s @ W2s.t(), g, W2t.t())  # (N, P H)
+    h = F.silu(z)  # (N, P H), recomputed (small)
+    sig = torch.sigmoid(z)
+    g_z = g_h.mul_(sig * (1.0 + z * (1.0 - sig)))  # silu'(z), (N, P H)
+    g_cond = g_z @ W1.t()  # (N, P d)
+    g_w1 = diagonal_blocks(cond.t() @ g_z, P, groups)  # (G, d, H)
+    g_b1 = g_z.sum(0).view(P, -1)  # (P, H)
+    h_t = h.t()
+    if target is None:
+        g_w2 = diagonal_blocks(h_t @ g, P, groups)  # (G, H, d)
+        g_b2 = g.sum(0).view(P, -1)
+    else:
+        g_w2 = torch.cat((diagonal_blocks(h_t @ g_s, P, groups), diagonal_blocks(h_t @ g, P, groups)), dim=-1)
+        g_b2 = torch.cat((g_s.sum(0).view(P, -1), g.sum(0).view(P, -1)), dim=-1)  # (P, 2d)
+    if groups == 1 and P > 1:
+        g_b1, g_b2 = g_b1.sum(0, keepdim=True), g_b2.sum(0, keepdim=True)
+    return g_cond, g_target, g_w1, g_b1, g_w2, g_b2
+
+
+class InvertibleCouplingFunction(torch.autograd.Function):
+    """The whole coupling stack on token-major q, k (N, P d), with a hand-written backward that keeps only its inputs.
+
+    Forward runs `layers` steps (even layers update k from q, odd layers q from k) without keeping intermediates;
+    backward recomputes them from the saved q, k (two small GEMMs and a few elementwise passes per layer) and applies
+    `coupling_step_backward` in reverse order. Memory beyond the base backend: q and k (2 x (N, P d)) per attention
+    layer. Weights are the full banks (L, G, ...).
     """
 
     @staticmethod
-    def forward(ctx, cond, target, w1, b1, w2, b2, clamp: float | None, additive: bool):
-        groups, d = w1.size(0), w1.size(1)
-        P = cond.size(1) // d
-        W1 = block_diagonal(w1, P)  # (P d, P H)
-        z = torch.addmm(b1.expand(P, -1).reshape(-1), cond, W1)  # (N, P H)
-        h = F.silu(z)  # (N, P H)
-        if additive:
-            W2 = block_diagonal(w2, P)  # (P H, P d)
-            out = torch.addmm(b2.expand(P, -1).reshape(-1), h, W2).add_(target)  # target + t, (N, P d)
-            ctx.save_for_backward(cond, z, W1, W2)
-            ctx.conf = (clamp, additive, groups, P)
-            return out
-        W2s, W2t = block_diagonal(w2[..., :d], P), block_diagonal(w2[..., d:], P)  # (P H, P d) each
-        b2s = b2[:, :d].expand(P, -1).reshape(-1)  # (P d,)
-        t = torch.addmm(b2[:, d:].expand(P, -1).reshape(-1), h, W2t)  # (N, P d)
-        th = None
-        if clamp is not None:
-            # 1/a folded into the small weights: s / a = h (W2_s / a) + b2_s / a, one pass over (N, P d) fewer.
-            th = torch.addmm(b2s / clamp, h, W2s / clamp).tanh_()  # tanh(s / a), kept for backward
-            e = torch.mul(th, clamp).exp_()  # exp(a tanh(s / a))
-        else:
-            e = torch.addmm(b2s, h, W2s).exp_()
-        out = t.addcmul_(target, e)  # target * e + t, (N, P d)
-        ctx.save_for_backward(cond, target, z, e, W1, W2s, W2t, th)
-        ctx.conf = (clamp, additive, groups, P)
-        return out
+    def forward(ctx, q, k, w1, b1, w2, b2, clamp: float | None, additive: bool):
+        ctx.save_for_backward(q, k, w1, b1, w2, b2)
+        ctx.conf = (clamp, additive)
+        for layer in range(w1.size(0)):
+            if layer % 2 == 0:
+                k, _ = coupling_step_forward(q, k, w1[layer], b1[layer], w2[layer], b2[layer], clamp, additive)
+            else:
+                q, _ = coupling_step_forward(k, q, w1[layer], b1[layer], w2[layer], b2[layer], clamp, additive)
+        return q, k
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, g):
-        clamp, additive, groups, P = ctx.conf
-        g = g.contiguous()  # (N, P d)
-        if additive:
-            cond, z, W1, W2 = ctx.saved_tensors
-            g_target = g
-            g_h = g @ W2.t()  # (N, P H)
-        else:
-            cond, target, z, e, W1, W2s, W2t, th = ctx.saved_tensors
-            g_target = g * e  # (N, P d)
-            g_s = g_target * target  # dL/d S(s)
-            if th is not None:  # through the soft clamp: dS/ds = 1 - tanh^2(s / a)
-                g_s = torch.addcmul(g_s, g_s * th, th, value=-1.0)
-            g_h = torch.addmm(g_s @ W2s.t(), g, W2t.t())  # (N, P H)
-        h = F.silu(z)  # (N, P H), recomputed (small)
-        sig = torch.sigmoid(z)
-        g_z = g_h.mul_(sig * (1.0 + z * (1.0 - sig)))  # silu'(z), (N, P H)
-        g_cond = g_z @ W1.t()  # (N, P d)
-        g_w1 = diagonal_blocks(cond.t() @ g_z, P, groups)  # (G, d, H)
-        g_b1 = g_z.sum(0).view(P, -1)  # (P, H)
-        h_t = h.t()
-        if additive:
-            g_w2 = diagonal_blocks(h_t @ g, P, groups)  # (G, H, d)
-            g_b2 = g.sum(0).view(P, -1)
-        else:
-            g_w2 = torch.cat((diagonal_blocks(h_t @ g_s, P, groups), diagonal_blocks(h_t @ g, P, groups)), dim=-1)
-            g_b2 = torch.cat((g_s.sum(0).view(P, -1), g.sum(0).view(P, -1)), dim=-1)  # (P, 2d)
-        if groups == 1 and P > 1:
-            g_b1, g_b2 = g_b1.sum(0, keepdim=True), g_b2.sum(0, keepdim=True)
-        return g_cond, g_target, g_w1, g_b1, g_w2, g_b2, None, None
+    def backward(ctx, g_q, g_k):
+        q, k, w1, b1, w2, b2 = ctx.saved_tensors
+        clamp, additive = ctx.conf
+        saved = []
+        for layer in range(w1.size(0)):  # recompute the forward, keeping what each step's backward needs
+            if layer % 2 == 0:
+                k, keep = coupling_step_forward(q, k, w1[layer], b1[layer], w2[layer], b2[layer], clamp, additive)
+            else:
+                q, keep = coupling_step_forward(k, q, w1[layer], b1[layer], w2[layer], b2[layer], clamp, additive)
+            saved.append(keep)
+        g_q = torch.zeros_like(q) if g_q is None else g_q.contiguous()  # (N, P d)
+        g_k = torch.zeros_like(k) if g_k is None else g_k.contiguous()
+        grads = [torch.zeros_like(w) for w in (w1, b1, w2, b2)]
+        for layer in reversed(range(w1.size(0))):
+            if layer % 2 == 0:  # k' = step(q, k)
+                g_cond, g_k, *g_w = coupling_step_backward(saved[layer], g_k)
+                g_q = g_q + g_cond
+            else:  # q' = step(k, q)
+                g_cond, g_q, *g_w = coupling_step_backward(saved[layer], g_q)
+                g_k = g_k + g_cond
+            for total, part in zip(grads, g_w, strict=True):
+                total[layer] = part
+            saved[layer] = None
+        return g_q, g_k, *grads, None, None
 
 
 class ConditionerBank(nn.Module):
@@ -277,17 +319,13 @@ class InvertibleCoupling(QKTransform):
         return same_layout(heads_back(q_h, batch), q), same_layout(heads_back(k_h, batch), k)  # (B, P, T, d) each
 
     def forward_fused(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward` with one `AffineCouplingStep` (hand-written backward) per coupling layer, token-major."""
+        """`forward` through `InvertibleCouplingFunction` (hand-written backward, recomputation), token-major."""
         B, P, T, d = q.shape
         dtype, bank, o = q.dtype, self.conditioners, self.options
         q_t = q.transpose(1, 2).reshape(B * T, P * d)  # (N, P d): a view for the projections' layout
         k_t = k.transpose(1, 2).reshape(B * T, P * d)  # (N, P d)
-        for layer in range(o.layers):
-            weights = tuple(w[layer].to(dtype) for w in (bank.w1, bank.b1, bank.w2, bank.b2))
-            if layer % 2 == 0:
-                k_t = AffineCouplingStep.apply(q_t, k_t, *weights, o.scale_clamp, o.additive)  # (N, P d)
-            else:
-                q_t = AffineCouplingStep.apply(k_t, q_t, *weights, o.scale_clamp, o.additive)  # (N, P d)
+        weights = tuple(w.to(dtype) for w in (bank.w1, bank.b1, bank.w2, bank.b2))
+        q_t, k_t = InvertibleCouplingFunction.apply(q_t, k_t, *weights, o.scale_clamp, o.additive)
         q_out = q_t.view(B, T, P, d).transpose(1, 2)  # (B, P, T, d)
         k_out = k_t.view(B, T, P, d).transpose(1, 2)  # (B, P, T, d)
         return same_layout(q_out, q), same_layout(k_out, k)

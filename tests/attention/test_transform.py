@@ -286,7 +286,7 @@ def test_refusals_say_why():
 )
 @pytest.mark.parametrize("layout", ["projection", "contiguous"])
 def test_fused_step_equals_autograd_reference_fp64(options, layout):
-    """The hand-written backward (`AffineCouplingStep`, token-major, block-diagonal weights) against plain autograd
+    """The hand-written backward (`InvertibleCouplingFunction`, token-major, block-diagonal weights) against plain autograd
     on the pairs-first equations: outputs, q/k gradients and every parameter gradient."""
     P, d, B, T = 3, 4, 2, 5
     fused = coupling(P, d, **options, fused=True)
