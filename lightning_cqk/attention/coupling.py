@@ -35,7 +35,8 @@ Options (`InvertibleOptions`, defaults in brackets):
         hand-written backward (`InvertibleCouplingFunction`: token-major, block-diagonal conditioner GEMMs, in-place
         elementwise work, the clamp's derivative written out; it keeps only q and k and recomputes the rest in
         backward); False runs the same equations through plain autograd (the reference the fused path is tested
-        against in fp64, forward and every gradient; it keeps every intermediate).
+        against in fp64, forward and every gradient; it keeps every intermediate). Inside `torch.compile` the
+        reference equations are traced whatever `fused` says (the compiler fuses the elementwise work itself).
 
 Default size: per layer and pair, layers * (d hidden + hidden + hidden 2d + 2d) parameters. At the `150m` preset
 (16 layers, 12 heads, d = 64): 16 * 12 * 2 * (64*6 + 6 + 6*128 + 128) = 493,824, 0.325% of the standard model's
@@ -303,7 +304,8 @@ class InvertibleCoupling(QKTransform):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(q, k) -> (q', k') on (B, P, T, d) tensors."""
-        if self.options.fused:
+        if self.options.fused and not torch.compiler.is_compiling():
+            # Under torch.compile the reference equations are traced instead: the compiler fuses them itself.
             return self.forward_fused(q, k)
         batch = q.size(0)
         q_h, k_h = heads_first(q), heads_first(k)  # (P, B*T, d) each
