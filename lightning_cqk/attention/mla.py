@@ -238,8 +238,10 @@ class MultiHeadLatentAttention(AttentionBackend):
                 nope, rot = t.split((d.d_nope, d.d_rope), dim=-1)
                 return torch.cat((nope, apply_rope(rot, cos, sin)), dim=-1)  # (B, nh, T, d_nope + d_rope)
 
-            q = torch.cat((q_nope, q_rope), dim=-1)  # (B, nh, T, d_nope + d_rope)
-            k = torch.cat((k_nope, k_rope.expand(B, nh, T, d.d_rope)), dim=-1)  # (B, nh, T, d_nope + d_rope)
+            # Concatenated token-major, (B, T, nh, d) in memory: the transform reads that layout without a copy.
+            q = torch.cat((q_nope.transpose(1, 2), q_rope.transpose(1, 2)), dim=-1).transpose(1, 2)  # (B, nh, T, d_qk)
+            k_rope = k_rope.expand(B, nh, T, d.d_rope)  # (B, nh, T, d_rope)
+            k = torch.cat((k_nope.transpose(1, 2), k_rope.transpose(1, 2)), dim=-1).transpose(1, 2)  # (B, nh, T, d_qk)
             q, k = qk_stage(q, k, ctx, q_norm=self.q_norm, k_norm=self.k_norm, transform=self.qk_transform, rope=rope)
             return q, k, v
         if self.q_norm is None:
