@@ -285,9 +285,9 @@ def test_refusals_say_why():
     ids=["default", "no_clamp_3_layers", "shared_heads", "additive_shared"],
 )
 @pytest.mark.parametrize("layout", ["projection", "contiguous"])
-def test_fused_step_equals_autograd_reference_fp64(options, layout):
-    """The hand-written backward (`InvertibleCouplingFunction`, token-major, block-diagonal weights) against plain autograd
-    on the pairs-first equations: outputs, q/k gradients and every parameter gradient."""
+def test_fused_equals_autograd_reference_fp64(options, layout):
+    """The hand-written backward (`InvertibleCouplingFunction`, token-major, block-diagonal weights) against plain
+    autograd on the pairs-first equations: outputs, q/k gradients and every parameter gradient."""
     P, d, B, T = 3, 4, 2, 5
     fused = coupling(P, d, **options, fused=True)
     reference = coupling(P, d, seed=1, **options, fused=False)
