@@ -3,6 +3,8 @@
     python benchmarks/bench.py                                   # CPU here: tiny/bytes and tiny/gpt2, a few minutes
     python benchmarks/bench.py --presets 60m:gpt2:16x1024 150m:gpt2:8x1024   # GPU (bf16 by default there)
     python benchmarks/bench.py --only backends --backends standard coupled --steps 20
+    python benchmarks/bench.py --only backends --backends standard+invertible differential+invertible --threads 2
+    python benchmarks/bench.py --only backends --presets tiny:bytes:8x256 --n_embd 256 --mlp_hidden 1024   # hs 64
 
 Rows (per preset `name:tokenizer:BxT`, targets from issue 9):
     framework   tokens/s of a training step (forward + backward + clip + AdamW + schedule) through the Lightning
@@ -16,8 +18,11 @@ Rows (per preset `name:tokenizer:BxT`, targets from issue 9):
                 optimiser state). On CPU both come from the allocation events of `torch.profiler` (profile_memory),
                 on CUDA from `torch.cuda.memory_allocated` / `max_memory_allocated`. Both count real allocations, so
                 recomputation (checkpointing) is credited honestly. Targets: coupled <= 1.10x time and activations,
-                differential <= 1.25x, k_eq_v <= 1.0x. On CUDA, MFU = analytic training FLOPs of the actual backends
-                (`lightning_cqk.model.flops`) / step time / the device's dense peak for the dtype.
+                differential <= 1.25x, k_eq_v <= 1.0x. Compositions `<base>+<transform>` (base: standard, gqa,
+                differential, mla; transform: coupled, invertible; `lightning_cqk.attention.transform`) are compared
+                with their own base, measured in the same interleaved rounds: target <= 1.10x. On CUDA, MFU =
+                analytic training FLOPs of the actual backends (`lightning_cqk.model.flops`) / step time / the
+                device's dense peak for the dtype.
     loader      tokens/s of the real training DataLoader (`TokenDataModule`, litdata shards prepared here) vs the
                 tokens/s the Lightning step consumes at that preset. Target >= 20x.
     prepare     `lightning_cqk prepare` end to end (read, split, tokenize, write shards) with the GPT-2 tokenizer
@@ -62,7 +67,18 @@ from lightning_cqk.optim import OptimConfig, weight_decay_groups  # noqa: E402
 VARIANTS: dict[str, tuple[str, dict]] = {
     "k_eq_v": ("standard", {"qkv_sharing": "k_eq_v"}),
     "coupled_qk": ("coupled", {"recompute": "qk"}),  # keeps nothing beyond standard, recomputes the q/k projections
+    "gqa": ("standard", {"n_kv_groups": 2}),
 }
+#: The q/k transforms of `lightning_cqk.attention.transform`, composed with each base mechanism: one row per
+#: composition, its ratio against its own base (issue 15: at most 1.10x the base backend's step).
+TRANSFORM_SPECS = {"coupled": {"kind": "coupled"}, "invertible": {"kind": "invertible"}}
+COMPOSITION_BASES = ("standard", "gqa", "differential", "mla")
+BASES: dict[str, str] = {}
+for _base in COMPOSITION_BASES:
+    _name, _options = VARIANTS.get(_base, (_base, {}))
+    for _kind, _spec in TRANSFORM_SPECS.items():
+        VARIANTS[f"{_base}+{_kind}"] = (_name, {**_options, "qk_transform": _spec})
+        BASES[f"{_base}+{_kind}"] = _base
 #: Issue 9's targets: (row kind, label) -> (comparison, bound).
 TARGETS: dict[tuple[str, str], tuple[str, float]] = {
     ("framework", "lightning"): (">=", 0.95),
@@ -70,10 +86,13 @@ TARGETS: dict[tuple[str, str], tuple[str, float]] = {
     ("act", "coupled"): ("<=", 1.10),
     ("time", "differential"): ("<=", 1.25),
     ("time", "k_eq_v"): ("<=", 1.00),
+    **{("time", label): ("<=", 1.10) for label in BASES},
     ("loader", "loader"): (">=", 20.0),
     ("prepare", "gpt2"): (">=", 3.0),
 }
 SECTIONS = ("framework", "backends", "loader", "prepare")
+#: Model shape fields set from the command line (--n_layer, --n_embd, --n_head, --mlp_hidden), over the preset's.
+SHAPE_OVERRIDES: dict[str, int] = {}
 
 
 @dataclass
@@ -106,6 +125,7 @@ class Preset:
             block_size=self.seq_len,
             attention=attention_name,
             attention_options=dict(options or {}),
+            **SHAPE_OVERRIDES,
         )
 
     @property
@@ -286,6 +306,7 @@ def parse_value(text: str):
 
 def backend_variants(names: list[str] | None) -> dict[str, tuple[str, dict]]:
     labels = names or [*attention.available(), *VARIANTS]
+    labels = [b for label in labels for b in ([BASES[label], label] if label in BASES else [label])]  # bases too
     out: dict[str, tuple[str, dict]] = {"standard": ("standard", {})}
     for label in labels:
         if label in VARIANTS:
@@ -438,11 +459,15 @@ def bench_backends(p: Preset, args, device, dtype) -> list[Row]:
         act, peak = memory[label]
         flops = training_flops_per_batch(models[label][1], p.batch, p.seq_len)
         mfu = f"{flops / t / peak_flops * 100:.1f}%" if peak_flops else "-"
-        rows.append(
-            Row(p.label, f"{label}: step time", f"{t * 1e3:.1f} ms", f"{t0 * 1e3:.1f} ms", t / t0, ("time", label), mfu)
-        )
-        rows.append(Row(p.label, f"{label}: activations", fmt_bytes(act), fmt_bytes(a0), act / a0, ("act", label)))
-        rows.append(Row(p.label, f"{label}: peak memory", fmt_bytes(peak), fmt_bytes(m0), peak / m0, ("peak", label)))
+        base = BASES.get(label)
+        if base in times and times[base]:  # a composition: against its own base mechanism, step by step
+            tb = statistics.median(times[base])
+            (ab, mb), what = memory[base], f"{label}: step time vs {base}"
+        else:
+            (tb, ab, mb), what = (t0, a0, m0), f"{label}: step time"
+        rows.append(Row(p.label, what, f"{t * 1e3:.1f} ms", f"{tb * 1e3:.1f} ms", t / tb, ("time", label), mfu))
+        rows.append(Row(p.label, f"{label}: activations", fmt_bytes(act), fmt_bytes(ab), act / ab, ("act", label)))
+        rows.append(Row(p.label, f"{label}: peak memory", fmt_bytes(peak), fmt_bytes(mb), peak / mb, ("peak", label)))
     return rows
 
 
@@ -570,12 +595,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", nargs="*", default=None, help="backend labels to profile (top-ops table)")
     parser.add_argument("--profile_rows", type=int, default=15)
     parser.add_argument("--peak_flops", type=float, default=None, help="peak FLOP/s for MFU (CPU, unknown GPUs)")
+    for field_name in ("n_layer", "n_embd", "n_head", "mlp_hidden"):
+        parser.add_argument(f"--{field_name}", type=int, default=None, help="override the preset's model shape")
     parser.add_argument("--prepare_source", default="builtin:python_docs")
     parser.add_argument("--prepare_rounds", type=int, default=3)
     parser.add_argument("--bpe_file", default=None, help="GPT-2 .tiktoken (default $LIGHTNING_CQK_GPT2_BPE)")
     parser.add_argument("--loader_workers", type=int, default=0, help="DataLoader workers (quickstart: 0)")
     parser.add_argument("--loader_seconds", type=float, default=1.0, help="seconds per loader pass")
     args = parser.parse_args(argv)
+    SHAPE_OVERRIDES.clear()
+    SHAPE_OVERRIDES.update(
+        {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head", "mlp_hidden") if getattr(args, k) is not None}
+    )
 
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

@@ -46,3 +46,26 @@ def test_bench_prints_every_section(tmp_path, shared_data):
             assert any(preset in line and measure in line for line in table.splitlines()), (preset, measure, table)
     assert "prepare with gpt2, MB/s of text per worker" in table
     assert "error" not in table
+
+
+def test_bench_composition_rows_are_against_their_base():
+    """`<base>+<transform>` rows (issue 15) are measured with their base in the same rounds and compared with it."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    try:
+        import bench
+    finally:
+        sys.path.remove(str(REPO_ROOT / "benchmarks"))
+    assert {f"{b}+{t}" for b in ("standard", "gqa", "differential", "mla") for t in ("coupled", "invertible")} <= set(
+        bench.VARIANTS
+    )
+    variants = bench.backend_variants(["differential+invertible"])
+    assert list(variants) == ["standard", "differential", "differential+invertible"]
+    args = type("Args", (), dict(backends=["differential+invertible"], compile=False, warmup=0, steps=1, profile=None,
+                                 peak_flops=None))()  # fmt: skip
+    rows = bench.bench_backends(
+        bench.Preset.parse("tiny:bytes:1x8"), args, bench.torch.device("cpu"), bench.torch.float32
+    )
+    row = next(r for r in rows if r.measure == "differential+invertible: step time vs differential")
+    base = next(r for r in rows if r.measure == "differential: step time")
+    assert row.reference == base.value and row.key == ("time", "differential+invertible")
+    assert bench.TARGETS[row.key] == ("<=", 1.10)

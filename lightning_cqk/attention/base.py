@@ -22,6 +22,9 @@ Conventions the model relies on:
 - `impl="math"` selects the explicit reference path (the test oracle), `impl="sdpa"` the fused fast path.
 - a backend that sets `uses_reference_stream` gives the model a fixed input (`reference_input`); the model runs it
   through its own blocks before the batch and hands each layer's state to attention as `ctx.reference`.
+- the optimizer and instruments find the Q/K weights through `qk_weights()` (the one seam: which matrices hold
+  each head's query and key rows, and which QuacK rule applies) and the gradient-norm groups through
+  `parameter_group(name)`; nothing outside `lightning_cqk.attention` names a backend class or attribute.
 - instruments read a backend through `attention_logits(x, ctx)` (the pre-softmax logits of its softmax maps, explicit
   math; None without a softmax map) and `probe(x, ctx)` (per-layer statistics: max |logit|, entropy, sink mass, plus
   `dynamics_stats()` where a backend defines it); neither is on the training path.
@@ -42,6 +45,54 @@ from lightning_cqk.attention.functional import softmax_map_stats
 
 if TYPE_CHECKING:
     from lightning_cqk.config import ModelConfig
+
+
+#: Per-head Q/K weight roles: MHA rule ("q", "k", or "qk" for one matrix serving both) and the MLA rule (arXiv
+#: 2511.21377 eq. 22: the six latent matrices in this order).
+MHA_ROLES = ("q", "k", "qk")
+MLA_ROLES = ("dq", "uq", "qr", "dkv", "uk", "kr")
+#: Gradient-norm group of each role: query side "q", key side "k" (W_dkv feeds keys and values; counted under k).
+ROLE_GROUPS = {"q": "q", "k": "k", "qk": "k", "dq": "q", "uq": "q", "qr": "q", "dkv": "k", "uk": "k", "kr": "k"}
+
+
+@dataclass(frozen=True)
+class QKWeight:
+    """One matrix holding query or key rows, as a backend states it.
+
+    Attributes:
+        name: path of the module (an `nn.Linear`: `.weight` (rows, in), optional `.bias`) inside the backend.
+        role: one of `MHA_ROLES` or `MLA_ROLES`.
+        n_blocks: its output rows form this many equal contiguous blocks, one per head (1: shared by all heads).
+    """
+
+    name: str
+    role: str
+    n_blocks: int
+
+
+@dataclass(frozen=True)
+class QKWeights:
+    """The per-head Q/K weights of a layer and the logit-control rule they follow.
+
+    Attributes:
+        rule: "mha" (weights = (q, k), or (qk,) when one matrix is both; k may have fewer blocks than q: grouped
+            K/V heads, query block h reads key block h // (n_q / n_k)) or "mla" (weights = the six `MLA_ROLES`).
+        weights: the matrices, in the order above.
+    """
+
+    rule: str
+    weights: tuple[QKWeight, ...]
+
+    def __post_init__(self) -> None:
+        roles = tuple(w.role for w in self.weights)
+        if self.rule == "mha" and roles not in (("q", "k"), ("qk",)):
+            raise ValueError(f"QKWeights(rule='mha') needs roles ('q', 'k') or ('qk',), got {roles}.")
+        if self.rule == "mha" and len(roles) == 2 and self.weights[0].n_blocks % self.weights[1].n_blocks:
+            raise ValueError("QKWeights: the query blocks must be a multiple of the key blocks.")
+        if self.rule == "mla" and roles != MLA_ROLES:
+            raise ValueError(f"QKWeights(rule='mla') needs roles {MLA_ROLES}, got {roles}.")
+        if self.rule not in ("mha", "mla"):
+            raise ValueError(f"QKWeights rule {self.rule!r}; use 'mha' or 'mla'.")
 
 
 @dataclass
@@ -124,7 +175,13 @@ class AttentionBackend(nn.Module):
         `backends` are this class's instances in layer order. Default: nothing is shared. A backend whose options
         ask for one module shared by all layers assigns the first layer's module to the others here, so the
         parameter exists once (counted once, decayed once, saved under each layer's key).
+
+        The default ties the learned q/k transforms that ask for it (`transform.tie_transforms`: v1's
+        share_dynamics="model", v2's share_layers); an override that ties more should call it too.
         """
+        from lightning_cqk.attention.transform import tie_transforms
+
+        tie_transforms(backends)
 
     def reset_backend_parameters(self) -> None:
         """Initialise parameters that the generic GPT-2 init must not touch. Default: nothing."""
@@ -142,6 +199,38 @@ class AttentionBackend(nn.Module):
         that uses one (all such layers must be one backend class, which keeps them consistent).
         """
         raise NotImplementedError(f"{type(self).__name__} sets uses_reference_stream but has no reference_input")
+
+    def qk_weights(self) -> QKWeights | None:
+        """The matrices holding each head's query and key rows (the seam QuacK, QK-clip and the gradient-norm
+        groups use). None (default): this layer has no per-head Q/K weights, and logit control leaves it alone.
+
+        QK-clip also reads `attention_logits`: its per-head maxima must be one per query block.
+        """
+        return None
+
+    #: Gradient-norm group of the backend's other submodules, by attribute name (the convention of `out_proj`).
+    PARAMETER_GROUPS: ClassVar[dict[str, str]] = {"out_proj": "out", "v_proj": "v"}
+
+    def parameter_group(self, name: str) -> str:
+        """Gradient-norm group of the backend's parameter `name` (relative to the backend, e.g. "q_proj.weight").
+
+        q and k from `qk_weights()`, then `PARAMETER_GROUPS`, then "norms" for any normalisation layer, else
+        "backend" (learned transforms, lambda, the `mlp` backend's matrices, ...).
+        """
+        module_path = name.rsplit(".", 1)[0] if "." in name else ""
+        spec = self.qk_weights()
+        if spec is not None:
+            for w in spec.weights:
+                if module_path == w.name:
+                    return ROLE_GROUPS[w.role]
+        top = name.split(".", 1)[0]
+        if top in self.PARAMETER_GROUPS:
+            return self.PARAMETER_GROUPS[top]
+        if module_path:
+            module = self.get_submodule(module_path)
+            if isinstance(module, (nn.RMSNorm, nn.LayerNorm, nn.GroupNorm)):
+                return "norms"
+        return "backend"
 
     def attention_logits(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor | None:
         """Logits of the softmax maps this layer computes on x (B, T, C), for instruments; None if it has none.

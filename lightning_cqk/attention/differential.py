@@ -82,9 +82,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
+from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions, QKWeight, QKWeights
 from lightning_cqk.attention.functional import attention_probs, causal_logits
-from lightning_cqk.attention.rope import apply_rope
+from lightning_cqk.attention.transform import build_transform, check_transform, qk_stage, transform_flops
 
 if TYPE_CHECKING:
     from lightning_cqk.config import ModelConfig
@@ -108,11 +108,13 @@ class DifferentialOptions(AttentionOptions):
         qk_norm: per-half-head RMSNorm with a learned gain on q and k, before RoPE (QK-norm baseline).
         lambda_init: None for the depth schedule 0.8 - 0.6 exp(-0.3 depth); a float in [0, 1) for a constant.
         n_kv_groups: the baseline's K/V head count (even, divides n_head); None: n_head (no grouping).
+        qk_transform: learned q/k transform on every half-head pair (q1, k1) and (q2, k2), `transform.py`; None.
     """
 
     qk_norm: bool = False
     lambda_init: float | None = None
     n_kv_groups: int | None = None
+    qk_transform: dict | None = None
 
 
 class DifferentialAttention(AttentionBackend):
@@ -147,6 +149,7 @@ class DifferentialAttention(AttentionBackend):
             self.k_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.qk_transform = build_transform(options.qk_transform, config, layer_idx, config.n_head, self.head_size)
         self.lambda_init = lambda_init_schedule(layer_idx) if options.lambda_init is None else options.lambda_init
         # fp32 parameters; lambda_value() also computes in (at least) fp32, so bf16 autocast never touches lambda.
         self.lambda_q1 = nn.Parameter(torch.zeros(self.head_size, dtype=torch.float32))
@@ -164,6 +167,8 @@ class DifferentialAttention(AttentionBackend):
             for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
                 p.normal_(0.0, LAMBDA_INIT_STD)
             self.subln.reset_parameters()
+        if self.qk_transform is not None:
+            self.qk_transform.reset_parameters()
 
     def lambda_value(self) -> torch.Tensor:
         """This layer's lambda as a 0-dim tensor in fp32 (fp64 for fp64 parameters); no host sync."""
@@ -175,7 +180,14 @@ class DifferentialAttention(AttentionBackend):
 
     def dynamics_stats(self) -> dict[str, torch.Tensor]:
         """Quantities to log per layer: {"lambda": 0-dim fp32 tensor}, detached, still on the device."""
-        return {"lambda": self.lambda_value().detach()}
+        stats = {} if self.qk_transform is None else self.qk_transform.stats()
+        return {"lambda": self.lambda_value().detach(), **stats}
+
+    def qk_weights(self) -> QKWeights:
+        """q_proj and k_proj, one row block per half-head (each of a head's two softmax maps is a q.k map)."""
+        return QKWeights(
+            "mha", (QKWeight("q_proj", "q", self.n_half_head), QKWeight("k_proj", "k", self.n_kv_half_head))
+        )
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, nh, T, hs) and k (B, nkv, T, hs) as half-heads, v (B, nkv/2, T, 2 hs) from x (B, T, C)."""
@@ -191,15 +203,15 @@ class DifferentialAttention(AttentionBackend):
         (B, nh/2, T, 2hs), each head repeated n_rep times in place (the official `repeat_kv`); no-op without groups."""
         if self.n_rep == 1:
             return k, v
-        return k.repeat_interleave(self.n_rep, dim=1), v.repeat_interleave(self.n_rep, dim=1)
+        if k.size(1) != self.n_half_head:  # (the q/k stage already paired each query half-head with its key)
+            k = k.repeat_interleave(self.n_rep, dim=1)
+        return k, v.repeat_interleave(self.n_rep, dim=1)
 
     def transform_qk(
         self, q: torch.Tensor, k: torch.Tensor, ctx: AttentionContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """QK-norm (optional) then RoPE on every hs-wide half-head: (B, nh, T, hs) each."""
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
+        """The q/k stage (`transform.qk_stage`: QK-norm, learned transform, RoPE) on every hs-wide half-head."""
+        return qk_stage(q, k, ctx, q_norm=self.q_norm, k_norm=self.k_norm, transform=self.qk_transform)
 
     def differential_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
         """(softmax(q1 k1^T/sqrt(hs)) - lam softmax(q2 k2^T/sqrt(hs))) v per head, before the head norm.
@@ -246,7 +258,7 @@ class DifferentialAttention(AttentionBackend):
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.project(x)  # q (B, nh, T, hs); k (B, nkv, T, hs); v (B, nkv/2, T, 2hs)
-        q, k = self.transform_qk(q, k, ctx)  # q (B, nh, T, hs); k (B, nkv, T, hs)
+        q, k = self.transform_qk(q, k, ctx)  # q (B, nh, T, hs); k (B, nkv, T, hs), (B, nh, T, hs) with a transform
         k, v = self.expand_kv(k, v)  # k (B, nh, T, hs); v (B, nh/2, T, 2hs)
         y = self.attend(q, k, v)  # (B, nh/2, T, 2hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
@@ -286,6 +298,8 @@ class DifferentialAttention(AttentionBackend):
                     f"K/V head count: even (each differential K/V head has two key half-heads) and a divisor of "
                     f"n_head; choose among {valid}."
                 )
+        where = f"attention {cls.name!r} (layer {layer_idx})"
+        check_transform(options.qk_transform, config, layer_idx, config.n_head, config.head_size, where, False)
 
     @classmethod
     def forward_flops_per_token(cls, config: ModelConfig, options: DifferentialOptions, seq_len: int) -> int:
@@ -294,8 +308,13 @@ class DifferentialAttention(AttentionBackend):
         projections = 2 * 2 * C * C + 2 * 2 * C * kv_width  # q, out; k, v
         # nh score maps of hs (2 T C), then (A1 - lambda A2) @ v over nh/2 heads of 2 hs (2 T C): as standard.
         scores_and_values = 2 * 2 * seq_len * C
-        return projections + scores_and_values
+        return projections + scores_and_values + transform_flops(options.qk_transform, config.n_head, config.head_size)
 
     @classmethod
     def kv_cache_values_per_token(cls, config: ModelConfig, options: DifferentialOptions) -> int:
-        return 2 * (options.n_kv_groups or config.n_head) * config.head_size  # k and v, nkv hs each
+        nkv_width = (options.n_kv_groups or config.n_head) * config.head_size
+        if options.qk_transform is not None:
+            # The transformed keys, one per query half-head (a key's transform needs its own token's q), and the
+            # grouped values.
+            return config.n_embd + nkv_width
+        return 2 * nkv_width  # k and v, nkv hs each

@@ -67,7 +67,13 @@ def causal_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale + causal mask) v, per head. Returns (B, nh, T, hv)."""
+    """softmax(q k^T * scale + causal mask) v, per head. Returns (B, nh, T, hv).
+
+    k may have more heads than v (a learned q/k transform pairs every query head with its grouped key head and
+    returns nh keys): v is then repeated to k's heads.
+    """
+    if v.size(1) != k.size(1):
+        v = repeat_kv(v, k.size(1) // v.size(1))  # (B, nk, T, hv)
     n_rep = q.size(1) // k.size(1)
     if impl == "sdpa":
         if n_rep > 1:

@@ -84,9 +84,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
+from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions, QKWeight, QKWeights
 from lightning_cqk.attention.functional import causal_attention, causal_logits
 from lightning_cqk.attention.rope import apply_rope, build_rope_cache
+from lightning_cqk.attention.transform import build_transform, check_transform, qk_stage, transform_flops
 
 if TYPE_CHECKING:
     from lightning_cqk.config import ModelConfig
@@ -104,6 +105,9 @@ class MLAOptions(AttentionOptions):
         d_rope: per-head rotary q/k width and width of the shared rope key (None: head size).
         d_nope: per-head non-rotary q/k width (None: head size).
         d_v: per-head value width (None: head size).
+        qk_transform: learned q/k transform on each head's materialised (q^h, k^h), `transform.py`; None. It makes
+            k^h a nonlinear function of (c_kv, k_rope, the token's q^h), so the absorbed path is refused
+            (`absorbed_path_refusal`).
     """
 
     qk_norm: bool = False
@@ -113,6 +117,7 @@ class MLAOptions(AttentionOptions):
     d_rope: int | None = None
     d_nope: int | None = None
     d_v: int | None = None
+    qk_transform: dict | None = None
 
 
 class MLADims(NamedTuple):
@@ -195,6 +200,7 @@ class MultiHeadLatentAttention(AttentionBackend):
             self.k_norm = nn.RMSNorm(dims.d_nope + dims.d_rope, eps=config.norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.qk_transform = build_transform(options.qk_transform, config, layer_idx, nh, dims.d_nope + dims.d_rope)
         self.attn_dropout = config.attn_dropout_p
         self.resid_dropout = nn.Dropout(config.resid_dropout_p)
 
@@ -232,6 +238,18 @@ class MultiHeadLatentAttention(AttentionBackend):
         v = self.uv_proj(c_kv).view(B, T, nh, d.d_v).transpose(1, 2)  # (B, nh, T, d_v)
         k_rope = self.kr_proj(x).unsqueeze(1)  # (B, 1, T, d_rope): one rope key shared by all heads
         cos, sin = self.rope_tables(ctx)
+        if self.qk_transform is not None:
+            # The q/k stage on the materialised heads: norm, transform and a rotation of the trailing d_rope features.
+            def rope(t: torch.Tensor) -> torch.Tensor:
+                nope, rot = t.split((d.d_nope, d.d_rope), dim=-1)
+                return torch.cat((nope, apply_rope(rot, cos, sin)), dim=-1)  # (B, nh, T, d_nope + d_rope)
+
+            # Concatenated token-major, (B, T, nh, d) in memory: the transform reads that layout without a copy.
+            q = torch.cat((q_nope.transpose(1, 2), q_rope.transpose(1, 2)), dim=-1).transpose(1, 2)  # (B, nh, T, d_qk)
+            k_rope = k_rope.expand(B, nh, T, d.d_rope)  # (B, nh, T, d_rope)
+            k = torch.cat((k_nope.transpose(1, 2), k_rope.transpose(1, 2)), dim=-1).transpose(1, 2)  # (B, nh, T, d_qk)
+            q, k = qk_stage(q, k, ctx, q_norm=self.q_norm, k_norm=self.k_norm, transform=self.qk_transform, rope=rope)
+            return q, k, v
         if self.q_norm is None:
             q_rope = apply_rope(q_rope, cos, sin)  # (B, nh, T, d_rope)
             # Rotate the shared key once, then broadcast it to the heads.
@@ -258,6 +276,45 @@ class MultiHeadLatentAttention(AttentionBackend):
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.dims.d_v)  # (B, T, nh d_v)
         return self.resid_dropout(self.out_proj(y))  # (B, T, C)
 
+    def qk_weights(self) -> QKWeights:
+        """The six latent Q/K matrices (arXiv 2511.21377 eq. 22): W_dq, W_uq (per head), W_qr (per head), W_dkv,
+        W_uk (per head), W_kr (one rope key for all heads); five without a query latent (no W_dq)."""
+        nh = self.n_head
+        names = (("dq_proj", 1), ("uq_proj", nh), ("qr_proj", nh), ("dkv_proj", 1), ("uk_proj", nh), ("kr_proj", 1))
+        roles = ("dq", "uq", "qr", "dkv", "uk", "kr")
+        return QKWeights(
+            "mla",
+            tuple(
+                QKWeight(n, r, b)
+                for (n, b), r in zip(names, roles, strict=True)
+                if getattr(self, n) is not None  # no dq_proj without a query latent (d_cq 0)
+            ),
+        )
+
+    PARAMETER_GROUPS = {"out_proj": "out", "uv_proj": "v"}
+
+    def reset_backend_parameters(self) -> None:
+        if self.qk_transform is not None:
+            self.qk_transform.reset_parameters()
+
+    def dynamics_stats(self) -> dict[str, torch.Tensor]:
+        """The learned transform's per-layer quantities; {} without one."""
+        return {} if self.qk_transform is None else self.qk_transform.stats()
+
+    @classmethod
+    def absorbed_path_refusal(cls, options: MLAOptions) -> str | None:
+        """Why attention on the cached latent (c_kv, rotated k_rope) with W_uk absorbed into the query is impossible
+        for `options`, or None when it is possible (the decoding form tested in `tests/attention/test_mla.py`)."""
+        if options.qk_transform is not None:
+            return (
+                "qk_transform makes each head's key a nonlinear function of (c_kv, k_rope) and of its own token's "
+                "query, so q^h . k^h cannot be rewritten as (q^h W_uk^h) . c_kv: decoding must cache the transformed "
+                "per-head keys (kv_cache_values_per_token counts them)."
+            )
+        if options.qk_norm:
+            return "qk_norm normalises each head's whole k^h, which needs k^h explicitly (no absorption)."
+        return None
+
     def attention_logits(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """q^h k^h^T / sqrt(d_nope + d_rope) for every head, (B, nh, T, T) fp32."""
         q, k, _ = self.project(x, ctx)  # (B, nh, T, d_nope + d_rope) each
@@ -276,7 +333,10 @@ class MultiHeadLatentAttention(AttentionBackend):
                     f"mla option {key}={value!r} must be a {'non-negative' if low == 0 else 'positive'} integer{zero}, "
                     f"or null for the default ({getattr(mla_dims(config, MLAOptions()), key)} for this config)."
                 )
-        d_rope = mla_dims(config, options).d_rope
+        dims = mla_dims(config, options)
+        where = f"attention {cls.name!r} (layer {layer_idx})"
+        check_transform(options.qk_transform, config, layer_idx, config.n_head, dims.d_nope + dims.d_rope, where, False)
+        d_rope = dims.d_rope
         if config.position == "rope" and d_rope % 2:
             raise ValueError(
                 f"mla option d_rope={d_rope} must be even: RoPE rotates pairs of features. Use d_rope={d_rope + 1} "
@@ -296,9 +356,11 @@ class MultiHeadLatentAttention(AttentionBackend):
             + nh * d.d_v * C  # W_O
         )
         scores_and_values = seq_len * nh * (d.d_nope + d.d_rope) + seq_len * nh * d.d_v
-        return 2 * (projections + scores_and_values)
+        return 2 * (projections + scores_and_values) + transform_flops(options.qk_transform, nh, d.d_nope + d.d_rope)
 
     @classmethod
     def kv_cache_values_per_token(cls, config: ModelConfig, options: MLAOptions) -> int:
         d = mla_dims(config, options)
+        if options.qk_transform is not None:  # transformed per-head keys, and c_kv for the (absorbable) values
+            return config.n_head * (d.d_nope + d.d_rope) + d.d_ckv
         return d.d_ckv + d.d_rope  # c_kv and the shared rotated rope key

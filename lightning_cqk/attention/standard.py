@@ -60,9 +60,10 @@ standard, GQA-g == standard with each K/V head's rows repeated for its group); t
 pre-mask scores are symmetric; KV-cache reductions match the paper's table; analytic FLOPs match a FLOP counter.
 
 Subclasses reuse the three stages of `forward`: `project` (x -> q (B, nh, T, hs), k and v (B, nkv, T, hs)),
-`transform_qk` (norm and position encoding of q and k; variants that evolve q and k hook in here) and `attend`
-(the score/softmax/value product). With a tied q (q_eq_k, q_eq_k_eq_v) `project` returns `q is k`, and
-`transform_qk` keeps them one tensor.
+`transform_qk` (the q/k transform stage of `transform.py`: QK-norm, the optional learned transform `qk_transform`,
+RoPE) and `attend` (the score/softmax/value product). With a tied q (q_eq_k, q_eq_k_eq_v) `project` returns `q is k`,
+and without a learned transform `transform_qk` keeps them one tensor. With a learned transform and grouped K/V heads
+each query head is paired with its key head (`transform.py`), so the keys leave the stage with nh heads.
 """
 
 from __future__ import annotations
@@ -72,10 +73,11 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
+from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions, QKWeight, QKWeights
 from lightning_cqk.attention.functional import causal_attention, causal_logits
-from lightning_cqk.attention.rope import apply_rope
+from lightning_cqk.attention.transform import build_transform, check_transform, qk_stage, transform_flops
 
 if TYPE_CHECKING:
     from lightning_cqk.config import ModelConfig
@@ -97,11 +99,14 @@ class StandardOptions(AttentionOptions):
         qkv_sharing: which input projections are one matrix (arXiv 2606.04032): "none" (separate W_Q, W_K, W_V),
             "k_eq_v" (Q-K=V: v = k), "q_eq_k" (Q=K-V: q = k), "q_eq_k_eq_v" (Q=K=V: one projection).
         n_kv_groups: number of K/V heads; None means n_head (MHA), 1 is MQA, g is GQA-g. Must divide n_head.
+        qk_transform: the learned q/k transform, ``{kind: coupled | uncoupled_mlp | invertible, <options>}``, or None
+            (`lightning_cqk.attention.transform`).
     """
 
     qk_norm: bool = False
     qkv_sharing: QKVSharing = "none"
     n_kv_groups: int | None = None
+    qk_transform: dict | None = None
 
 
 def n_kv_heads(config: ModelConfig, options: StandardOptions) -> int:
@@ -145,6 +150,7 @@ class StandardAttention(AttentionBackend):
         v_proj: C -> nkv * hs value projection, None when v is tied to k.
         out_proj: C -> C output projection.
         q_norm, k_norm: per-head RMSNorms with qk_norm (q_norm is None when q is tied to k), else None.
+        qk_transform: the learned q/k transform (`transform.QKTransform`) or None.
     """
 
     name = "standard"
@@ -166,6 +172,7 @@ class StandardAttention(AttentionBackend):
             self.k_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.qk_transform = build_transform(options.qk_transform, config, layer_idx, self.n_head, self.head_size)
         self.attn_dropout = config.attn_dropout_p
         self.resid_dropout = nn.Dropout(config.resid_dropout_p)
 
@@ -189,16 +196,19 @@ class StandardAttention(AttentionBackend):
     def transform_qk(
         self, q: torch.Tensor, k: torch.Tensor, ctx: AttentionContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """QK-norm (optional) then RoPE, on (B, n, T, hs) tensors. With a tied q, q is k in and out."""
-        if self.k_norm is not None:
-            k = self.k_norm(k)  # (B, nkv, T, hs)
-        k = apply_rope(k, ctx.cos, ctx.sin)  # (B, nkv, T, hs)
-        if self.q_tied:
-            # q and k are one projection: one norm and one rotation keep them identical (and the scores symmetric).
-            return k, k
-        if self.q_norm is not None:
-            q = self.q_norm(q)  # (B, nh, T, hs)
-        return apply_rope(q, ctx.cos, ctx.sin), k
+        """The q/k stage (`transform.qk_stage`): QK-norm, learned transform, RoPE. q (B, nh, T, hs), k (B, nkv, T, hs)
+        in; k leaves with nh heads when a learned transform pairs grouped K/V heads. A tied q stays k without one."""
+        return qk_stage(q, k, ctx, q_norm=self.q_norm, k_norm=self.k_norm, transform=self.qk_transform)
+
+    def reset_backend_parameters(self) -> None:
+        if self.qk_transform is not None:
+            self.qk_transform.reset_parameters()
+
+    def qk_weights(self) -> QKWeights:
+        """q_proj (nh row blocks) and k_proj (nkv blocks); one "qk" matrix when q is tied to k."""
+        if self.q_proj is None:
+            return QKWeights("mha", (QKWeight("k_proj", "qk", self.n_kv_head),))
+        return QKWeights("mha", (QKWeight("q_proj", "q", self.n_head), QKWeight("k_proj", "k", self.n_kv_head)))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal softmax attention per head: q (B, nh, T, hs), k, v (B, nkv, T, hs) -> (B, nh, T, hs)."""
@@ -206,10 +216,31 @@ class StandardAttention(AttentionBackend):
         return causal_attention(q, k, v, impl=self.options.impl, dropout_p=dropout_p)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        if getattr(self.qk_transform, "recompute", None) == "qk" and torch.is_grad_enabled():
+            return self._forward_recompute_qk(x, ctx)
         q, k, v = self.project(x)  # q (B, nh, T, hs); k, v (B, nkv, T, hs)
-        q, k = self.transform_qk(q, k, ctx)  # q (B, nh, T, hs); k (B, nkv, T, hs)
+        q, k = self.transform_qk(q, k, ctx)  # q (B, nh, T, hs); k (B, nkv or nh, T, hs)
         y = self.attend(q, k, v)  # (B, nh, T, hs)
         return self.resid_dropout(self.out_proj(self.merge_heads(y)))  # (B, T, C)
+
+    def _forward_recompute_qk(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """`forward` with the transform's recompute="qk": q and k are recomputed from x (which every projection keeps
+        for its own backward) in one checkpointed region; a tied v is the raw k projection, computed once outside."""
+        k_raw = self.split_heads(self.k_proj(x)) if self.v_proj is None else None  # (B, nkv, T, hs)
+        v = k_raw if k_raw is not None else self.split_heads(self.v_proj(x))  # (B, nkv, T, hs)
+
+        def scoring_qk(x: torch.Tensor, k_raw: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+            k = self.split_heads(self.k_proj(x)) if k_raw is None else k_raw  # (B, nkv, T, hs)
+            q = k if self.q_proj is None else self.split_heads(self.q_proj(x))  # (B, nh, T, hs)
+            return self.transform_qk(q, k, ctx)
+
+        q, k = checkpoint(scoring_qk, x, k_raw, use_reentrant=False, preserve_rng_state=False)  # (B, nh, T, hs)
+        y = self.attend(q, k, v)  # (B, nh, T, hs)
+        return self.resid_dropout(self.out_proj(self.merge_heads(y)))  # (B, T, C)
+
+    def dynamics_stats(self) -> dict[str, torch.Tensor]:
+        """The learned transform's per-layer quantities (v1: {"dt": ...}); {} without one."""
+        return {} if self.qk_transform is None else self.qk_transform.stats()
 
     def attention_logits(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """q k^T / sqrt(hs) of every query head after `transform_qk` (norm, RoPE, dynamics), (B, nh, T, T) fp32."""
@@ -220,6 +251,12 @@ class StandardAttention(AttentionBackend):
     @classmethod
     def check_config(cls, config: ModelConfig, layer_idx: int, options: StandardOptions) -> None:
         n_kv_heads(config, options)
+        if options.impl not in ("sdpa", "math"):
+            raise ValueError(
+                f"attention {cls.name!r} (layer {layer_idx}): impl={options.impl!r}; use 'sdpa' or 'math'."
+            )
+        where = f"attention {cls.name!r} (layer {layer_idx})"
+        check_transform(options.qk_transform, config, layer_idx, config.n_head, config.head_size, where)
 
     @classmethod
     def forward_flops_per_token(cls, config: ModelConfig, options: StandardOptions, seq_len: int) -> int:
@@ -233,10 +270,14 @@ class StandardAttention(AttentionBackend):
             projections += 2 * C * kv_width  # v
         # q.k over seq_len keys, then probs @ v: per query head, so grouped K/V heads do not reduce it.
         scores_and_values = 2 * 2 * seq_len * C
-        return projections + scores_and_values
+        return projections + scores_and_values + transform_flops(options.qk_transform, config.n_head, config.head_size)
 
     @classmethod
     def kv_cache_values_per_token(cls, config: ModelConfig, options: StandardOptions) -> int:
         kv_width = n_kv_heads(config, options) * config.head_size
+        if options.qk_transform is not None:
+            # The transformed keys, one per query head (the transform of a key needs its own token's q, so it cannot
+            # be reapplied from a raw cache), and the values (a tied v is the raw k, not the transformed one).
+            return config.n_embd + kv_width
         # A tied v is the cached k itself (raw projection; norm and RoPE are reapplied when scoring).
         return kv_width if options.qkv_sharing in _V_TIED else 2 * kv_width

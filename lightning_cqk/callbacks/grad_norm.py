@@ -8,10 +8,11 @@ Metrics (every `every_n_steps`, default `trainer.log_every_n_steps`):
                                  the `mlp` backend's matrices, ...); groups with no parameter are not logged
     train/grad_norm/block_03     L2 norm of block 3's gradients
 
-Groups by parameter name (`param_group`): attention projections are named as in `standard` (q_proj, k_proj, v_proj,
-out_proj); MLA's query matrices dq/uq/qr count as q, dkv/uk/kr as k (W_dkv feeds keys and values; it is counted
-once, under k), uv as v. A module shared by several layers (e.g. coupled's one dynamics bank) is counted once, in
-the block where it is registered first.
+Groups: outside attention by parameter name (`param_group`); inside a block's attention the backend says
+(`AttentionBackend.parameter_group`: q and k from its `qk_weights()` seam, e.g. MLA's dq/uq/qr as q and dkv/uk/kr as
+k, then out and v projections, norms, and "backend" for the rest), so no backend attribute is named here. A module
+shared by several layers (e.g. coupled's one dynamics bank) is counted once, in the block where it is registered
+first.
 
 When: `on_before_optimizer_step`, which Lightning runs after the backward (and after AMP unscaling; bf16 needs none)
 and before gradient clipping, so these are pre-clip norms, once per optimizer step (after the last accumulated
@@ -40,25 +41,6 @@ from torch import nn
 
 from lightning_cqk.callbacks.common import is_log_step, is_sharded, log_metrics, step_index
 
-#: Attention sub-module name -> group. Anything else inside a block's `attn` is "backend".
-ATTENTION_GROUPS = {
-    "q_proj": "q",
-    "k_proj": "k",
-    "v_proj": "v",
-    "out_proj": "out",
-    "dq_proj": "q",
-    "uq_proj": "q",
-    "qr_proj": "q",
-    "dkv_proj": "k",
-    "uk_proj": "k",
-    "kr_proj": "k",
-    "uv_proj": "v",
-    "q_norm": "norms",
-    "k_norm": "norms",
-    "subln": "norms",
-    "q_latent_norm": "norms",
-    "kv_latent_norm": "norms",
-}
 GROUPS = ("q", "k", "v", "out", "mlp", "embeddings", "norms", "backend", "other")
 #: Name parts added by wrappers (LightningModule attribute, DDP/FSDP/compile/checkpoint wrappers), dropped.
 _WRAPPER_PARTS = {"model", "module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
@@ -85,8 +67,23 @@ def param_group(name: str) -> str:
         if sub == "mlp":
             return "mlp"
         if sub == "attn" and len(parts) >= 4:
-            return ATTENTION_GROUPS.get(parts[3], "backend")
+            return "backend"  # refined by the backend itself in `param_groups(module)`
     return "other"
+
+
+def param_groups(module: nn.Module) -> dict[str, str]:
+    """Group of every parameter of `module` (a GPT or a LightningModule holding one), by its name in
+    `module.named_parameters()`; attention parameters as their backend's `parameter_group` says."""
+    groups = {name: param_group(name) for name, _ in module.named_parameters()}
+    for prefix, sub in module.named_modules():
+        parameter_group = getattr(sub, "parameter_group", None)
+        if not callable(parameter_group) or _parts(prefix)[-1:] != ["attn"]:
+            continue
+        for local, _ in sub.named_parameters():
+            full = f"{prefix}.{local}"
+            if full in groups:  # parameters shared with an earlier layer are listed (and grouped) there
+                groups[full] = parameter_group(local)
+    return groups
 
 
 def param_block(name: str) -> int | None:
@@ -112,7 +109,8 @@ class GradNormComputer:
             if p.requires_grad:
                 self.names.append(name)
                 self.params.append(p)
-        self.groups = [param_group(n) for n in self.names]
+        groups = param_groups(module)
+        self.groups = [groups[n] for n in self.names]
         self.group_names = [g for g in GROUPS if g in set(self.groups)]
         blocks = [param_block(n) for n in self.names]
         self.block_ids = sorted({b for b in blocks if b is not None})

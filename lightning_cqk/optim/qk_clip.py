@@ -12,8 +12,12 @@ rescaled rows are rescaled with them (keeps the logit exactly proportional). Var
     grouped K/V heads (nkv < nh): a K head serves several query heads, so, as MLA's shared rope key, it is left alone
         and W_Q^h <- gamma_h W_Q^h.
     qk_norm: the norm divides the scale out again, so clipping has no effect (QK-norm already bounds the logits).
-    coupled / uncoupled_mlp: the logits are not bilinear in W_Q, W_K after the dynamics, so the cap is approximate.
+    a learned q/k transform (coupled, uncoupled_mlp, invertible): the logits are not bilinear in W_Q, W_K after it,
+        so the cap is approximate.
     differential: per half-head map (its heads' q1/q2 and k1/k2 rows), exactly as MHA.
+Which rows: what the backend states through `AttentionBackend.qk_weights()` (rule "mha": q and k blocks, or one
+"qk" matrix; rule "mla": the six latent matrices, of which uq, uk, qr are rescaled); no backend class or attribute
+is named here.
 
 Measurement: SDPA does not return logits, so a forward hook on every eligible attention module recomputes them with
 the explicit math path (`AttentionBackend.attention_logits`: projections, norms, RoPE, scores; no softmax, no values)
@@ -34,8 +38,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lightning_cqk.attention import AttentionContext, MultiHeadLatentAttention
-from lightning_cqk.optim.quack import eligible_layers, qk_heads
+from lightning_cqk.attention import AttentionContext
+from lightning_cqk.optim.quack import eligible_layers
 
 #: Logits of at most this many elements are materialised at once when measuring (fp32: 256 MB).
 MAX_LOGIT_ELEMENTS = 2**26
@@ -119,17 +123,23 @@ class QKClip(nn.Module):
 
     def _clip(self, attn: nn.Module, gamma: torch.Tensor) -> None:
         root = gamma.sqrt()
-        if isinstance(attn, MultiHeadLatentAttention):
-            self._scale_rows(attn.uq_proj, root)
-            self._scale_rows(attn.uk_proj, root)
-            self._scale_rows(attn.qr_proj, gamma)
-        elif attn.q_proj is None:  # tied q = k: the logit is quadratic in the one matrix
-            self._scale_rows(attn.k_proj, root)
-        elif qk_heads(attn)[1] < qk_heads(attn)[0]:  # shared K heads stay; the query head takes the whole factor
-            self._scale_rows(attn.q_proj, gamma)
+        spec = attn.qk_weights()
+        weights = {w.role: w for w in spec.weights}
+
+        def scale(role: str, factor: torch.Tensor) -> None:
+            self._scale_rows(attn.get_submodule(weights[role].name), factor)
+
+        if spec.rule == "mla":
+            scale("uq", root)
+            scale("uk", root)
+            scale("qr", gamma)  # the shared rope key W_kr stays: the query side takes the whole factor
+        elif "qk" in weights:  # tied q = k: the logit is quadratic in the one matrix
+            scale("qk", root)
+        elif weights["k"].n_blocks < weights["q"].n_blocks:  # shared K heads stay; the query head takes the factor
+            scale("q", gamma)
         else:
-            self._scale_rows(attn.q_proj, root)
-            self._scale_rows(attn.k_proj, root)
+            scale("q", root)
+            scale("k", root)
 
     @torch.no_grad()
     def stats(self, prefix: str = "optim/qk_clip") -> dict[str, torch.Tensor]:

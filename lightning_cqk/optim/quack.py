@@ -28,10 +28,14 @@ with warmup and cosine decay. Factors are computed under `no_grad` in fp32 on th
 without a gradient (a skipped update) is left untouched. Q/K biases, QK-norm gains and every other parameter keep the
 base learning rate. [NS] The paper does not say whether weight decay is scaled; it trains with Muon.
 
-Which layers: every layer whose backend is `standard` or derived from it (`coupled`, `uncoupled_mlp`: q_proj/k_proj,
-head h = rows [h hs, (h+1) hs)), `differential` (the same rule per half-head: each of its two softmax maps per head is
-an ordinary q.k map) and `mla` (the MLA rule). Other layers (e.g. `mlp`, `approximate` in a hybrid) keep
-the base learning rate; a model with no eligible layer is refused. Projection sharing and grouped heads of `standard`:
+Which layers and matrices: what each backend states through the one seam, `AttentionBackend.qk_weights()`
+(`lightning_cqk.attention.base.QKWeights`: the matrices holding each head's query and key rows and the rule, "mha"
+or "mla"); this module names no backend class or attribute. `standard` and everything built on it (the q/k transforms
+included) state q_proj/k_proj, head h = rows [h hs, (h+1) hs); `differential` the same per half-head (each of its two
+softmax maps per head is an ordinary q.k map); `mla` its six latent matrices (the MLA rule). Layers that state none
+(e.g. `mlp`, `approximate` in a hybrid) keep the base learning rate; a model with no eligible layer is refused.
+With a learned q/k transform the logits are no longer bilinear in W_Q, W_K, so the rule bounds the change of the
+transform's inputs, not of the logits. Projection sharing and grouped heads (the seam's block counts):
     q_eq_k / q_eq_k_eq_v (one matrix W = W_Q = W_K): both rules give the same factor tau |W^h|_0 / |W^h|, applied
         once to the tied matrix.
     grouped K/V heads (nkv < nh): query head h uses its K head g(h) = h // (nh / nkv); a K head shared by several
@@ -54,11 +58,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lightning_cqk.attention import DifferentialAttention, MultiHeadLatentAttention, StandardAttention
-
-#: Backends with per-head q/k row blocks in `q_proj`/`k_proj` (MHA rule), and those with the MLA rule.
-MHA_BACKENDS = (StandardAttention, DifferentialAttention)
-
 
 @dataclass(frozen=True)
 class HeadRows:
@@ -79,18 +78,26 @@ class HeadRows:
 
 
 def eligible_layers(model: nn.Module) -> list[tuple[int, nn.Module]]:
-    """(layer index, attention backend) of every layer with per-head Q/K matrices (standard family or MLA)."""
+    """(layer index, attention backend) of every layer whose backend states per-head Q/K weights (`qk_weights()`)."""
     layers = []
     for i, block in enumerate(model.blocks):
-        if isinstance(block.attn, (*MHA_BACKENDS, MultiHeadLatentAttention)):
+        qk_weights = getattr(block.attn, "qk_weights", None)
+        if callable(qk_weights) and qk_weights() is not None:
             layers.append((i, block.attn))
     if not layers:
-        names = sorted({type(block.attn).name for block in model.blocks})
+        names = sorted({getattr(type(block.attn), "name", type(block.attn).__name__) for block in model.blocks})
         raise ValueError(
-            f"Q/K learning-rate control needs layers with per-head query and key matrices (backends 'standard', "
-            f"'coupled', 'uncoupled_mlp', 'differential' or 'mla'), but this model's layers use {names}."
+            f"Q/K learning-rate control needs layers with per-head query and key matrices, but no layer's backend "
+            f"states any (`qk_weights()` is None for {names}). Use a backend that forms per-head q and k (e.g. "
+            "'standard', 'differential', 'mla'), or drop logit_control."
         )
     return layers
+
+
+def layer_targets(layer: int, attn: nn.Module) -> list[HeadRows]:
+    """The HeadRows of one layer, from its backend's `qk_weights()`, in the seam's order."""
+    base = f"blocks.{layer}.attn"
+    return [HeadRows(f"{base}.{w.name}", w.n_blocks, w.role, layer) for w in attn.qk_weights().weights]
 
 
 def head_norms(weight: torch.Tensor, n_blocks: int) -> torch.Tensor:
@@ -181,42 +188,11 @@ class UpdateScaler(nn.Module):
         return out
 
 
-def qk_heads(attn: nn.Module) -> tuple[int, int]:
-    """(query heads, key heads) of the row blocks of `q_proj`/`k_proj` (differential: its nh half-heads)."""
-    if isinstance(attn, DifferentialAttention):
-        return attn.n_half_head, attn.n_kv_half_head
-    return attn.n_head, attn.n_kv_head
-
-
-def mha_targets(layer: int, attn: nn.Module) -> list[HeadRows]:
-    """q_proj (nh blocks) and k_proj (nkv blocks) of a standard-family layer; one "qk" target when q is tied to k."""
-    base = f"blocks.{layer}.attn"
-    n_q, n_kv = qk_heads(attn)
-    if attn.q_proj is None:
-        return [HeadRows(f"{base}.k_proj", n_kv, "qk", layer)]
-    return [HeadRows(f"{base}.q_proj", n_q, "q", layer), HeadRows(f"{base}.k_proj", n_kv, "k", layer)]
-
-
-MLA_ROLES = (("dq_proj", "dq", False), ("uq_proj", "uq", True), ("qr_proj", "qr", True))
-MLA_ROLES += (("dkv_proj", "dkv", False), ("uk_proj", "uk", True), ("kr_proj", "kr", False))
-
-
-def mla_targets(layer: int, attn: MultiHeadLatentAttention) -> list[HeadRows]:
-    """The six latent Q/K matrices of an MLA layer, in the order dq, uq, qr, dkv, uk, kr (five without a query
-    latent: no dq)."""
-    base = f"blocks.{layer}.attn"
-    return [
-        HeadRows(f"{base}.{name}", attn.n_head if per_head else 1, role, layer)
-        for name, role, per_head in MLA_ROLES
-        if getattr(attn, name) is not None
-    ]
-
-
 def qk_targets(model: nn.Module) -> list[HeadRows]:
     """Every per-head Q/K matrix of the eligible layers (see `eligible_layers`)."""
     targets: list[HeadRows] = []
     for layer, attn in eligible_layers(model):
-        targets += mla_targets(layer, attn) if isinstance(attn, MultiHeadLatentAttention) else mha_targets(layer, attn)
+        targets += layer_targets(layer, attn)
     return targets
 
 

@@ -2,9 +2,10 @@
 
 Checks: SDPA == math in fp64 (forward, input and parameter gradients); causality; dt = 0 equals `standard` with the
 same weights exactly; the batched per-head MLP equals a loop of independent MLPs; closed-form -grad V equals
-autograd; leapfrog preserves volume and is reversible, Euler's Jacobian determinant is det(I - dt^2 J_f); leapfrog
-of a gradient field conserves energy to second order; hand-counted parameters, the 60m fraction and the matched
-uncoupled capacity; cross-layer sharing; analytic FLOPs; option validation; shipped YAMLs; a tiny GPT trains.
+autograd; leapfrog preserves volume and is reversible, and is symplectic (M^T J M = J) only for a gradient field;
+Euler's Jacobian determinant is det(I - dt^2 J_f); leapfrog of a gradient field conserves energy to second order;
+hand-counted parameters, the 60m fraction and the exact parameter parity of the uncoupled control at every head size
+and hidden width; cross-layer sharing; analytic FLOPs; option validation; shipped YAMLs; a tiny GPT trains.
 """
 
 from __future__ import annotations
@@ -19,12 +20,8 @@ import torch.nn.functional as F
 import yaml
 
 from lightning_cqk.attention import AttentionContext, build_attention, get_attention
-from lightning_cqk.attention.coupled import (
-    CoupledAttention,
-    HeadMLPBank,
-    HeadPotentialBank,
-    UncoupledMLPAttention,
-)
+from lightning_cqk.attention.coupled import CoupledAttention, UncoupledMLPAttention
+from lightning_cqk.attention.dynamics import HeadMLPBank, HeadPotentialBank
 from lightning_cqk.attention.rope import build_rope_cache
 from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
@@ -106,7 +103,7 @@ def test_dt_zero_equals_standard_exactly(name, rope_order, extra):
     std, ctx = make("standard", **extra)
     dyn, _ = make(name, seed=1, dt_param="raw", dt_init=0.0, steps=3, rope_order=rope_order, **extra)
     missing, unexpected = dyn.load_state_dict(std.state_dict(), strict=False)
-    assert not unexpected and missing and all(k.startswith(("dynamics.", "dt_raw")) for k in missing)
+    assert not unexpected and missing and all(k.startswith("qk_transform.") for k in missing)
     x = torch.randn(2, T, C, dtype=torch.float64)
     assert torch.equal(dyn(x, ctx), std(x, ctx))
     # ...and the dynamics do act once dt != 0.
@@ -196,6 +193,24 @@ def test_leapfrog_preserves_volume_and_is_reversible(options):
     assert (q0 - q).abs().max() < 1e-10 and (k0 - k).abs().max() < 1e-10
 
 
+@pytest.mark.parametrize("steps", [1, 2])
+def test_leapfrog_is_symplectic_only_for_a_gradient_field(steps):
+    """M^T J M = J (J = [[0, I], [-I, 0]]) for the per-token Jacobian M of leapfrog with f = -grad V; with a free MLP
+    f (non-symmetric Jacobian) M still has determinant 1 (volume-preserving) but is not symplectic."""
+    dt = torch.tensor(0.7, dtype=torch.float64)
+    z = torch.randn(16, dtype=torch.float64)
+    eye, zero = torch.eye(4, dtype=torch.float64), torch.zeros(4, 4, dtype=torch.float64)
+    J = torch.cat((torch.cat((zero, eye), 1), torch.cat((-eye, zero), 1)))  # (8, 8) for one head's (q, k)
+    defects = {}
+    for gradient_field in (True, False):
+        backend, _ = make("coupled", n_embd=8, n_head=2, steps=steps, gradient_field=gradient_field)
+        M = _per_head_jacobians(backend, z, dt)  # (2, 8, 8), one per head
+        assert (torch.linalg.det(M) - 1).abs().max() < 1e-10
+        defects[gradient_field] = (M.transpose(-1, -2) @ J @ M - J).abs().max().item()
+    assert defects[True] < 1e-12
+    assert defects[False] > 1e-2
+
+
 def test_euler_does_not_preserve_volume():
     backend, _ = make("coupled", n_embd=8, n_head=2, integrator="euler")
     dt = torch.tensor(0.7, dtype=torch.float64)
@@ -244,7 +259,8 @@ def test_gradient_field_leapfrog_conserves_energy_to_second_order():
 def _hand_count(name: str, nh: int, hs: int, hidden: int, gradient_field: bool = False, dt_scope: str = "layer"):
     """Extra parameters of one layer's dynamics bank (+ its dt) on top of standard attention."""
     if name == "uncoupled_mlp":
-        bank = nh * ((2 * hs + 1) * ((hidden + 1) // 2 + hidden // 2) + 2 * hs)
+        # g_q: ceil(H/2) hidden units and an output bias; g_k: floor(H/2) hidden units, no output bias.
+        bank = nh * ((2 * hs + 1) * ((hidden + 1) // 2 + hidden // 2) + hs)
     elif gradient_field:
         bank = nh * (hs * hidden + 2 * hidden)  # W1, b1, w2 (no output bias: it changes no force)
     else:
@@ -280,8 +296,9 @@ def test_60m_extra_parameters_match_paper_fraction_and_uncoupled_is_matched():
     uncoupled = _count("60m", attention="uncoupled_mlp") - base
     assert coupled == 8 * (64 * 64 * 2 + 64 + 64) + 10 == 66_570  # one bank for 10 layers + one dt per layer
     assert 0.0009 <= coupled / base <= 0.0013  # paper: 0.11%
-    assert uncoupled == 8 * 2 * (64 * 32 + 32 + 32 * 64 + 64) + 10 == 67_082
-    assert abs(uncoupled - coupled) / coupled < 0.01
+    assert uncoupled == 8 * (64 * 32 + 32 + 32 * 64 + 64) + 8 * (64 * 32 + 32 + 32 * 64) + 10 == coupled
+    legacy = _count("60m", attention="uncoupled_mlp", attention_options={"g_k_output_bias": True}) - base
+    assert legacy == coupled + 8 * 64  # the pre-parity form: g_k's output bias
     per_layer = _count("60m", attention="coupled", attention_options={"share_dynamics": "layer"}) - base
     assert per_layer == 10 * 66_561
 
@@ -371,13 +388,21 @@ def test_impossible_options_are_refused_at_config_time(name, options, match):
         ModelConfig(n_embd=32, n_head=4, attention=name, attention_options=options)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_grouped_query_attention_is_refused(name):
-    if "n_kv_groups" not in {f.name for f in dataclasses.fields(get_attention(name).Options)}:
-        pytest.skip("standard has no n_kv_groups option in this checkout")
-    with pytest.raises(ValueError, match="pair every query head with its own key head"):
-        ModelConfig(n_embd=32, n_head=4, attention=name, attention_options={"n_kv_groups": 2})
-    ModelConfig(n_embd=32, n_head=4, attention=name, attention_options={"n_kv_groups": 4})  # nkv = nh is fine
+@pytest.mark.parametrize("hs", [4, 8, 16, 6])
+@pytest.mark.parametrize("hidden", [None, 1, 2, 3, 5, 8, 64])
+def test_uncoupled_has_exactly_the_parameters_of_coupled(hs, hidden):
+    """Issue 17 item 3: parity at every head size and hidden width (banks, dt, whole models)."""
+    if hidden == 1:  # uncoupled needs a hidden unit for each of g_q and g_k
+        with pytest.raises(ValueError, match="hidden >= 2"):
+            make("uncoupled_mlp", n_embd=2 * hs, n_head=2, hidden=1)
+        return
+    counts = {}
+    for name in NAMES:
+        for scope in ("layer", "head"):
+            backend, _ = make(name, n_embd=2 * hs, n_head=2, hidden=hidden, dt_scope=scope)
+            counts[name, scope] = sum(p.numel() for p in backend.parameters())
+    assert counts["coupled", "layer"] == counts["uncoupled_mlp", "layer"]
+    assert counts["coupled", "head"] == counts["uncoupled_mlp", "head"]
 
 
 @pytest.mark.parametrize(

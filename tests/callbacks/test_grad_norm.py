@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_cqk.callbacks import GradNormMonitor
-from lightning_cqk.callbacks.grad_norm import GROUPS, GradNormComputer, param_group
+from lightning_cqk.callbacks.grad_norm import GROUPS, GradNormComputer, param_group, param_groups
 from lightning_cqk.model import GPT
 
 # Independent of `param_group`: which substrings of a standard GPT's parameter names make each group.
@@ -78,7 +78,7 @@ def test_every_parameter_in_one_known_group(attention: str, tiny_config):
     torch.manual_seed(0)
     model = GPT(tiny_config(attention))
     model(torch.randint(0, 64, (2, 16))).square().mean().backward()
-    groups = {n: param_group(n) for n, _ in model.named_parameters()}
+    groups = param_groups(model)
     assert "other" not in groups.values(), {n: g for n, g in groups.items() if g == "other"}
     norms = GradNormComputer(model).norms()
     squares = sum(v.item() ** 2 for k, v in norms.items() if k in GROUPS)
@@ -86,12 +86,18 @@ def test_every_parameter_in_one_known_group(attention: str, tiny_config):
     assert norms["total"].item() == pytest.approx(norm_of({n: p.grad for n, p in model.named_parameters()}), rel=1e-5)
 
 
-def test_group_names():
-    assert param_group("model.blocks.3.attn.q_proj.weight") == "q"
-    assert param_group("model.blocks.3.attn.uk_proj.weight") == "k"
-    assert param_group("model.blocks.3.attn.dynamics.w1") == "backend"
-    assert param_group("model.blocks.3.attn.lambda_q1") == "backend"
-    assert param_group("model.blocks.0.attn.subln.weight") == "norms"
+def test_group_names(tiny_config):
+    groups = {}
+    for attention in ("standard", "mla", "coupled", "differential"):
+        groups.update(param_groups(GPT(tiny_config(attention))))
+    assert groups["blocks.0.attn.q_proj.weight"] == "q"
+    assert groups["blocks.0.attn.uk_proj.weight"] == "k"
+    assert groups["blocks.0.attn.dq_proj.weight"] == "q"
+    assert groups["blocks.0.attn.uv_proj.weight"] == "v"
+    assert groups["blocks.0.attn.qk_transform.dynamics.w1"] == "backend"
+    assert groups["blocks.0.attn.lambda_q1"] == "backend"
+    assert groups["blocks.0.attn.subln.weight"] == "norms"
+    assert groups["blocks.0.attn.out_proj.weight"] == "out"
     assert param_group("model.blocks.0.mlp.fc.weight") == "mlp"
     assert param_group("model.wte.weight") == "embeddings"
 

@@ -28,6 +28,7 @@ COUNTS = {  # groups (grid + the positive control) x seeds
     "sharing": ((8 + 1) * 3, 8 + 1),
     "deconstruction": ((6 + 1) * 3, 19 + 1),
     "logit_control": ((2 * 1 * 4 + 1) * 3, 2 * 3 * 8 + 1),  # paper: 4 methods x AdamW, Muon
+    "composition": ((4 * 3 + 1) * 2, (4 * 3 + 1) * 3),
 }
 
 
