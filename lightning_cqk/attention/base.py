@@ -76,7 +76,8 @@ class QKWeights:
 
     Attributes:
         rule: "mha" (weights = (q, k), or (qk,) when one matrix is both; k may have fewer blocks than q: grouped
-            K/V heads, query block h reads key block h // (n_q / n_k)) or "mla" (weights = the six `MLA_ROLES`).
+            K/V heads, query block h reads key block h // (n_q / n_k)) or "mla" (weights = the six `MLA_ROLES`;
+            five without a query latent, whose W_dq is the identity).
         weights: the matrices, in the order above.
     """
 
@@ -89,8 +90,10 @@ class QKWeights:
             raise ValueError(f"QKWeights(rule='mha') needs roles ('q', 'k') or ('qk',), got {roles}.")
         if self.rule == "mha" and len(roles) == 2 and self.weights[0].n_blocks % self.weights[1].n_blocks:
             raise ValueError("QKWeights: the query blocks must be a multiple of the key blocks.")
-        if self.rule == "mla" and roles != MLA_ROLES:
-            raise ValueError(f"QKWeights(rule='mla') needs roles {MLA_ROLES}, got {roles}.")
+        if self.rule == "mla" and roles not in (MLA_ROLES, MLA_ROLES[1:]):
+            raise ValueError(
+                f"QKWeights(rule='mla') needs roles {MLA_ROLES} (without 'dq': no query latent), got {roles}."
+            )
         if self.rule not in ("mha", "mla"):
             raise ValueError(f"QKWeights rule {self.rule!r}; use 'mha' or 'mla'.")
 
