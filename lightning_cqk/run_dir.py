@@ -4,7 +4,8 @@ Every command that trains into `runs/<experiment>/<run>/` goes through this modu
 downstream CLI and `lightning_cqk glue` (downstream/), the sweep runner (sweep/runner.py) and the callbacks that write
 beside the logs (callbacks/common.py `run_dir`).
 
-Naming. A run is `{attention}-{preset}-s{seed}`; a new run never writes into an earlier run's directory: it gets the
+Naming. A run is `{attention}-{size}-s{seed}` (`config.size_label`: the preset plus any shape field set against
+it, e.g. `60m-L6`); a new run never writes into an earlier run's directory: it gets the
 first free `-2`, `-3`, ... suffix (`next_free_name`). A directory that holds nothing but an unheld lock (a launch that
 died before it wrote anything) counts as free and is reused. `fit` removes a directory it created itself when the
 launch fails before training starts (a typo in a path, a refused resume), so no empty directory is left to be
