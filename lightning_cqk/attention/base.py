@@ -32,8 +32,6 @@ Conventions the model relies on:
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -42,6 +40,7 @@ import torch
 from torch import nn
 
 from lightning_cqk.attention.functional import softmax_map_stats
+from lightning_cqk.attention.options import check_option_names
 
 if TYPE_CHECKING:
     from lightning_cqk.config import ModelConfig
@@ -265,15 +264,7 @@ class AttentionBackend(nn.Module):
         if isinstance(options, cls.Options):
             return options
         options = dict(options or {})
-        known = [f.name for f in dataclasses.fields(cls.Options)]
-        for key in options:
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise ValueError(
-                    f"Unknown option {key!r} for attention backend {cls.name!r}.{hint} "
-                    f"Valid options: {', '.join(sorted(known))}."
-                )
+        check_option_names(options, cls.Options, f"attention backend {cls.name!r}")
         try:
             return cls.Options(**options)
         except (TypeError, ValueError) as err:

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from lightning_cqk.attention.functional import repeat_kv
+from lightning_cqk.attention.options import check_option_names
 from lightning_cqk.attention.rope import apply_rope
 
 if TYPE_CHECKING:
@@ -138,15 +139,7 @@ def parse_transform(spec: dict[str, Any] | None) -> tuple[type[QKTransform], Tra
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"qk_transform kind={kind!r} is unknown.{hint} Choose one of: {', '.join(sorted(registry))}.")
     cls = registry[kind]
-    known = [f.name for f in dataclasses.fields(cls.Options)]
-    for key in spec:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
-                f"Unknown option {key!r} for qk_transform kind {kind!r}.{hint} "
-                f"Valid options: {', '.join(sorted(known))}."
-            )
+    check_option_names(spec, cls.Options, f"qk_transform kind {kind!r}")
     return cls, cls.Options(**spec)
 
 
