@@ -292,8 +292,19 @@ class LitLM(L.LightningModule):
 
 
 def check_val_check_interval(trainer: L.Trainer) -> None:
-    """Refuse `val_check_interval: 0` while validation is on, before any step (Lightning would fail after one)."""
+    """Refuse `val_check_interval: 0` while validation is on, before any step (Lightning would fail after one), and an
+    integer interval that is not a multiple of `accumulate_grad_batches` (Lightning counts it in training batches:
+    validation would fall inside an accumulated step)."""
     interval = trainer.val_check_interval
+    accumulate = getattr(trainer, "accumulate_grad_batches", 1) or 1
+    if isinstance(interval, int) and not isinstance(interval, bool) and interval > 0 and interval % accumulate:
+        steps = max(1, round(interval / accumulate))
+        raise ValueError(
+            f"trainer.val_check_interval={interval} is not a multiple of trainer.accumulate_grad_batches={accumulate}: "
+            "Lightning counts val_check_interval in training batches, so validation would run in the middle of an "
+            f"accumulated optimizer step. For a validation every {steps} optimizer steps use "
+            f"--trainer.val_check_interval {steps * accumulate}."
+        )
     if interval is None or isinstance(interval, bool) or interval != 0 or trainer.limit_val_batches == 0:
         return
     raise ValueError(

@@ -148,6 +148,17 @@ def test_val_check_interval_zero_is_refused_before_any_step(make_module, make_tr
     assert trainer.global_step == 2
 
 
+def test_val_check_interval_inside_an_accumulation_is_refused(make_module, make_trainer, token_loader):
+    """Lightning counts an integer val_check_interval in training batches: 3 batches with accumulation 2 would
+    validate half-way through an optimizer step. Refused with the interval that means whole steps."""
+    module = make_module()
+    settings = dict(val_check_interval=3, accumulate_grad_batches=2, limit_val_batches=1, check_val_every_n_epoch=None)
+    trainer = make_trainer([], max_steps=4, **settings)
+    with pytest.raises(ValueError, match=r"not a multiple of trainer.accumulate_grad_batches=2.*val_check_interval 4"):
+        trainer.fit(module, token_loader(), token_loader(2))
+    assert trainer.global_step == 0
+
+
 def test_a_resume_that_trains_no_step_prints_no_rate(make_module, make_trainer, token_loader, tmp_path, capsys):
     run(make_trainer, token_loader, make_module(), tmp_path / "A" / "checkpoints", max_steps=4, keep_last=1)
     capsys.readouterr()
