@@ -482,12 +482,17 @@ CLAIM_FIELDS = (
 )
 
 
+def _cell(value: Any) -> Any:
+    """A CSV cell: floats (numpy's included, whose repr is `np.float64(...)`) at full precision as plain numbers."""
+    return repr(float(value)) if isinstance(value, float) else value
+
+
 def to_csv(rows: list[dict[str, Any]]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
     for r in rows:
-        writer.writerow({k: (repr(v) if isinstance(v, float) else v) for k, v in r.items() if k in CSV_FIELDS})
+        writer.writerow({k: _cell(v) for k, v in r.items() if k in CSV_FIELDS})
     return buf.getvalue()
 
 
@@ -520,7 +525,7 @@ def claims_csv(judgements: list[Judgement]) -> str:
             "verdict": j.verdict,
             "why": j.why,
         }
-        writer.writerow({k: (repr(x) if isinstance(x, float) else x) for k, x in row.items()})
+        writer.writerow({k: _cell(x) for k, x in row.items()})
     return buf.getvalue()
 
 

@@ -223,3 +223,12 @@ def test_validation_sampling_error_of_the_set_and_of_a_difference(sweep_dir: Pat
     out = capsys.readouterr().out
     own = float(out.split("Validation-set sampling error: ±")[1].split("%")[0])
     assert own == pytest.approx(100 * 0.3 / math.sqrt(200), rel=0.2)  # ~2.1%: the set alone, far above the paired
+
+
+def test_csv_numbers_are_plain_numbers_even_from_numpy(tmp_path: Path):
+    """numpy 2's repr of a float64 is `np.float64(0.5)`: a CSV cell must read back with float()."""
+    from lightning_cqk.sweep.report import CSV_FIELDS, _cell, to_csv
+
+    assert _cell(np.float64(0.625)) == "0.625" and _cell(math.nan) == "nan" and _cell("x") == "x"
+    text = to_csv([{CSV_FIELDS[0]: np.float64(1.5)}])
+    assert next(csv.DictReader(text.splitlines()))[CSV_FIELDS[0]] == "1.5"
