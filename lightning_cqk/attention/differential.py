@@ -252,8 +252,9 @@ class DifferentialAttention(AttentionBackend):
             scale = hs**-0.5
 
             def sdpa(qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
-                if decoding:
-                    return F.scaled_dot_product_attention(qi, ki, v, attn_mask=mask, scale=scale)
+                if decoding:  # (a cache kept wider than autocast's q is cast to it)
+                    ki, vi = ki.to(qi.dtype), v.to(qi.dtype)
+                    return F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale)
                 return F.scaled_dot_product_attention(qi, ki, v, is_causal=True, dropout_p=dropout_p, scale=scale)
 
             return torch.addcmul(sdpa(q1, k1), lam.to(v.dtype), sdpa(q2, k2), value=-1.0)  # (B, nh/2, T, 2hs)

@@ -120,6 +120,7 @@ def masked_attention(
         v = repeat_kv(v, k.size(1) // v.size(1))  # (B, nk, L, hv)
     n_rep = q.size(1) // k.size(1)
     if impl == "sdpa":
+        k, v = k.to(q.dtype), v.to(q.dtype)  # a cache kept wider than autocast's q (no-op otherwise)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=n_rep > 1)
     if impl == "math":
         probs = masked_logits(q, k, mask, scale).softmax(dim=-1)  # (B, nh, T, L)

@@ -41,6 +41,14 @@ def test_bad_masks_are_refused() -> None:
             model(idx, cache=model.new_cache(3, 4))
 
 
+def test_decoding_in_training_mode_with_dropout_is_refused() -> None:
+    model = build_model(Case("standard", {}, {"dropout": 0.1})).train()
+    with pytest.raises(ValueError, match=r"call model.eval\(\) first"):
+        model(torch.zeros(1, 2, dtype=torch.long), cache=model.new_cache(1, 4))
+    model.eval()
+    model(torch.zeros(1, 2, dtype=torch.long), cache=model.new_cache(1, 4))  # the fix the message gives works
+
+
 def test_reset_and_select_rows() -> None:
     """reset() gives a fresh cache; select(rows) keeps those rows' decoding exactly (incl. their padding)."""
     model = build_model(STANDARD)
