@@ -256,7 +256,8 @@ class StandardAttention(AttentionBackend):
         """Decode mode: the next T tokens x (B, T, C) against this layer's cache `ctx.cache` -> (B, T, C)."""
         q, k, v = self.project(x)  # q (B, nh, T, hs); k, v (B, nkv, T, hs)
         if self.caches_raw_k:
-            k_raw = ctx.cache.append(k=k)["k"]  # (B, nkv, L, hs): x W_K of every held token (= v)
+            # (B, nkv, L, hs): x W_K of every held token (= v), in the compute dtype (a cache may be kept narrower)
+            k_raw = ctx.cache.append(k=k)["k"].to(k.dtype)
             keys = k_raw if self.k_norm is None else self.k_norm(k_raw)  # (B, nkv, L, hs)
             keys = apply_rope(keys, ctx.key_cos(), ctx.key_sin())  # (B, nkv, L, hs)
             if self.q_tied:

@@ -90,3 +90,20 @@ def test_measured_cache_bytes_equal_analytic_count(case: Case, dtype: torch.dtyp
     )
     element = torch.tensor([], dtype=dtype).element_size()
     assert cache.nbytes_per_token() == analytic * element
+
+
+@pytest.mark.parametrize("case", case_params())
+def test_cache_narrower_than_the_model(case: Case) -> None:
+    """An fp32 model decodes against a bf16 cache (`new_cache(dtype=...)`): half the bytes, logits within bf16
+    rounding of the full forward (the cached values are rounded, nothing else changes)."""
+    model = build_model(case, dtype=torch.float32)
+    idx = _tokens(model, 2, 8)  # (2, 8)
+    with torch.no_grad():
+        full = model(idx)  # (2, 8, V)
+        cache = model.new_cache(2, 8, dtype=torch.bfloat16)
+        got = torch.cat(
+            [model(idx[:, :4], cache=cache)] + [model(idx[:, t : t + 1], cache=cache) for t in range(4, 8)], 1
+        )
+    assert got.dtype == torch.float32
+    assert (got - full).abs().max().item() < 0.05 * full.abs().max().item()
+    assert cache.nbytes_per_token() == model.new_cache(2, 8).nbytes_per_token() / 2
