@@ -46,6 +46,12 @@ Options (`StandardOptions`), defaults in brackets; [NS] marks choices the paper 
     [NS] KV cache under RoPE for k_eq_v: cache the raw projection x W_K (= V) and apply norm and RoPE to cached keys
         when scoring, which keeps the cache at nkv * hs values per token (`kv_cache_values_per_token`).
 
+Decoding (`new_cache`, `decode`; the contract in `base.py`): the cache holds k (after QK-norm and RoPE) and v of the
+nkv K/V heads; with a tied v and no learned transform only the raw x W_K (= v), from which the scoring keys are
+re-derived (norm, RoPE at each key's position) every step; with a learned transform the transformed keys of all nh
+query heads and the values (the raw k when v is tied). Tested equal to the full forward in fp64 for every setting,
+left-padded batches included (`tests/inference`).
+
 KV-cache values per token and layer: none 2 nkv hs, k_eq_v nkv hs, q_eq_k 2 nkv hs, q_eq_k_eq_v nkv hs. At the
 paper's 16 heads that reproduces its table: Q-K=V 50%, GQA-4 75%, MQA 93.75%, Q-GQA-4 87.5%, Q-MQA 96.875% less
 than MHA.
@@ -76,7 +82,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions, QKWeight, QKWeights
-from lightning_cqk.attention.functional import causal_attention, causal_logits
+from lightning_cqk.attention.cache import LayerCache
+from lightning_cqk.attention.functional import causal_attention, causal_logits, masked_attention
+from lightning_cqk.attention.rope import apply_rope
 from lightning_cqk.attention.transform import build_transform, check_transform, qk_stage, transform_flops
 
 if TYPE_CHECKING:
@@ -216,11 +224,53 @@ class StandardAttention(AttentionBackend):
         return causal_attention(q, k, v, impl=self.options.impl, dropout_p=dropout_p)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        if ctx.decoding:
+            return self.decode(x, ctx)
         if getattr(self.qk_transform, "recompute", None) == "qk" and torch.is_grad_enabled():
             return self._forward_recompute_qk(x, ctx)
         q, k, v = self.project(x)  # q (B, nh, T, hs); k, v (B, nkv, T, hs)
         q, k = self.transform_qk(q, k, ctx)  # q (B, nh, T, hs); k (B, nkv or nh, T, hs)
         y = self.attend(q, k, v)  # (B, nh, T, hs)
+        return self.resid_dropout(self.out_proj(self.merge_heads(y)))  # (B, T, C)
+
+    @property
+    def caches_raw_k(self) -> bool:
+        """True when the cache holds the raw projection x W_K (= v) and scores re-derive the keys from it: a tied v
+        without a learned transform. Otherwise it holds the scoring keys after the q/k stage (and v)."""
+        return self.v_tied and self.qk_transform is None
+
+    def new_cache(
+        self, batch_size: int, max_len: int, device: torch.device | str | None, dtype: torch.dtype | None
+    ) -> LayerCache:
+        """The KV cache of the paper: k and v of the nkv K/V heads (k after QK-norm and RoPE); a tied v (Q-K=V,
+        Q=K=V) only the raw k = v; with a learned q/k transform the transformed keys of every query head, "k"
+        (B, nh, max_len, hs), and the values (the raw k when v is tied). See `kv_cache_values_per_token`."""
+        hs, nkv = self.head_size, self.n_kv_head
+        if self.caches_raw_k:
+            buffers = {"k": (nkv, hs)}
+        else:
+            buffers = {"k": (nkv if self.qk_transform is None else self.n_head, hs), "v": (nkv, hs)}
+        return LayerCache(batch_size, max_len, device, dtype, buffers=buffers)
+
+    def decode(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """Decode mode: the next T tokens x (B, T, C) against this layer's cache `ctx.cache` -> (B, T, C)."""
+        q, k, v = self.project(x)  # q (B, nh, T, hs); k, v (B, nkv, T, hs)
+        if self.caches_raw_k:
+            # (B, nkv, L, hs): x W_K of every held token (= v), in the compute dtype (a cache may be kept narrower)
+            k_raw = ctx.cache.append(k=k)["k"].to(k.dtype)
+            keys = k_raw if self.k_norm is None else self.k_norm(k_raw)  # (B, nkv, L, hs)
+            keys = apply_rope(keys, ctx.key_cos(), ctx.key_sin())  # (B, nkv, L, hs)
+            if self.q_tied:
+                q = keys[:, :, -x.size(1) :]  # (B, nh, T, hs): the new tokens' keys, rotated at their positions
+            else:
+                q = q if self.q_norm is None else self.q_norm(q)
+                q = apply_rope(q, ctx.cos, ctx.sin)  # (B, nh, T, hs)
+            y = masked_attention(q, keys, k_raw, ctx.attn_mask, impl=self.options.impl)  # (B, nh, T, hs)
+        else:
+            v_new = k if self.v_tied else v  # (B, nkv, T, hs): a tied v is the raw k
+            q, k = self.transform_qk(q, k, ctx)  # q (B, nh, T, hs); k (B, nkv or nh, T, hs)
+            held = ctx.cache.append(k=k, v=v_new)  # k (B, nkv or nh, L, hs); v (B, nkv, L, hs)
+            y = masked_attention(q, held["k"], held["v"], ctx.attn_mask, impl=self.options.impl)  # (B, nh, T, hs)
         return self.resid_dropout(self.out_proj(self.merge_heads(y)))  # (B, T, C)
 
     def _forward_recompute_qk(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
