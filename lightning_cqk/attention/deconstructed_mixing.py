@@ -72,7 +72,8 @@ Options (defaults in brackets; [NS] = not stated in the paper, our choice and wh
 
 Decoding (`new_cache`, the decode contract of `attention.base`). `kv_cache_values_per_token` counts what grows with
 the tokens held; a recurrent state has a fixed size per sequence, reported by `DecodeCache.fixed_nbytes()` and by
-`recurrent_state_values(config, options)` (values per layer and sequence):
+`recurrent_state_values(config, options)` (values per layer and sequence), kept in at least fp32 (`state_dtype`:
+a running sum in bf16 stops registering new tokens after a few hundred):
     mlp: nothing (no token mixing): `new_cache` returns None; 0 per token.
     approximate: 0 per token; the recurrent state of the linear form, per head the sums over the tokens held of
         phi_p(k_j) [v_j, 1]^T for p = 0, 1, 2 (kept per order, so both normalisations come out): nh (1 + hs + hs^2)
@@ -383,9 +384,12 @@ def taylor_decode_block(
             [v_j, 1]^T over the tokens held (`taylor_attention_chunked`'s per-chunk states, summed).
 
     Returns:
-        (B, nh, c, hs): exactly one chunk of `taylor_attention_chunked` whose earlier chunks are the state.
+        (B, nh, c, hs) in v's dtype: exactly one chunk of `taylor_attention_chunked` whose earlier chunks are the state
+        (computed in the state's dtype, see `state_dtype`).
     """
     B, nh, c, hs = q.shape
+    out_dtype = v.dtype
+    q, k, v = (t.to(state["s0"].dtype) for t in (q, k, v))
     v1 = F.pad(v, (0, 1), value=1.0) * valid  # (B, nh, c, hs + 1): pads carry neither value nor mass
     s = (q @ k.transpose(-1, -2)) / math.sqrt(hs)  # (B, nh, c, c)
     kernels = _taylor_kernels(s, causal_mask(c, c, q.device), normalization)  # (B, nh, 1|3, c, c)
@@ -404,7 +408,16 @@ def taylor_decode_block(
     state["s0"].add_(v1.sum(-2))  # (B, nh, hs + 1)
     state["s1"].add_(f1k.transpose(-1, -2) @ v1)  # (B, nh, hs, hs + 1)
     state["s2"].add_(f2k.transpose(-1, -2) @ v1)  # (B, nh, hs^2, hs + 1)
-    return torch.where(valid, out, torch.zeros((), dtype=out.dtype, device=out.device))  # pad rows: 0/0 -> 0
+    out = torch.where(valid, out, torch.zeros((), dtype=out.dtype, device=out.device))  # pad rows: 0/0 -> 0
+    return out.to(out_dtype)
+
+
+def state_dtype(dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype a recurrent decode state is kept in: the cache's `dtype`, at least fp32. A state is a running sum
+    over every token held, which in bf16 (8 significant bits) stops registering a new token's contribution once it
+    holds a few hundred; its size does not grow with the tokens, so the wider type is cheap."""
+    dtype = dtype or torch.get_default_dtype()
+    return torch.promote_types(dtype, torch.float32)
 
 
 @dataclass
@@ -449,10 +462,10 @@ class ApproximateAttention(ProjectedAttention):
         self, batch_size: int, max_len: int, device: torch.device | str | None, dtype: torch.dtype | None
     ) -> LayerCache:
         """The recurrent state of the linear form (module docstring): no time-axis buffer, nh (1 + hs + hs^2)
-        (hs + 1) values per sequence whatever `max_len`."""
+        (hs + 1) values per sequence whatever `max_len`, in `state_dtype(dtype)` (at least fp32)."""
         nh, hs = self.n_head, self.head_size
         state = {"s0": (nh, hs + 1), "s1": (nh, hs, hs + 1), "s2": (nh, hs * hs, hs + 1)}
-        return LayerCache(batch_size, max_len, device, dtype, state=state)
+        return LayerCache(batch_size, max_len, device, state_dtype(dtype), state=state)
 
     def decode_mixing(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """Decode mode: the next T tokens' q, k, v (B, nh, T, hs) against the state in `ctx.cache`, in blocks of the
@@ -575,9 +588,12 @@ def softmax_pool_decode_block(
             the normalised output; updated in place to cover the new valid tokens.
 
     Returns:
-        (B, nh, c, hs). The state enters as one more key with log-mass m + log den (-inf when empty) and value o.
+        (B, nh, c, hs) in v's dtype. The state enters as one more key with log-mass m + log den (-inf when empty) and
+        value o; the pooling runs in the state's dtype (`state_dtype`).
     """
     B, nh, c = s.shape
+    out_dtype = v.dtype
+    s, v = s.to(state["o"].dtype), v.to(state["o"].dtype)
     prev = state["m"] + torch.log(state["den"])  # (B, nh): -inf for an empty state
     own = torch.eye(c, dtype=torch.bool, device=s.device)  # (c, c)
     allowed = causal_mask(c, c, s.device) & (valid.unsqueeze(-2) | own)  # (B, 1, c, c)
@@ -595,7 +611,7 @@ def softmax_pool_decode_block(
     state["m"].copy_(m)
     state["den"].copy_(den)
     state["o"].copy_(o)  # (B, nh, hs)
-    return out
+    return out.to(out_dtype)
 
 
 @dataclass
@@ -652,9 +668,10 @@ class NonApproximateAttention(ProjectedAttention):
         self, batch_size: int, max_len: int, device: torch.device | str | None, dtype: torch.dtype | None
     ) -> LayerCache:
         """The running pooled state (module docstring): "m", "den" (B, nh) and "o" (B, nh, hs), nh (hs + 2) values per
-        sequence whatever `max_len`; no time-axis buffer."""
+        sequence whatever `max_len`, in `state_dtype(dtype)` (at least fp32); no time-axis buffer."""
         nh, hs = self.n_head, self.head_size
-        return LayerCache(batch_size, max_len, device, dtype, state={"m": (nh,), "den": (nh,), "o": (nh, hs)})
+        state = {"m": (nh,), "den": (nh,), "o": (nh, hs)}
+        return LayerCache(batch_size, max_len, device, state_dtype(dtype), state=state)
 
     @classmethod
     def check_config(cls, config: ModelConfig, layer_idx: int, options: NonApproximateOptions) -> None:

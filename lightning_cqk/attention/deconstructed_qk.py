@@ -300,7 +300,7 @@ class FixedInputQKAttention(ProjectedAttention):
                 f"{self.name} takes q and k from the model's fixed reference stream (AttentionContext.reference), "
                 "which GPT provides; outside a GPT pass reference=[... (1, L, C) per layer ...] yourself."
             )
-        r = ctx.reference[self.layer_idx]  # (1, L, C)
+        r = ctx.reference[self.layer_idx].to(self.q_proj.weight.dtype)  # (1, L, C); a cache may keep it narrower
         return r.detach() if self.options.detach_reference else r
 
     def stream_key(self) -> tuple:
