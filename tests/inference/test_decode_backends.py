@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from decode_cases import CASES, Case, build_model, case_params
 
 from lightning_cqk.attention.deconstructed_mixing import recurrent_state_values
