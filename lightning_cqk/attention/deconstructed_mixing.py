@@ -91,7 +91,9 @@ and every parameter, with several chunks (and several recursion levels for the s
 independent loops over positions; the scan is finite for scores of size 1e4; joint normalisation equals a Taylor
 kernel attention written out; the auto chunk is quadratic below the crossover; parameter counts (mlp within 1% of
 4 C^2; the others 4 C^2 like standard); analytic FLOPs equal a FLOP counter on the fast path; the fast paths compile
-with fullgraph=True (no graph breaks, no host syncs); a tiny GPT of each variant trains on real text.
+with fullgraph=True (no graph breaks, no host syncs); a tiny GPT of each variant trains on real text. Decoding
+(`tests/inference`): fp64 parity with the full forward to 1e-10 (token by token, chunked, left-padded prefill then
+a multi-token block), 0 cache bytes per token and a state whose size does not depend on max_len or the tokens held.
 """
 
 from __future__ import annotations

@@ -78,7 +78,9 @@ weights (static_emb_qk with embeddings := x and no embedding norm; rnd/fixed wit
 the map is the same for every input, and the stream states equal a manual run of the blocks; gradients reach the
 earlier blocks through the stream unless detached; a batch longer than L raises; token files (.npy, .txt) load;
 parameter counts 4 C^2; analytic FLOPs equal a FLOP counter once the per-step stream cost is added; a tiny GPT of
-each variant trains on real text.
+each variant trains on real text. Decoding (`tests/inference`): fp64 parity with the full forward to 1e-10 (token by
+token, chunked, left-padded rows at their own positions), measured cache bytes = `kv_cache_values_per_token`, the
+reference keys kept across `select` and `reset`.
 """
 
 from __future__ import annotations

@@ -91,7 +91,11 @@ per-position loop of the equations above; without RoPE and latent norms it equal
 product weights (W_Q^h = [W_uq^h; W_qr^h] W_dq, W_K^h = [W_uk^h W_dkv; W_kr], W_V = W_uv W_dkv); attention computed
 from the (c_kv, k_rope) cache with absorbed weights equals the module; one rope key for all heads; the sub-sampled
 rotary tables equal d_rope-wide tables; parameter count equals the hand count (and standard's 4 C^2 + C hs at the
-defaults); impossible options are refused; both paths compile with fullgraph=True; a tiny GPT learns.
+defaults); impossible options are refused; both paths compile with fullgraph=True; a tiny GPT learns. Decoding
+(`tests/inference`): in fp64 the absorbed decode equals the materialised forward to 1e-10 (token by token, chunked,
+after a left-padded prefill; with bias, qk_norm, odd widths, no query latent, learned positions, q/k transforms);
+the cache holds only the latent (and the key scales with qk_norm), its bytes equal `kv_cache_values_per_token`; no
+cached token is ever up-projected.
 """
 
 from __future__ import annotations

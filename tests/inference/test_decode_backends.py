@@ -1,10 +1,10 @@
 """Decoding with the paper's cache for mla, the deconstructed variants (arXiv 2510.11602) and hybrids (issue 16).
 
-Every case: fp64, all parameters perturbed (norm gains away from 1, transforms away from the identity), the decode
-logits equal the full forward's to 1e-10, token by token from an empty cache and after a left-padded prefill of
-rows of different lengths followed by a multi-token chunk and single tokens. Also: the measured cache is what the
-backend states (MLA: only the latent, no per-head keys, unless a q/k transform forbids absorption), recurrent
-states have a size independent of the length, and the fixed-stream keys survive `select` / `reset`.
+Their option sets are in `decode_cases.CASES`, so `test_decode.py` checks them like every backend (fp64 parity to
+1e-10 token by token, chunked and left-padded; measured bytes = the analytic count; a narrower cache). Here, for
+these backends: a left-padded prefill followed by a multi-token block (recurrent states and fixed-stream keys at
+per-row positions); MLA caches only the latent and never up-projects a cached token (absorbed form); recurrent states
+have a size independent of the length; `select` / `reset` keep decoding exact.
 """
 
 from __future__ import annotations
