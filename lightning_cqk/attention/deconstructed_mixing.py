@@ -73,7 +73,7 @@ Options (defaults in brackets; [NS] = not stated in the paper, our choice and wh
 Decoding (`new_cache`, the decode contract of `attention.base`). `kv_cache_values_per_token` counts what grows with
 the tokens held; a recurrent state has a fixed size per sequence, reported by `DecodeCache.fixed_nbytes()` and by
 `recurrent_state_values(config, options)` (values per layer and sequence), kept in at least fp32 (`state_dtype`:
-a running sum in bf16 stops registering new tokens after a few hundred):
+a running sum in bf16 stops registering new tokens after a few hundred); one decode path serves both `impl`s:
     mlp: nothing (no token mixing): `new_cache` returns None; 0 per token.
     approximate: 0 per token; the recurrent state of the linear form, per head the sums over the tokens held of
         phi_p(k_j) [v_j, 1]^T for p = 0, 1, 2 (kept per order, so both normalisations come out): nh (1 + hs + hs^2)
