@@ -70,9 +70,20 @@ Options (defaults in brackets; [NS] = not stated in the paper, our choice and wh
         chunk_size [64] [NS]: block length of the scan (at least 2).
         [NS] Positions: RoPE is not applied, since R_j q_j . R_j k_j = q_j . k_j (it cancels at equal positions).
 
-KV cache (`kv_cache_values_per_token`): mlp 0 (no mixing); approximate 0 per token, but a fixed recurrent state
-of nh (1 + hs + hs^2)(hs + 1) values per layer; non_approximate 0 per token, a state of nh (hs + 2) values
-(running log-mass and normalised output).
+Decoding (`new_cache`, the decode contract of `attention.base`). `kv_cache_values_per_token` counts what grows with
+the tokens held; a recurrent state has a fixed size per sequence, reported by `DecodeCache.fixed_nbytes()` and by
+`recurrent_state_values(config, options)` (values per layer and sequence), kept in at least fp32 (`state_dtype`:
+a running sum in bf16 stops registering new tokens after a few hundred); one decode path serves both `impl`s:
+    mlp: nothing (no token mixing): `new_cache` returns None; 0 per token.
+    approximate: 0 per token; the recurrent state of the linear form, per head the sums over the tokens held of
+        phi_p(k_j) [v_j, 1]^T for p = 0, 1, 2 (kept per order, so both normalisations come out): nh (1 + hs + hs^2)
+        (hs + 1) values ("s0" (B, nh, hs + 1), "s1" (B, nh, hs, hs + 1), "s2" (B, nh, hs^2, hs + 1)). New tokens are
+        processed in blocks of the fast path's chunk: exact quadratic within the block plus phi_p(q) . state, then
+        the block's keys are added to the state (pads are not: their [v, 1] rows are zeroed).
+    non_approximate: 0 per token; per head the running pooled state of the keys held, nh (hs + 2) values: the
+        largest score m ("m" (B, nh)), the mass sum_j e^{s_j - m} ("den" (B, nh), 0 for an empty row) and the
+        normalised output sum_j e^{s_j - m} v_j / den ("o" (B, nh, hs)). New tokens are pooled in blocks of
+        `chunk_size` with the state entering as one more key of log-mass m + log den and value o.
 
 Invariants checked by `tests/attention/test_deconstructed.py`: causality (fp64, earlier positions exactly
 unchanged); forward and backward finite; fast path == reference path in fp64, forward and gradients of the input
@@ -80,7 +91,9 @@ and every parameter, with several chunks (and several recursion levels for the s
 independent loops over positions; the scan is finite for scores of size 1e4; joint normalisation equals a Taylor
 kernel attention written out; the auto chunk is quadratic below the crossover; parameter counts (mlp within 1% of
 4 C^2; the others 4 C^2 like standard); analytic FLOPs equal a FLOP counter on the fast path; the fast paths compile
-with fullgraph=True (no graph breaks, no host syncs); a tiny GPT of each variant trains on real text.
+with fullgraph=True (no graph breaks, no host syncs); a tiny GPT of each variant trains on real text. Decoding
+(`tests/inference`): fp64 parity with the full forward to 1e-10 (token by token, chunked, left-padded prefill then
+a multi-token block), 0 cache bytes per token and a state whose size does not depend on max_len or the tokens held.
 """
 
 from __future__ import annotations
@@ -94,6 +107,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
+from lightning_cqk.attention.cache import LayerCache
 from lightning_cqk.attention.functional import causal_mask
 from lightning_cqk.attention.rope import apply_rope
 
@@ -211,6 +225,12 @@ class DeconMLPAttention(AttentionBackend):
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         h = F.silu(self.gate_proj(x)) * self.up_proj(x)  # (B, T, m)
         return self.resid_dropout(self.out_proj(h))  # (B, T, C)
+
+    def new_cache(
+        self, batch_size: int, max_len: int, device: torch.device | str | None, dtype: torch.dtype | None
+    ) -> None:
+        """No cache: each position's output depends on that position alone, so decode mode is the plain forward."""
+        return None
 
     @classmethod
     def check_config(cls, config: ModelConfig, layer_idx: int, options: DeconMLPOptions) -> None:
@@ -348,6 +368,60 @@ def taylor_chunk_size(T: int, hs: int, chunk_size: int | None, normalization: st
     return min((T, 64), key=lambda c: taylor_chunked_flops(T, hs, c, normalization))
 
 
+def taylor_decode_block(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    valid: torch.Tensor,
+    state: dict[str, torch.Tensor],
+    normalization: str = "joint",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Decode: c new tokens against the recurrent state of the tokens before them; the state is updated in place.
+
+    Args:
+        q, k, v: (B, nh, c, hs), RoPE already applied to q and k.
+        valid: (B, 1, c, 1) bool, False for left padding (pad keys are not added; pad queries' outputs are 0).
+        state: "s0" (B, nh, hs + 1), "s1" (B, nh, hs, hs + 1), "s2" (B, nh, hs^2, hs + 1): sum_j phi_p(k_j)
+            [v_j, 1]^T over the tokens held (`taylor_attention_chunked`'s per-chunk states, summed).
+
+    Returns:
+        (B, nh, c, hs) in v's dtype: exactly one chunk of `taylor_attention_chunked` whose earlier chunks are the state
+        (computed in the state's dtype, see `state_dtype`).
+    """
+    B, nh, c, hs = q.shape
+    out_dtype = v.dtype
+    q, k, v = (t.to(state["s0"].dtype) for t in (q, k, v))
+    v1 = F.pad(v, (0, 1), value=1.0) * valid  # (B, nh, c, hs + 1): pads carry neither value nor mass
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(hs)  # (B, nh, c, c)
+    kernels = _taylor_kernels(s, causal_mask(c, c, q.device), normalization)  # (B, nh, 1|3, c, c)
+    intra = kernels @ v1.unsqueeze(-3)  # (B, nh, 1|3, c, hs + 1)
+    scale1, scale2 = hs**-0.25, 1.0 / math.sqrt(2.0 * hs)
+    f1q, f1k = q * scale1, k * scale1  # (B, nh, c, hs)
+    f2q = (q.unsqueeze(-1) * q.unsqueeze(-2)).flatten(-2) * scale2  # (B, nh, c, hs^2)
+    f2k = (k.unsqueeze(-1) * k.unsqueeze(-2)).flatten(-2) * scale2  # (B, nh, c, hs^2)
+    inter0 = state["s0"].unsqueeze(-2).expand(B, nh, c, hs + 1)  # (B, nh, c, hs + 1)
+    inter = torch.stack((inter0, f1q @ state["s1"], f2q @ state["s2"]), dim=-3)  # (B, nh, 3, c, hs + 1)
+    if normalization == "joint":
+        num = intra.squeeze(-3) + inter.sum(-3)  # (B, nh, c, hs + 1)
+        out = num[..., :-1] / num[..., -1:]  # (B, nh, c, hs)
+    else:
+        out = _combine_taylor(intra + inter, normalization, eps)  # (B, nh, c, hs)
+    state["s0"].add_(v1.sum(-2))  # (B, nh, hs + 1)
+    state["s1"].add_(f1k.transpose(-1, -2) @ v1)  # (B, nh, hs, hs + 1)
+    state["s2"].add_(f2k.transpose(-1, -2) @ v1)  # (B, nh, hs^2, hs + 1)
+    out = torch.where(valid, out, torch.zeros((), dtype=out.dtype, device=out.device))  # pad rows: 0/0 -> 0
+    return out.to(out_dtype)
+
+
+def state_dtype(dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype a recurrent decode state is kept in: the cache's `dtype`, at least fp32. A state is a running sum
+    over every token held, which in bf16 (8 significant bits) stops registering a new token's contribution once it
+    holds a few hundred; its size does not grow with the tokens, so the wider type is cheap."""
+    dtype = dtype or torch.get_default_dtype()
+    return torch.promote_types(dtype, torch.float32)
+
+
 @dataclass
 class ApproximateOptions(DeconstructedOptions):
     """Options of `approximate`.
@@ -377,12 +451,40 @@ class ApproximateAttention(ProjectedAttention):
         q, k = self.norm_qk(q, k)
         q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)  # (B, nh, T, hs) each
         o = self.options
+        if ctx.decoding:
+            return self.output(self.decode_mixing(q, k, v, ctx))  # (B, T, C)
         if o.impl == "math":
             y = taylor_attention_quadratic(q, k, v, o.normalization, o.eps)  # (B, nh, T, hs)
         else:
             chunk = taylor_chunk_size(q.size(2), self.head_size, o.chunk_size, o.normalization)
             y = taylor_attention_chunked(q, k, v, o.normalization, o.eps, chunk)  # (B, nh, T, hs)
         return self.output(y)  # (B, T, C)
+
+    def new_cache(
+        self, batch_size: int, max_len: int, device: torch.device | str | None, dtype: torch.dtype | None
+    ) -> LayerCache:
+        """The recurrent state of the linear form (module docstring): no time-axis buffer, nh (1 + hs + hs^2)
+        (hs + 1) values per sequence whatever `max_len`, in `state_dtype(dtype)` (at least fp32)."""
+        nh, hs = self.n_head, self.head_size
+        state = {"s0": (nh, hs + 1), "s1": (nh, hs, hs + 1), "s2": (nh, hs * hs, hs + 1)}
+        return LayerCache(batch_size, max_len, device, state_dtype(dtype), state=state)
+
+    def decode_mixing(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """Decode mode: the next T tokens' q, k, v (B, nh, T, hs) against the state in `ctx.cache`, in blocks of the
+        fast path's chunk (`taylor_chunk_size`) -> (B, nh, T, hs)."""
+        o, T = self.options, q.size(2)
+        valid = ctx.key_valid[:, -T:][:, None, :, None]  # (B, 1, T, 1)
+        chunk = taylor_chunk_size(T, self.head_size, o.chunk_size, o.normalization)
+        blocks = []
+        for start in range(0, T, chunk):
+            part = slice(start, start + chunk)
+            blocks.append(
+                taylor_decode_block(
+                    q[:, :, part], k[:, :, part], v[:, :, part], valid[:, :, part], ctx.cache.state,
+                    o.normalization, o.eps,
+                )  # (B, nh, c, hs)
+            )  # fmt: skip
+        return torch.cat(blocks, dim=2)  # (B, nh, T, hs)
 
     @classmethod
     def check_config(cls, config: ModelConfig, layer_idx: int, options: ApproximateOptions) -> None:
@@ -411,7 +513,7 @@ class ApproximateAttention(ProjectedAttention):
 
     @classmethod
     def kv_cache_values_per_token(cls, config: ModelConfig, options: ApproximateOptions) -> int:
-        return 0  # recurrent: a fixed state of nh (1 + hs + hs^2)(hs + 1) values per layer instead
+        return 0  # recurrent: a fixed state of nh (1 + hs + hs^2)(hs + 1) values per layer instead (see `new_cache`)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -476,6 +578,44 @@ def softmax_pool_scan_flops(T: int, d: int, chunk_size: int) -> int:
     return N * 2 * chunk_size * chunk_size * d + softmax_pool_scan_flops(N, d, chunk_size)
 
 
+def softmax_pool_decode_block(
+    s: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, state: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    """Decode: the pooling of `softmax_pool_quadratic` for c new tokens after those summarised by `state`.
+
+    Args:
+        s: scores (B, nh, c); v: values (B, nh, c, hs).
+        valid: (B, 1, c) bool, False for left padding (never pooled; a pad query pools only itself: finite).
+        state: "m" (B, nh) largest score held, "den" (B, nh) sum_j e^{s_j - m} (0: nothing held yet), "o" (B, nh, hs)
+            the normalised output; updated in place to cover the new valid tokens.
+
+    Returns:
+        (B, nh, c, hs) in v's dtype. The state enters as one more key with log-mass m + log den (-inf when empty) and
+        value o; the pooling runs in the state's dtype (`state_dtype`).
+    """
+    B, nh, c = s.shape
+    out_dtype = v.dtype
+    s, v = s.to(state["o"].dtype), v.to(state["o"].dtype)
+    prev = state["m"] + torch.log(state["den"])  # (B, nh): -inf for an empty state
+    own = torch.eye(c, dtype=torch.bool, device=s.device)  # (c, c)
+    allowed = causal_mask(c, c, s.device) & (valid.unsqueeze(-2) | own)  # (B, 1, c, c)
+    rows = s.unsqueeze(-2).expand(B, nh, c, c).masked_fill(~allowed, float("-inf"))  # (B, nh, c, c)
+    rows = torch.cat((prev[..., None, None].expand(B, nh, c, 1), rows), dim=-1)  # (B, nh, c, 1 + c)
+    values = torch.cat((state["o"].unsqueeze(-2), v), dim=-2)  # (B, nh, 1 + c, hs)
+    out = rows.softmax(-1) @ values  # (B, nh, c, hs): every row holds its own finite score
+    # New state: pool the old state and every valid new key (an all-pad block leaves an empty state empty).
+    held = torch.cat((prev.unsqueeze(-1), s.masked_fill(~valid, float("-inf"))), dim=-1)  # (B, nh, 1 + c)
+    m = held.amax(-1)  # (B, nh), -inf when nothing is held
+    m = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype, device=m.device))
+    w = torch.exp(held - m.unsqueeze(-1))  # (B, nh, 1 + c), 0 for masked keys, max 1
+    den = w.sum(-1)  # (B, nh), >= 1 unless empty
+    o = (w.unsqueeze(-2) @ values).squeeze(-2) / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)
+    state["m"].copy_(m)
+    state["den"].copy_(den)
+    state["o"].copy_(o)  # (B, nh, hs)
+    return out.to(out_dtype)
+
+
 @dataclass
 class NonApproximateOptions(DeconstructedOptions):
     """Options of `non_approximate`.
@@ -512,11 +652,28 @@ class NonApproximateAttention(ProjectedAttention):
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         s, v = self.scores(x)  # (B, nh, T), (B, nh, T, hs)
+        if ctx.decoding:
+            valid = ctx.key_valid[:, -s.size(-1) :].unsqueeze(1)  # (B, 1, T)
+            c = self.options.chunk_size
+            blocks = [
+                softmax_pool_decode_block(s[..., i : i + c], v[:, :, i : i + c], valid[..., i : i + c], ctx.cache.state)
+                for i in range(0, s.size(-1), c)
+            ]  # (B, nh, c, hs) each
+            return self.output(torch.cat(blocks, dim=2))  # (B, T, C)
         if self.options.impl == "math":
             y = softmax_pool_quadratic(s, v)  # (B, nh, T, hs)
         else:
             y, _ = softmax_pool_scan(s, v, self.options.chunk_size)  # (B, nh, T, hs)
         return self.output(y)  # (B, T, C)
+
+    def new_cache(
+        self, batch_size: int, max_len: int, device: torch.device | str | None, dtype: torch.dtype | None
+    ) -> LayerCache:
+        """The running pooled state (module docstring): "m", "den" (B, nh) and "o" (B, nh, hs), nh (hs + 2) values per
+        sequence whatever `max_len`, in `state_dtype(dtype)` (at least fp32); no time-axis buffer."""
+        nh, hs = self.n_head, self.head_size
+        state = {"m": (nh,), "den": (nh,), "o": (nh, hs)}
+        return LayerCache(batch_size, max_len, device, state_dtype(dtype), state=state)
 
     @classmethod
     def check_config(cls, config: ModelConfig, layer_idx: int, options: NonApproximateOptions) -> None:
@@ -536,4 +693,15 @@ class NonApproximateAttention(ProjectedAttention):
 
     @classmethod
     def kv_cache_values_per_token(cls, config: ModelConfig, options: NonApproximateOptions) -> int:
-        return 0  # recurrent: a fixed state of nh (hs + 2) values per layer instead
+        return 0  # recurrent: a fixed state of nh (hs + 2) values per layer instead (see `new_cache`)
+
+
+def recurrent_state_values(config: ModelConfig, options: AttentionOptions) -> int:
+    """Values of the fixed per-sequence decode state of one layer (`LayerCache.state`): approximate nh (1 + hs +
+    hs^2)(hs + 1), non_approximate nh (hs + 2), 0 for every other backend."""
+    nh, hs = config.n_head, config.head_size
+    if isinstance(options, ApproximateOptions):
+        return nh * (1 + hs + hs * hs) * (hs + 1)
+    if isinstance(options, NonApproximateOptions):
+        return nh * (hs + 2)
+    return 0

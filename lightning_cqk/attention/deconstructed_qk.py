@@ -23,8 +23,7 @@ stream itself a reading layer sees its own input as reference, i.e. it is ordina
 one forward (and backward) of L tokens per training step through those blocks, independent of the batch size: at
 the `60m` preset with uniform rnd_emb_qk and L = T = 1024 it is the forward work of 0.64 standard sequences (9 of
 10 blocks, plus the stream's q and k projections in all 10): it adds about 2% to a step of 32 sequences, 32% to a
-step of 2. `forward_flops_per_token` leaves it out (it has no batch size); see there. At inference the per-layer q
-and k could be cached; that is not implemented.
+step of 2. `forward_flops_per_token` leaves it out (it has no batch size); see there.
 
 Options (defaults in brackets; [NS] = not stated in the paper, our choice and why):
     all: impl ["sdpa"]: `scaled_dot_product_attention` (q and k broadcast over the batch), or "math" (the softmax
@@ -60,8 +59,17 @@ Options (defaults in brackets; [NS] = not stated in the paper, our choice and wh
             that text) under any other tokenizer (folded modulo vocab_size below 256 ids), and it changes with the
             Python version. The ids are kept as a persistent buffer, so a checkpoint carries the exact sequence.
 
-KV cache (`kv_cache_values_per_token`): static_emb_qk 2 C (k and v); rnd_emb_qk, fixed_seq_qk C (only v depends on
-the input; q and k of the fixed stream are per model, not per token).
+Decoding (`new_cache`, the decode contract of `attention.base`; `kv_cache_values_per_token` = what is cached per
+token and layer):
+    static_emb_qk: 2 C, the keys (from the new tokens' embeddings, QK-normed and rotated at their positions) and the
+        values of every head, as `standard`; each new query comes from its own token's embedding.
+    rnd_emb_qk, fixed_seq_qk: C, the values only. q and k depend on the position alone (position p reads row p of
+        the fixed stream), so a query at position p is projected from reference row p, and the keys of every
+        position are projected from the whole stream once per cache (at its first forward) and gathered at the held
+        keys' positions (`DecodeCache` keeps the stream's states, computed once by `GPT.new_cache`). These
+        reference keys, nh L hs = L C values per layer, are per model, not per token or sequence: they are kept on
+        the layer's cache (`ReferenceKeyCache.reference_keys`) and, like the stream states, not counted in the
+        cache's bytes per token or fixed bytes.
 
 Invariants checked by `tests/attention/test_deconstructed.py`: causality of the backend and of a whole GPT (fp64,
 earlier positions exactly unchanged); forward and backward finite; SDPA path == math path in fp64, forward and
@@ -70,7 +78,9 @@ weights (static_emb_qk with embeddings := x and no embedding norm; rnd/fixed wit
 the map is the same for every input, and the stream states equal a manual run of the blocks; gradients reach the
 earlier blocks through the stream unless detached; a batch longer than L raises; token files (.npy, .txt) load;
 parameter counts 4 C^2; analytic FLOPs equal a FLOP counter once the per-step stream cost is added; a tiny GPT of
-each variant trains on real text.
+each variant trains on real text. Decoding (`tests/inference`): fp64 parity with the full forward to 1e-10 (token by
+token, chunked, left-padded rows at their own positions), measured cache bytes = `kv_cache_values_per_token`, the
+reference keys kept across `select` and `reset`.
 """
 
 from __future__ import annotations
@@ -87,8 +97,9 @@ import torch
 import torch.nn.functional as F
 
 from lightning_cqk.attention.base import AttentionContext
+from lightning_cqk.attention.cache import LayerCache
 from lightning_cqk.attention.deconstructed_mixing import DeconstructedOptions, ProjectedAttention
-from lightning_cqk.attention.functional import attention_probs, causal_attention, causal_logits
+from lightning_cqk.attention.functional import attention_probs, causal_attention, causal_logits, masked_attention
 from lightning_cqk.attention.rope import apply_rope
 
 if TYPE_CHECKING:
@@ -136,11 +147,21 @@ class StaticEmbQKAttention(ProjectedAttention):
         return causal_logits(*self.query_key(ctx))  # (B, nh, T, T)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        q, k = self.query_key(ctx)  # (B, nh, T, hs) each
+        q, k = self.query_key(ctx)  # (B, nh, T, hs) each; decode mode: at the new tokens' positions
         v = self.split_heads(self.v_proj(x))  # (B, nh, T, hs)
+        if ctx.decoding:
+            held = ctx.cache.append(k=k, v=v)  # (B, nh, L, hs) each
+            return self.output(masked_attention(q, held["k"], held["v"], ctx.attn_mask, impl=self.options.impl))
         dropout_p = self.config.attn_dropout_p if self.training else 0.0
         y = causal_attention(q, k, v, impl=self.options.impl, dropout_p=dropout_p)  # (B, nh, T, hs)
         return self.output(y)  # (B, T, C)
+
+    def new_cache(
+        self, batch_size: int, max_len: int, device: torch.device | str | None, dtype: torch.dtype | None
+    ) -> LayerCache:
+        """Keys (rotated) and values of every head, "k" and "v" (B, nh, max_len, hs): 2 C values per token."""
+        heads = (self.n_head, self.head_size)
+        return LayerCache(batch_size, max_len, device, dtype, buffers={"k": heads, "v": heads})
 
     @classmethod
     def forward_flops_per_token(cls, config: ModelConfig, options: StaticEmbQKOptions, seq_len: int) -> int:
@@ -223,6 +244,8 @@ class FixedInputQKAttention(ProjectedAttention):
         return apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)  # (1, nh, T, hs) each
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        if ctx.decoding:
+            return self.decode(x, ctx)
         B, T, _ = x.shape
         q, k = self.query_key(T, ctx)  # (1, nh, T, hs) each
         v = self.split_heads(self.v_proj(x))  # (B, nh, T, hs)
@@ -236,6 +259,51 @@ class FixedInputQKAttention(ProjectedAttention):
             q, k = q.expand(B, -1, -1, -1), k.expand(B, -1, -1, -1)  # (B, nh, T, hs) views, no copies
             y = causal_attention(q, k, v, impl="sdpa", dropout_p=dropout_p)  # (B, nh, T, hs)
         return self.output(y)  # (B, T, C)
+
+    def new_cache(
+        self, batch_size: int, max_len: int, device: torch.device | str | None, dtype: torch.dtype | None
+    ) -> ReferenceKeyCache:
+        """The values of every head, "v" (B, nh, max_len, hs): C values per token; the stream's keys are projected
+        once, at the first decode forward (`reference_keys`)."""
+        return ReferenceKeyCache(batch_size, max_len, device, dtype, buffers={"v": (self.n_head, self.head_size)})
+
+    def reference_keys(self, ctx: AttentionContext) -> torch.Tensor:
+        """Keys of every position of the fixed stream, (nh, L, hs), rotated at their positions; computed once per
+        cache from `ctx.reference` (the states `GPT.new_cache` keeps) and kept on it."""
+        cache = ctx.cache
+        if cache.reference_keys is None:
+            r = self._reference(ctx)  # (1, L, C)
+            k = self.split_heads(self.k_proj(r))  # (1, nh, L, hs)
+            if self.k_norm is not None:
+                k = self.k_norm(k)
+            if ctx.rope_tables is not None:
+                cos, sin = (t[: r.size(1)] for t in ctx.rope_tables)  # (L, hs/2) each
+                k = apply_rope(k, cos, sin)  # (1, nh, L, hs)
+            cache.reference_keys = k[0]  # (nh, L, hs)
+        return cache.reference_keys
+
+    def decode(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """Decode mode: the next T tokens x (B, T, C) -> (B, T, C). q from the reference rows at the new tokens'
+        positions, keys gathered from `reference_keys` at the held keys' positions, values from the cache."""
+        # Positions stay below the cache's max_len, which `GPT.new_cache` keeps within the stream's length L.
+        r = self._reference(ctx)  # (1, L, C)
+        q = self.split_heads(self.q_proj(r[0][ctx.positions]))  # (B, nh, T, hs): row p of the stream at position p
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        q = apply_rope(q, ctx.cos, ctx.sin)  # (B, nh, T, hs)
+        keys = self.reference_keys(ctx)[:, ctx.key_positions].transpose(0, 1)  # (B, nh, L, hs)
+        v = ctx.cache.append(v=self.split_heads(self.v_proj(x)))["v"]  # (B, nh, L, hs)
+        return self.output(masked_attention(q, keys, v, ctx.attn_mask, impl=self.options.impl))  # (B, T, C)
+
+    def _reference(self, ctx: AttentionContext) -> torch.Tensor:
+        """This layer's reference state (1, L, C), detached when `detach_reference`."""
+        if ctx.reference is None:
+            raise ValueError(
+                f"{self.name} takes q and k from the model's fixed reference stream (AttentionContext.reference), "
+                "which GPT provides; outside a GPT pass reference=[... (1, L, C) per layer ...] yourself."
+            )
+        r = ctx.reference[self.layer_idx].to(self.q_proj.weight.dtype)  # (1, L, C); a cache may keep it narrower
+        return r.detach() if self.options.detach_reference else r
 
     def stream_key(self) -> tuple:
         """The options that define the fixed input; layers that share a stream must agree on them."""
@@ -275,6 +343,18 @@ class FixedInputQKAttention(ProjectedAttention):
     @classmethod
     def kv_cache_values_per_token(cls, config: ModelConfig, options: FixedInputQKOptions) -> int:
         return config.n_embd  # only v depends on the input
+
+
+class ReferenceKeyCache(LayerCache):
+    """A `LayerCache` that also keeps the fixed stream's projected keys (nh, L, hs) of `rnd_emb_qk` / `fixed_seq_qk`.
+
+    They are a function of the model alone (like `DecodeCache.reference`), shared by every row: `select` and `reset`
+    keep them, and they count neither per token nor per sequence (`nbytes_per_token`, `fixed_nbytes`).
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reference_keys: torch.Tensor | None = None
 
 
 @dataclass

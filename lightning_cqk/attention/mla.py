@@ -21,9 +21,32 @@ rows [h d_nope, (h+1) d_nope), `qr_proj.weight` rows [h d_rope, (h+1) d_rope), `
 [h d_nope, (h+1) d_nope), `uv_proj.weight` rows [h d_v, (h+1) d_v). `dq_proj`, `dkv_proj` and `kr_proj` are shared
 by all heads (hence the max over heads in the QuacK rule).
 
-KV cache: c_kv and the rotated k_rope, d_ckv + d_rope values per token and layer (`kv_cache_values_per_token`);
-without qk_norm, W_uk^h folds into the query and W_uv^h into the output (weight absorption), so attention runs on
-the cached latents directly (tested).
+KV cache and decoding (DeepSeek-V2 §2.1.3, "low-rank key-value joint compression"; `new_cache`, `decode`). The
+cache holds per token and layer the latent c_kv and the rotated shared rope key, d_ckv + d_rope values, as ONE
+buffer "latent" = [c_kv; RoPE(k_rope)] (B, 1, max_len, d_ckv + d_rope). Decoding never up-projects a cached token:
+W_uk^h is absorbed into the query and W_uv^h into the output side::
+
+    q^h . k^h_j = (W_uk^h^T q_nope^h) . c_kv_j + q_rope^h . RoPE(k_rope_j)  (+ q_nope^h . b_uk^h: the same for every
+                  key j, so the softmax drops it; only with bias)
+    o^h = sum_j p^h_j v^h_j = W_uv^h (sum_j p^h_j c_kv_j) + b_uv^h         (sum_j p^h_j = 1)
+
+so attention is multi-query attention of the nh absorbed queries [W_uk^h^T q_nope^h; q_rope^h] (width d_ckv +
+d_rope) over the one cached latent key, whose first d_ckv features are also the value; head h's attention-weighted
+latent is then mapped by W_uv^h and W_O. We keep W_uv and W_O as two factors rather than multiplying them out (the
+product C x nh d_ckv is the same map, but costs nh d_ckv C multiply-adds per query instead of nh d_ckv d_v + nh d_v C:
+nh C^2 / 4 against 1.25 C^2 at the defaults).
+Options under which the plain absorption is not exact decode exactly with what they need cached:
+    qk_norm: RMSNorm(k^h) = g * k^h / rms(k^h) with one gain g shared by the heads. RoPE and the gain are linear,
+        so the cache keeps c_kv, RoPE(g_rope * k_rope) (shared) and each head's scalar 1 / rms(k^h_j) ("k_scale",
+        (B, nh, max_len, 1), computed once when token j is appended): d_ckv + d_rope + nh values per token, and
+        q^h . k^h_j = (1 / rms(k^h_j)) [(W_uk^h^T (g_nope * q_nope^h)) . c_kv_j + (g_nope * q_nope^h) . b_uk^h
+        + q_rope^h . RoPE(g_rope * k_rope_j)] (q^h already normed and rotated; the bias term now depends on j).
+        The per-key scale does not fit a fused kernel, so this case scores with explicit math whatever `impl`.
+    qk_transform: the transformed key of head h is a nonlinear function of (c_kv_j, k_rope_j, q^h_j), so W_uk
+        cannot be absorbed (`absorbed_path_refusal`): the cache keeps the transformed keys of every head ("k",
+        (B, nh, max_len, d_nope + d_rope)) and c_kv ("c_kv", (B, 1, max_len, d_ckv)) for the values, whose W_uv^h
+        is still absorbed: nh (d_nope + d_rope) + d_ckv values per token.
+`kv_cache_values_per_token` gives these counts; the measured bytes equal them (`tests/inference`).
 
 Options (`MLAOptions`), defaults in brackets; every default dimension is a function of the config, chosen when the
 option is None:
@@ -32,11 +55,10 @@ option is None:
         fall back to the unfused math kernel (2x slower at the tiny preset on CPU), so the fast path zero-pads the
         narrower side to equal sizes (`sdpa_equal_head_sizes`; exact, it changes no score and no output).
     qk_norm [False]: RMSNorm with a learned gain over every head's full q^h and k^h (d_nope + d_rope) before RoPE
-        is applied to their rope parts: the QK-norm baseline of arXiv 2511.21377. Usable for training only: the
-        norm needs each head's k^h explicitly, so weight absorption (attention on the cached latent) is impossible
-        and decoding would up-project every cached latent for every head at every step. This is why that paper
-        studies QuacK for MLA. With qk_norm the shared k_rope is normalised per head (jointly with that head's
-        k_nope).
+        is applied to their rope parts: the QK-norm baseline of arXiv 2511.21377. With qk_norm the shared k_rope is
+        normalised per head (jointly with that head's k_nope). The norm needs each head's k^h, but only its scale
+        1 / rms(k^h) per token and head, so decoding stays absorbed at the cost of nh more cached values per
+        token (see "KV cache" above).
     latent_norm [True]: RMSNorm with a learned gain on c_q and c_kv (DeepSeek-V2 does this; eps = config.norm_eps).
     d_nope [None = hs = n_embd / n_head]: per-head no-position q/k width.
     d_rope [None = hs]: per-head width of the rotary part (even under RoPE); the shared rope key has this width.
@@ -71,7 +93,11 @@ per-position loop of the equations above; without RoPE and latent norms it equal
 product weights (W_Q^h = [W_uq^h; W_qr^h] W_dq, W_K^h = [W_uk^h W_dkv; W_kr], W_V = W_uv W_dkv); attention computed
 from the (c_kv, k_rope) cache with absorbed weights equals the module; one rope key for all heads; the sub-sampled
 rotary tables equal d_rope-wide tables; parameter count equals the hand count (and standard's 4 C^2 + C hs at the
-defaults); impossible options are refused; both paths compile with fullgraph=True; a tiny GPT learns.
+defaults); impossible options are refused; both paths compile with fullgraph=True; a tiny GPT learns. Decoding
+(`tests/inference`): in fp64 the absorbed decode equals the materialised forward to 1e-10 (token by token, chunked,
+after a left-padded prefill; with bias, qk_norm, odd widths, no query latent, learned positions, q/k transforms);
+the cache holds only the latent (and the key scales with qk_norm), its bytes equal `kv_cache_values_per_token`; no
+cached token is ever up-projected.
 """
 
 from __future__ import annotations
@@ -85,7 +111,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions, QKWeight, QKWeights
-from lightning_cqk.attention.functional import causal_attention, causal_logits
+from lightning_cqk.attention.cache import LayerCache
+from lightning_cqk.attention.functional import causal_attention, causal_logits, masked_attention
 from lightning_cqk.attention.rope import apply_rope, build_rope_cache
 from lightning_cqk.attention.transform import build_transform, check_transform, qk_stage, transform_flops
 
@@ -98,7 +125,8 @@ class MLAOptions(AttentionOptions):
     """Options of `mla`; None dimensions take config-derived defaults (see the module docstring).
 
     Attributes:
-        qk_norm: per-head RMSNorm with a learned gain on q and k (training-only QK-norm baseline).
+        qk_norm: per-head RMSNorm with a learned gain on q and k (the QK-norm baseline; decoding caches each head's
+            key scale 1 / rms(k^h) besides the latent).
         latent_norm: RMSNorm with a learned gain on the latents c_q and c_kv.
         d_cq: query latent width (None: 3 n_embd // 4; 0: no query latent, q = [W_uq; W_qr] x).
         d_ckv: key/value latent width (None: n_embd // 4).
@@ -106,8 +134,8 @@ class MLAOptions(AttentionOptions):
         d_nope: per-head non-rotary q/k width (None: head size).
         d_v: per-head value width (None: head size).
         qk_transform: learned q/k transform on each head's materialised (q^h, k^h), `transform.py`; None. It makes
-            k^h a nonlinear function of (c_kv, k_rope, the token's q^h), so the absorbed path is refused
-            (`absorbed_path_refusal`).
+            k^h a nonlinear function of (c_kv, k_rope, the token's q^h), so W_uk cannot be absorbed
+            (`absorbed_path_refusal`): decoding caches the transformed per-head keys (and c_kv for the values).
     """
 
     qk_norm: bool = False
@@ -216,26 +244,43 @@ class MultiHeadLatentAttention(AttentionBackend):
         return c_q, c_kv
 
     def rope_tables(self, ctx: AttentionContext) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """cos/sin tables (T, d_rope / 2) for the rotary part, or (None, None) without RoPE."""
+        """cos/sin tables for the rotary part, or (None, None) without RoPE: (T, d_rope / 2) in training, and in
+        decode mode (B, 1, T, d_rope / 2) at each token's position (`ctx.positions`)."""
         if ctx.cos is None or ctx.sin is None:
             return None, None
         hs, d_rope = self.config.head_size, self.dims.d_rope
         if hs % d_rope == 0:
             # The model's tables hold angles t * base^(-2j / hs); j = i * hs / d_rope gives base^(-2i / d_rope).
             stride = hs // d_rope
-            return ctx.cos[:, ::stride], ctx.sin[:, ::stride]  # (T, d_rope/2) each
+            return ctx.cos[..., ::stride], ctx.sin[..., ::stride]  # (T or B, 1, T, d_rope/2) each
+        if ctx.positions is not None:
+            # Decode mode: the angles of `build_rope_cache` (t * inv_freq in fp32), at each row's positions.
+            device = ctx.positions.device
+            inv_freq = self.config.rope_base ** (
+                -torch.arange(0, d_rope, 2, device=device, dtype=torch.float32) / d_rope
+            )  # (d_rope/2,)
+            angles = (ctx.positions.to(torch.float32).unsqueeze(-1) * inv_freq).unsqueeze(1)  # (B, 1, T, d_rope/2)
+            return angles.cos().to(ctx.cos.dtype), angles.sin().to(ctx.sin.dtype)
         cos, sin = build_rope_cache(ctx.cos.size(0), d_rope, self.config.rope_base, device=ctx.cos.device)
         return cos.to(ctx.cos.dtype), sin.to(ctx.sin.dtype)  # (T, d_rope/2) each
 
     def project(self, x: torch.Tensor, ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k (B, nh, T, d_nope + d_rope) and v (B, nh, T, d_v) from x (B, T, C), RoPE applied."""
         B, T, _ = x.shape
-        nh, d = self.n_head, self.dims
         c_q, c_kv = self.latents(x)  # (B, T, d_cq), (B, T, d_ckv)
+        q, k = self.query_key(x, c_q, c_kv, ctx)  # (B, nh, T, d_nope + d_rope) each
+        v = self.uv_proj(c_kv).view(B, T, self.n_head, self.dims.d_v).transpose(1, 2)  # (B, nh, T, d_v)
+        return q, k, v
+
+    def query_key(
+        self, x: torch.Tensor, c_q: torch.Tensor, c_kv: torch.Tensor, ctx: AttentionContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The materialised q, k (B, nh, T, d_nope + d_rope) of x (B, T, C) and its latents, RoPE applied."""
+        B, T, _ = x.shape
+        nh, d = self.n_head, self.dims
         q_nope = self.uq_proj(c_q).view(B, T, nh, d.d_nope).transpose(1, 2)  # (B, nh, T, d_nope)
         q_rope = self.qr_proj(c_q).view(B, T, nh, d.d_rope).transpose(1, 2)  # (B, nh, T, d_rope)
         k_nope = self.uk_proj(c_kv).view(B, T, nh, d.d_nope).transpose(1, 2)  # (B, nh, T, d_nope)
-        v = self.uv_proj(c_kv).view(B, T, nh, d.d_v).transpose(1, 2)  # (B, nh, T, d_v)
         k_rope = self.kr_proj(x).unsqueeze(1)  # (B, 1, T, d_rope): one rope key shared by all heads
         cos, sin = self.rope_tables(ctx)
         if self.qk_transform is not None:
@@ -248,8 +293,7 @@ class MultiHeadLatentAttention(AttentionBackend):
             q = torch.cat((q_nope.transpose(1, 2), q_rope.transpose(1, 2)), dim=-1).transpose(1, 2)  # (B, nh, T, d_qk)
             k_rope = k_rope.expand(B, nh, T, d.d_rope)  # (B, nh, T, d_rope)
             k = torch.cat((k_nope.transpose(1, 2), k_rope.transpose(1, 2)), dim=-1).transpose(1, 2)  # (B, nh, T, d_qk)
-            q, k = qk_stage(q, k, ctx, q_norm=self.q_norm, k_norm=self.k_norm, transform=self.qk_transform, rope=rope)
-            return q, k, v
+            return qk_stage(q, k, ctx, q_norm=self.q_norm, k_norm=self.k_norm, transform=self.qk_transform, rope=rope)
         if self.q_norm is None:
             q_rope = apply_rope(q_rope, cos, sin)  # (B, nh, T, d_rope)
             # Rotate the shared key once, then broadcast it to the heads.
@@ -263,9 +307,11 @@ class MultiHeadLatentAttention(AttentionBackend):
             q_rope, k_rope = apply_rope(q_rope, cos, sin), apply_rope(k_rope, cos, sin)
         q = torch.cat((q_nope, q_rope), dim=-1)  # (B, nh, T, d_nope + d_rope)
         k = torch.cat((k_nope, k_rope), dim=-1)  # (B, nh, T, d_nope + d_rope)
-        return q, k, v
+        return q, k
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        if ctx.decoding:
+            return self.decode(x, ctx)
         B, T, _ = x.shape
         q, k, v = self.project(x, ctx)  # q, k (B, nh, T, d_nope + d_rope); v (B, nh, T, d_v)
         dropout_p = self.attn_dropout if self.training else 0.0
@@ -275,6 +321,85 @@ class MultiHeadLatentAttention(AttentionBackend):
             y = causal_attention(q, k, v, impl=self.options.impl, scale=self.scale, dropout_p=dropout_p)  # (B,nh,T,d_v)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.dims.d_v)  # (B, T, nh d_v)
         return self.resid_dropout(self.out_proj(y))  # (B, T, C)
+
+    def new_cache(
+        self, batch_size: int, max_len: int, device: torch.device | str | None, dtype: torch.dtype | None
+    ) -> LayerCache:
+        """The latent cache of the module docstring: "latent" [c_kv; RoPE(k_rope)] (B, 1, max_len, d_ckv + d_rope),
+        plus "k_scale" 1 / rms(k^h) (B, nh, max_len, 1) with qk_norm; with a qk_transform the transformed keys "k"
+        (B, nh, max_len, d_nope + d_rope) and "c_kv" (B, 1, max_len, d_ckv) instead."""
+        d = self.dims
+        if self.qk_transform is not None:
+            buffers = {"k": (self.n_head, d.d_nope + d.d_rope), "c_kv": (1, d.d_ckv)}
+        else:
+            buffers = {"latent": (1, d.d_ckv + d.d_rope)}
+            if self.k_norm is not None:
+                buffers["k_scale"] = (self.n_head, 1)
+        return LayerCache(batch_size, max_len, device, dtype, buffers=buffers)
+
+    def decode(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """Decode mode: the next T tokens x (B, T, C) against the latent cache `ctx.cache` -> (B, T, C).
+
+        Absorbed form (module docstring): attention of the absorbed queries over the cached latents, giving each
+        head's attention-weighted latent (B, nh, T, d_ckv), then W_uv^h and W_O.
+        """
+        B, T, _ = x.shape
+        nh, d = self.n_head, self.dims
+        c_q, c_kv = self.latents(x)  # (B, T, d_cq), (B, T, d_ckv)
+        if self.qk_transform is not None:
+            q, k = self.query_key(x, c_q, c_kv, ctx)  # (B, nh, T, d_nope + d_rope) each, transformed and rotated
+            held = ctx.cache.append(k=k, c_kv=c_kv.unsqueeze(1))  # k (B, nh, L, d_qk); c_kv (B, 1, L, d_ckv)
+            y = masked_attention(q, held["k"], held["c_kv"], ctx.attn_mask, self.options.impl, self.scale)
+            return self.absorbed_output(y)  # (B, T, C); y (B, nh, T, d_ckv)
+        cos, sin = self.rope_tables(ctx)  # (B, 1, T, d_rope/2) each, or None
+        q_nope = self.uq_proj(c_q).view(B, T, nh, d.d_nope).transpose(1, 2)  # (B, nh, T, d_nope)
+        q_rope = self.qr_proj(c_q).view(B, T, nh, d.d_rope).transpose(1, 2)  # (B, nh, T, d_rope)
+        k_rope = self.kr_proj(x).unsqueeze(1)  # (B, 1, T, d_rope)
+        w_uk = self.uk_proj.weight.view(nh, d.d_nope, d.d_ckv)  # (nh, d_nope, d_ckv)
+        if self.k_norm is None:
+            q_latent = torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)  # (B, nh, T, d_ckv): W_uk^h absorbed
+            q = torch.cat((q_latent, apply_rope(q_rope, cos, sin)), dim=-1)  # (B, nh, T, d_ckv + d_rope)
+            new = torch.cat((c_kv.unsqueeze(1), apply_rope(k_rope, cos, sin)), dim=-1)  # (B, 1, T, d_ckv + d_rope)
+            latent = ctx.cache.append(latent=new)["latent"]  # (B, 1, L, d_ckv + d_rope)
+            values = latent[..., : d.d_ckv]  # (B, 1, L, d_ckv)
+            y = masked_attention(q, latent, values, ctx.attn_mask, self.options.impl, self.scale)  # (B,nh,T,d_ckv)
+            return self.absorbed_output(y)  # (B, T, C)
+        # qk_norm: the new keys' per-head scales from their materialised k^h (once per token), gains into q and k_rope.
+        k_nope = self.uk_proj(c_kv).view(B, T, nh, d.d_nope).transpose(1, 2)  # (B, nh, T, d_nope)
+        k_full = torch.cat((k_nope, k_rope.expand(B, nh, T, d.d_rope)), dim=-1)  # (B, nh, T, d_nope + d_rope)
+        eps = self.k_norm.eps if self.k_norm.eps is not None else torch.finfo(k_full.dtype).eps
+        k_scale = torch.rsqrt(k_full.pow(2).mean(-1, keepdim=True) + eps)  # (B, nh, T, 1)
+        g_nope, g_rope = self.k_norm.weight.split((d.d_nope, d.d_rope))  # (d_nope,), (d_rope,)
+        q = self.q_norm(torch.cat((q_nope, q_rope), dim=-1))  # (B, nh, T, d_nope + d_rope)
+        q_nope, q_rope = q.split((d.d_nope, d.d_rope), dim=-1)
+        q_nope = q_nope * g_nope  # (B, nh, T, d_nope): k's no-position gain, moved to the query
+        q_latent = torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)  # (B, nh, T, d_ckv)
+        q = torch.cat((q_latent, apply_rope(q_rope, cos, sin)), dim=-1)  # (B, nh, T, d_ckv + d_rope)
+        new = torch.cat((c_kv.unsqueeze(1), apply_rope(k_rope * g_rope, cos, sin)), dim=-1)  # (B, 1, T, d_ckv + d_r)
+        held = ctx.cache.append(latent=new, k_scale=k_scale)  # (B, 1, L, d_ckv + d_rope), (B, nh, L, 1)
+        latent, scales = held["latent"], held["k_scale"]
+        compute = torch.promote_types(q.dtype, torch.float32)
+        scores = q.to(compute) @ latent.to(compute).transpose(-1, -2)  # (B, nh, T, L)
+        if self.uk_proj.bias is not None:
+            bias = (q_nope * self.uk_proj.bias.view(nh, 1, d.d_nope)).sum(-1, keepdim=True)  # (B, nh, T, 1)
+            scores = scores + bias.to(compute)  # it varies with the key through the key's scale
+        scores = scores * scales.to(compute).transpose(-1, -2) * self.scale  # (B, nh, T, L)
+        if ctx.attn_mask is not None:
+            scores = scores.masked_fill(~ctx.attn_mask, float("-inf"))
+        y = (scores.softmax(-1) @ latent[..., : d.d_ckv].to(compute)).to(q.dtype)  # (B, nh, T, d_ckv)
+        return self.absorbed_output(y)  # (B, T, C)
+
+    def absorbed_output(self, y: torch.Tensor) -> torch.Tensor:
+        """Each head's attention-weighted latent (B, nh, T, d_ckv) -> W_uv^h (and b_uv^h: the weights sum to 1), then
+        W_O -> (B, T, C)."""
+        B, nh, T, _ = y.shape
+        d = self.dims
+        w_uv = self.uv_proj.weight.view(nh, d.d_v, d.d_ckv)  # (nh, d_v, d_ckv)
+        v = torch.einsum("bhtc,hvc->bhtv", y, w_uv)  # (B, nh, T, d_v)
+        if self.uv_proj.bias is not None:
+            v = v + self.uv_proj.bias.view(nh, 1, d.d_v)
+        v = v.transpose(1, 2).reshape(B, T, nh * d.d_v)  # (B, T, nh d_v)
+        return self.resid_dropout(self.out_proj(v))  # (B, T, C)
 
     def qk_weights(self) -> QKWeights:
         """The six latent Q/K matrices (arXiv 2511.21377 eq. 22): W_dq, W_uq (per head), W_qr (per head), W_dkv,
@@ -303,16 +428,15 @@ class MultiHeadLatentAttention(AttentionBackend):
 
     @classmethod
     def absorbed_path_refusal(cls, options: MLAOptions) -> str | None:
-        """Why attention on the cached latent (c_kv, rotated k_rope) with W_uk absorbed into the query is impossible
-        for `options`, or None when it is possible (the decoding form tested in `tests/attention/test_mla.py`)."""
+        """Why W_uk cannot be absorbed into the query for `options` (decoding then caches the transformed per-head
+        keys instead, `new_cache`), or None when attention runs on the cached latent (with qk_norm too: the cache then
+        also keeps each head's key scale). Tested in `tests/attention/test_mla.py` and `tests/inference`."""
         if options.qk_transform is not None:
             return (
                 "qk_transform makes each head's key a nonlinear function of (c_kv, k_rope) and of its own token's "
-                "query, so q^h . k^h cannot be rewritten as (q^h W_uk^h) . c_kv: decoding must cache the transformed "
+                "query, so q^h . k^h cannot be rewritten as (q^h W_uk^h) . c_kv: decoding caches the transformed "
                 "per-head keys (kv_cache_values_per_token counts them)."
             )
-        if options.qk_norm:
-            return "qk_norm normalises each head's whole k^h, which needs k^h explicitly (no absorption)."
         return None
 
     def attention_logits(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
@@ -360,7 +484,9 @@ class MultiHeadLatentAttention(AttentionBackend):
 
     @classmethod
     def kv_cache_values_per_token(cls, config: ModelConfig, options: MLAOptions) -> int:
+        """What `new_cache` keeps per token (module docstring): c_kv and the shared rotated rope key, plus one key
+        scale per head with qk_norm; with a qk_transform the transformed per-head keys and c_kv."""
         d = mla_dims(config, options)
         if options.qk_transform is not None:  # transformed per-head keys, and c_kv for the (absorbable) values
             return config.n_head * (d.d_nope + d.d_rope) + d.d_ckv
-        return d.d_ckv + d.d_rope  # c_kv and the shared rotated rope key
+        return d.d_ckv + d.d_rope + (config.n_head if options.qk_norm else 0)

@@ -71,23 +71,39 @@ CASES: list[Case] = [
     Case("differential", {"n_kv_groups": 2}),
     Case("differential", {"qk_transform": {**_INVERTIBLE, "rope_order": "post"}, "n_kv_groups": 2, "impl": "math"}),
     Case("differential", {"qk_transform": _COUPLED}, {"position": "learned"}, name="differential-coupled-learned"),
-    # backends of helper kv-others (mla, deconstructed variants, hybrid): strict xfail until their decode lands
-    Case("mla", {}, owner="kv-others"),
-    Case("mla", {"impl": "math", "qk_norm": True}, owner="kv-others"),
-    Case("mla", {"qk_transform": _INVERTIBLE}, owner="kv-others"),
-    Case("mlp", {}, owner="kv-others"),
-    Case("approximate", {}, owner="kv-others"),
-    Case("approximate", {"normalization": "separate"}, owner="kv-others"),
-    Case("non_approximate", {}, owner="kv-others"),
-    Case("static_emb_qk", {}, owner="kv-others"),
-    Case("rnd_emb_qk", {}, owner="kv-others"),
-    Case("fixed_seq_qk", {}, owner="kv-others"),
+    # mla (absorbed latent cache; qk_norm adds a key scale per head; a q/k transform caches the transformed keys)
+    Case("mla", {}),
+    Case("mla", {"impl": "math"}, {"bias": True}, name="mla-math-bias"),
+    Case("mla", {"impl": "math", "qk_norm": True}),
+    Case("mla", {"qk_norm": True, "latent_norm": False}, {"bias": True}, name="mla-qk_norm-nolatentnorm-bias"),
+    Case("mla", {"d_rope": 6, "d_nope": 5, "d_v": 7, "d_ckv": 9, "d_cq": 0}),  # d_rope not dividing hs = 8
+    Case("mla", {"d_rope": 4}),  # every second column of the model's RoPE tables
+    Case("mla", {"qk_norm": True}, {"position": "learned"}, name="mla-qk_norm-learned"),
+    Case("mla", {"qk_transform": _INVERTIBLE}),
+    Case("mla", {"qk_norm": True, "qk_transform": {**_COUPLED, "rope_order": "post"}}),
+    # the deconstructed variants (arXiv 2510.11602) and a hybrid
+    Case("mlp", {}),
+    Case("approximate", {}),
+    Case("approximate", {"normalization": "separate", "chunk_size": 3, "qk_norm": True}),
+    Case("approximate", {"impl": "math"}, {"position": "learned"}, name="approximate-math-learned"),
+    Case("non_approximate", {}),
+    Case("non_approximate", {"chunk_size": 2, "qk_norm": True}),
+    Case("static_emb_qk", {}),
+    Case("static_emb_qk", {"embedding_norm": False, "qk_norm": True, "impl": "math"}),
+    Case("rnd_emb_qk", {}),
+    Case("rnd_emb_qk", {"qk_norm": True, "length": 12}, {"position": "learned"}, name="rnd_emb_qk-L12-learned"),
+    Case("fixed_seq_qk", {"qk_norm": True, "impl": "math"}),
     Case(
         "approximate",
         {},
-        {"layer_overrides": [{"pattern": "even", "attention": "standard"}]},
-        owner="kv-others",
+        {"n_layer": 3, "layer_overrides": [{"pattern": "even", "attention": "standard"}]},
         name="hybrid-approximate-even-standard",
+    ),
+    Case(
+        "fixed_seq_qk",
+        {},
+        {"n_layer": 3, "layer_overrides": [{"pattern": "odd", "attention": "mla"}]},
+        name="hybrid-fixed_seq_qk-odd-mla",
     ),
 ]
 
