@@ -28,12 +28,32 @@ Conventions the model relies on:
 - instruments read a backend through `attention_logits(x, ctx)` (the pre-softmax logits of its softmax maps, explicit
   math; None without a softmax map) and `probe(x, ctx)` (per-layer statistics: max |logit|, entropy, sink mass, plus
   `dynamics_stats()` where a backend defines it); neither is on the training path.
+
+The decode contract (incremental inference with a cache, issue 16):
+- ``layer_cache = backend.new_cache(batch_size, max_len, device, dtype)`` builds this layer's `cache.LayerCache`
+  (preallocated buffers with the time axis at dim 2, plus fixed-size recurrent `state`), or returns None when the
+  layer keeps nothing between forwards. What a backend caches is the paper's cache, stated in its docstring, and its
+  bytes per token equal `kv_cache_values_per_token` x the element size (tested for every backend).
+- decode mode is ``ctx.positions is not None``; `backend(x, ctx)` is then called on the NEXT T tokens of every row
+  (x (B, T, C)), `ctx.cache` is this layer's LayerCache (None if `new_cache` returned None), `ctx.positions`
+  (B, T) the tokens' positions (real tokens before them in their row: left padding does not count), `ctx.cos` /
+  `ctx.sin` the RoPE tables gathered at them, (B, 1, T, hs/2) (they broadcast in `rope.apply_rope` like the
+  training tables (T, hs/2)), `ctx.key_valid` (B, L) which of the L = cache.length + T keys are real tokens,
+  `ctx.attn_mask` the boolean mask (True: may attend) of the new queries over the L keys, broadcastable to
+  (B, 1, T, L) (None: every key is visible, i.e. T == 1 without padding) for `functional.masked_attention`, and
+  `ctx.key_cos()` / `ctx.key_sin()` the RoPE tables at the L keys' positions (B, 1, L, hs/2), for caches that
+  rotate keys when scoring. The backend appends what it keeps (`LayerCache.append`, which writes at
+  [cache.length, cache.length + T) and returns the views up to length + T) and attends over it; it never advances
+  `cache.length` (the model does, once per forward, after all layers ran). Pad queries' outputs are
+  finite garbage (each query may always attend to itself); padded keys are never attended to by real queries.
+- decoding in fp64 from an empty cache token by token, or after a prefill of any length, gives the full forward's
+  outputs to 1e-10 (`tests/inference`). No host syncs beyond python ints (`cache.length`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -43,6 +63,7 @@ from lightning_cqk.attention.functional import softmax_map_stats
 from lightning_cqk.attention.options import check_option_names
 
 if TYPE_CHECKING:
+    from lightning_cqk.attention.cache import LayerCache
     from lightning_cqk.config import ModelConfig
 
 
@@ -108,12 +129,55 @@ class AttentionContext:
         reference: for models with a backend that sets `uses_reference_stream`: `reference[i]` is what block i's
             attention receives (its input norm applied) when the model runs the fixed reference stream, (1, L, C)
             with L >= T; listed for every layer up to the last one that reads it. None otherwise.
+
+    Decode mode only (all None in training; see the module docstring's decode contract):
+        cache: this layer's `LayerCache` (the model sets it before each block), or None for a layer that caches
+            nothing.
+        positions: (B, T) long, the new tokens' positions (real tokens before them in their row); cos and sin are
+            then the RoPE tables gathered at them, (B, 1, T, hs/2).
+        key_valid: (B, L) bool, which of the L = cache.length + T keys are real tokens (False: left padding).
+        attn_mask: bool, broadcastable to (B, 1, T, L), True where new query i may attend key j (j <= its own
+            index, and j real or j the query itself); None when every key is visible (T == 1, no padding).
+        key_positions: (B, L) long, every key's position (pads: 0).
+        rope_tables: the model's full RoPE tables (block_size, hs/2) each, for `key_cos` / `key_sin`; None without
+            RoPE.
     """
 
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
     embeddings: torch.Tensor | None = None
     reference: list[torch.Tensor] | None = None
+    cache: LayerCache | None = None
+    positions: torch.Tensor | None = None
+    key_valid: torch.Tensor | None = None
+    attn_mask: torch.Tensor | None = None
+    key_positions: torch.Tensor | None = None
+    rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
+    _key_rope: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def decoding(self) -> bool:
+        """True in decode mode (the model runs the next tokens against a cache)."""
+        return self.positions is not None
+
+    def _gather_key_rope(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.rope_tables is None or self.key_positions is None:
+            return None
+        if self._key_rope is None:  # one gather per forward, shared by every layer
+            cos, sin = self.rope_tables  # (block_size, hs/2) each
+            self._key_rope = (cos[self.key_positions].unsqueeze(1), sin[self.key_positions].unsqueeze(1))
+        return self._key_rope  # (B, 1, L, hs/2) each
+
+    def key_cos(self) -> torch.Tensor | None:
+        """Decode mode: RoPE cosines at the positions of all L cached-plus-new keys, (B, 1, L, hs/2); None without
+        RoPE."""
+        tables = self._gather_key_rope()
+        return None if tables is None else tables[0]
+
+    def key_sin(self) -> torch.Tensor | None:
+        """Decode mode: RoPE sines at the keys' positions, (B, 1, L, hs/2); None without RoPE."""
+        tables = self._gather_key_rope()
+        return None if tables is None else tables[1]
 
 
 @dataclass
@@ -169,6 +233,15 @@ class AttentionBackend(nn.Module):
     def kv_cache_values_per_token(cls, config: ModelConfig, options: AttentionOptions) -> int:
         """Numbers an inference KV cache stores per token for one layer. Default: K and V for every head, 2 C."""
         return 2 * config.n_embd
+
+    def new_cache(
+        self, batch_size: int, max_len: int, device: torch.device | str | None, dtype: torch.dtype | None
+    ) -> LayerCache | None:
+        """This layer's decode cache for `batch_size` rows of up to `max_len` tokens (the decode contract in the module
+        docstring); None when the layer keeps nothing between forwards. Every backend defines it."""
+        raise NotImplementedError(
+            f"attention backend {self.name!r} does not define new_cache, so it cannot decode with a cache."
+        )
 
     @classmethod
     def share_across_layers(cls, backends: list[AttentionBackend]) -> None:

@@ -88,3 +88,40 @@ def causal_attention(
             probs = F.dropout(probs, p=dropout_p)
         return (probs.to(v.dtype) @ repeat_kv(v, n_rep)).to(q.dtype)  # (B, nh, T, hv)
     raise ValueError(f"Unknown attention impl {impl!r}; choose 'sdpa' or 'math'.")
+
+
+def masked_logits(
+    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float | None = None
+) -> torch.Tensor:
+    """Decode-mode logits: q (B, nh, T, d) against k (B, nk, L, d), nk dividing nh, scaled, in fp32 (fp64 for fp64
+    input); entries where the boolean `mask` (broadcastable to (B, 1, T, L), True = allowed) is False are -inf.
+    None: every key is allowed. Returns (B, nh, T, L)."""
+    k = repeat_kv(k, q.size(1) // k.size(1))  # (B, nh, L, d)
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scores = (q.to(compute_dtype) @ k.to(compute_dtype).transpose(-2, -1)) * scale  # (B, nh, T, L)
+    return scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+
+
+def masked_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    impl: str = "sdpa",
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Decode-mode softmax(q k^T * scale, masked) v with an explicit boolean mask (`AttentionContext.attn_mask`).
+
+    q (B, nh, T, d), k (B, nk, L, d), v (B, nv, L, hv) with nv | nk | nh (grouped heads repeated as in
+    `causal_attention`); mask broadcastable to (B, 1, T, L), True = allowed, None = all keys. Returns (B, nh, T, hv).
+    """
+    if v.size(1) != k.size(1):
+        v = repeat_kv(v, k.size(1) // v.size(1))  # (B, nk, L, hv)
+    n_rep = q.size(1) // k.size(1)
+    if impl == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=n_rep > 1)
+    if impl == "math":
+        probs = masked_logits(q, k, mask, scale).softmax(dim=-1)  # (B, nh, T, L)
+        return (probs.to(v.dtype) @ repeat_kv(v, n_rep)).to(q.dtype)  # (B, nh, T, hv)
+    raise ValueError(f"Unknown attention impl {impl!r}; choose 'sdpa' or 'math'.")

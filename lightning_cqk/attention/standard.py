@@ -76,7 +76,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions, QKWeight, QKWeights
-from lightning_cqk.attention.functional import causal_attention, causal_logits
+from lightning_cqk.attention.cache import LayerCache
+from lightning_cqk.attention.functional import causal_attention, causal_logits, masked_attention
+from lightning_cqk.attention.rope import apply_rope
 from lightning_cqk.attention.transform import build_transform, check_transform, qk_stage, transform_flops
 
 if TYPE_CHECKING:
@@ -216,11 +218,52 @@ class StandardAttention(AttentionBackend):
         return causal_attention(q, k, v, impl=self.options.impl, dropout_p=dropout_p)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        if ctx.decoding:
+            return self.decode(x, ctx)
         if getattr(self.qk_transform, "recompute", None) == "qk" and torch.is_grad_enabled():
             return self._forward_recompute_qk(x, ctx)
         q, k, v = self.project(x)  # q (B, nh, T, hs); k, v (B, nkv, T, hs)
         q, k = self.transform_qk(q, k, ctx)  # q (B, nh, T, hs); k (B, nkv or nh, T, hs)
         y = self.attend(q, k, v)  # (B, nh, T, hs)
+        return self.resid_dropout(self.out_proj(self.merge_heads(y)))  # (B, T, C)
+
+    @property
+    def caches_raw_k(self) -> bool:
+        """True when the cache holds the raw projection x W_K (= v) and scores re-derive the keys from it: a tied v
+        without a learned transform. Otherwise it holds the scoring keys after the q/k stage (and v)."""
+        return self.v_tied and self.qk_transform is None
+
+    def new_cache(
+        self, batch_size: int, max_len: int, device: torch.device | str | None, dtype: torch.dtype | None
+    ) -> LayerCache:
+        """The KV cache of the paper: k and v of the nkv K/V heads (k after QK-norm and RoPE); a tied v (Q-K=V,
+        Q=K=V) only the raw k = v; with a learned q/k transform the transformed keys of every query head, "k"
+        (B, nh, max_len, hs), and the values (the raw k when v is tied). See `kv_cache_values_per_token`."""
+        hs, nkv = self.head_size, self.n_kv_head
+        if self.caches_raw_k:
+            buffers = {"k": (nkv, hs)}
+        else:
+            buffers = {"k": (nkv if self.qk_transform is None else self.n_head, hs), "v": (nkv, hs)}
+        return LayerCache(batch_size, max_len, device, dtype, buffers=buffers)
+
+    def decode(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        """Decode mode: the next T tokens x (B, T, C) against this layer's cache `ctx.cache` -> (B, T, C)."""
+        q, k, v = self.project(x)  # q (B, nh, T, hs); k, v (B, nkv, T, hs)
+        if self.caches_raw_k:
+            k_raw = ctx.cache.append(k=k)["k"]  # (B, nkv, L, hs): x W_K of every held token (= v)
+            keys = k_raw if self.k_norm is None else self.k_norm(k_raw)  # (B, nkv, L, hs)
+            keys = apply_rope(keys, ctx.key_cos(), ctx.key_sin())  # (B, nkv, L, hs)
+            if self.q_tied:
+                q = keys[:, :, -x.size(1) :]  # (B, nh, T, hs): the new tokens' keys, rotated at their positions
+            else:
+                q = q if self.q_norm is None else self.q_norm(q)
+                q = apply_rope(q, ctx.cos, ctx.sin)  # (B, nh, T, hs)
+            y = masked_attention(q, keys, k_raw, ctx.attn_mask, impl=self.options.impl)  # (B, nh, T, hs)
+        else:
+            v_new = k if self.v_tied else v  # (B, nkv, T, hs): a tied v is the raw k
+            q, k = self.transform_qk(q, k, ctx)  # q (B, nh, T, hs); k (B, nkv or nh, T, hs)
+            held = ctx.cache.append(k=k, v=v_new)  # k (B, nkv or nh, L, hs); v (B, nkv, L, hs)
+            y = masked_attention(q, held["k"], held["v"], ctx.attn_mask, impl=self.options.impl)  # (B, nh, T, hs)
         return self.resid_dropout(self.out_proj(self.merge_heads(y)))  # (B, T, C)
 
     def _forward_recompute_qk(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:

@@ -9,6 +9,11 @@ knows which variant it holds. Backends whose q and k come from a fixed input (`u
 `rnd_emb_qk`) get it through `reference_states`: the model runs that input through its own blocks before the batch
 and hands every layer's state to attention in the context.
 
+Decoding (issue 16): `new_cache(batch_size, max_len)` builds a `DecodeCache` (`model/decode.py`) and
+`forward(idx, cache=cache, attention_mask=mask)` runs the next T tokens of every row against it (prefill, then one
+token at a time; left-padded batches with per-row positions); the contract is in `lightning_cqk.attention.base`.
+Without a cache the forward is the training forward, unchanged.
+
 Initialisation follows GPT-2: N(0, init_std) for linear and embedding weights, zero biases, and (with
 `residual_init: scaled`, the default) N(0, init_std / sqrt(2 * n_layer)) for the projections that write into the
 residual stream (every module attribute named `out_proj`), so the residual variance does not grow with depth.
@@ -40,6 +45,7 @@ from lightning_cqk.attention import AttentionBackend, AttentionContext, build_at
 from lightning_cqk.attention.rope import build_rope_cache
 from lightning_cqk.config import ModelConfig
 from lightning_cqk.model.components import make_mlp, make_norm
+from lightning_cqk.model.decode import DecodeCache
 
 
 class Block(nn.Module):
@@ -186,12 +192,52 @@ class GPT(nn.Module):
                 r = block(r, ctx)  # (1, L, C)
         return states
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) -> logits (B, T, padded_vocab_size); the padding rows are never targets."""
-        return self.lm_head(self.hidden_states(idx))  # (B, T, padded_vocab_size)
+    def forward(
+        self, idx: torch.Tensor, cache: DecodeCache | None = None, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Token ids (B, T) -> logits (B, T, padded_vocab_size); the padding rows are never targets.
 
-    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) -> the final-normed hidden states (B, T, C) the LM head reads (downstream heads too)."""
+        With `cache` (from `new_cache`), `idx` are the next T tokens of every row after those the cache holds
+        (prefill: the prompts; decode: T = 1) and `attention_mask` (B, T) bool, optional, marks left padding with
+        False; see `hidden_states`.
+        """
+        return self.lm_head(self.hidden_states(idx, cache, attention_mask))  # (B, T, padded_vocab_size)
+
+    def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None) -> DecodeCache:
+        """An empty decode cache for `batch_size` rows of up to `max_len` tokens (pads included), on the model's device
+        and in its dtype (or `dtype`). Each layer's backend builds its own part (`AttentionBackend.new_cache`);
+        models with a fixed reference stream compute its states once here (no gradients) and keep them in it."""
+        if max_len > self.config.block_size:
+            raise ValueError(
+                f"max_len={max_len} exceeds the model's block_size {self.config.block_size}: the model has no "
+                f"positions beyond it. Use max_len <= {self.config.block_size} (a longer text needs a sliding window "
+                "over a fresh cache)."
+            )
+        weight = self.lm_head.weight
+        dtype = dtype or weight.dtype
+        layers = [block.attn.new_cache(batch_size, max_len, weight.device, dtype) for block in self.blocks]
+        reference = None
+        if self.reference_layers:
+            with torch.no_grad():
+                reference = [r.to(dtype) for r in self.reference_states(max_len)]
+        return DecodeCache(layers, batch_size, max_len, weight.device, reference=reference)
+
+    def hidden_states(
+        self, idx: torch.Tensor, cache: DecodeCache | None = None, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Token ids (B, T) -> the final-normed hidden states (B, T, C) the LM head reads (downstream heads too).
+
+        With `cache`: decode mode (the contract of `lightning_cqk.attention.base`): each new token's position is the
+        number of real tokens before it in its row (learned positions and RoPE tables are gathered per row), every
+        layer appends to its cache, and `cache.length` advances by T after the last layer.
+        """
+        if cache is not None:
+            return self._decode_hidden_states(idx, cache, attention_mask)
+        if attention_mask is not None:
+            raise ValueError(
+                "attention_mask is only used with a decode cache: run padded batches as "
+                "model(idx, cache=model.new_cache(batch_size, max_len), attention_mask=mask)."
+            )
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(
@@ -202,6 +248,30 @@ class GPT(nn.Module):
         ctx = self.context(T, embeddings=x, reference=self.reference_states(T))
         for block in self.blocks:
             x = block(x, ctx)  # (B, T, C)
+        return self.norm_f(x)  # (B, T, C)
+
+    def _decode_hidden_states(
+        self, idx: torch.Tensor, cache: DecodeCache, attention_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """`hidden_states` in decode mode: idx (B, T) are the next tokens of the rows `cache` holds."""
+        B, T = idx.shape
+        if B != cache.batch_size:
+            raise ValueError(f"idx has {B} rows but the decode cache was built for {cache.batch_size}.")
+        ctx = cache.prepare(T, attention_mask)  # positions (B, T), key_valid (B, L), attn_mask
+        x = self.wte(idx)  # (B, T, C)
+        if self.wpe is not None:
+            x = x + self.wpe(ctx.positions)  # (B, T, C)
+        x = self.drop(x)
+        ctx.embeddings = x
+        if self.rope_cos is not None:
+            ctx.cos = self.rope_cos[ctx.positions].unsqueeze(1)  # (B, 1, T, hs/2)
+            ctx.sin = self.rope_sin[ctx.positions].unsqueeze(1)  # (B, 1, T, hs/2)
+            ctx.rope_tables = (self.rope_cos, self.rope_sin)
+        for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
+            ctx.cache = layer_cache
+            x = block(x, ctx)  # (B, T, C)
+        ctx.cache = None
+        cache.advance(T)
         return self.norm_f(x)  # (B, T, C)
 
     def num_parameters(self) -> dict[str, int]:
