@@ -1,7 +1,6 @@
 """Evaluation of trained checkpoints with EleutherAI's lm-evaluation-harness (`lightning_cqk eval`).
 
 scoring   log-likelihood of token continuations, batched (torch only; `mc-eval` scores with it too)
-decode    batched generation with the model's KV cache until stop sequences (torch only)
 lm        `CQKLM`, the lm-eval model class registered as "lightning_cqk" (needs the `eval` extra)
 command   `lightning_cqk eval --checkpoint CKPT --tasks ...` through `lm_eval.simple_evaluate`
 

@@ -14,9 +14,9 @@ The three request types of lm-eval's ``LM`` (lm_eval/api/model.py), with lm-eval
 * ``loglikelihood_rolling(text)``: lm-eval's rolling windows (``get_rolling_token_windows`` with context_len 1,
   ``make_disjoint_window``): EOS, then chunks of ``block_size`` tokens each predicted once; the last window reads a
   full ``block_size`` context and scores only its new tokens. The sum over the document.
-* ``generate_until(context, gen_kwargs)``: `decode.generate_tokens` with the KV cache, batched (left padding),
-  until a stop sequence of ``until`` appears in the decoded text, EOS is produced, or ``max_gen_toks`` tokens; the
-  text is cut before the first stop sequence. Greedy unless ``do_sample`` (then ``temperature``, ``top_k``,
+* ``generate_until(context, gen_kwargs)``: `lightning_cqk.inference.generate` with the KV cache, batched (left
+  padding; finished rows leave the batch), until a stop sequence of ``until`` appears in the decoded text, EOS is
+  produced, or ``max_gen_toks`` tokens; the text is cut before the first stop sequence. Greedy unless ``do_sample`` (then ``temperature``, ``top_k``,
   ``top_p``, seeded by ``seed``). The context keeps its last ``block_size - max_gen_toks`` tokens.
 
 Requests are batched ``batch_size`` at a time, longest first; the model runs in ``dtype`` on ``device``.
@@ -37,8 +37,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from lightning_cqk.data.tokenizers import Tokenizer, get_tokenizer
-from lightning_cqk.evaluation.decode import generate_tokens
 from lightning_cqk.evaluation.scoring import score_continuations
+from lightning_cqk.inference.generate import generate_all
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 _GEN_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p"}
@@ -263,15 +263,18 @@ class CQKLM(TemplateLM):
         stops = [s for s in until if s]
 
         def stop(row: int, tokens: list[int]) -> bool:
-            if tokens[-1] == eos:
-                return True
-            return bool(stops) and any(s in self.tok_decode(tokens) for s in stops)
+            return any(s in self.tok_decode(tokens) for s in stops)
 
-        generator = None
-        if temperature > 0:
-            generator = torch.Generator(device=self._device).manual_seed(self.seed)
-        generated = generate_tokens(
-            self.model, prompts, max_gen_toks, self.vocab_size, stop, temperature, top_k, top_p, generator
+        generated = generate_all(
+            self.model,
+            prompts,
+            max_gen_toks,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=self.seed,
+            eos_id=eos,
+            stop=stop if stops else None,
         )
         texts = []
         for tokens in generated:
