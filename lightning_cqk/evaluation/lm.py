@@ -16,8 +16,9 @@ The three request types of lm-eval's ``LM`` (lm_eval/api/model.py), with lm-eval
   full ``block_size`` context and scores only its new tokens. The sum over the document.
 * ``generate_until(context, gen_kwargs)``: `lightning_cqk.inference.generate` with the KV cache, batched (left
   padding; finished rows leave the batch), until a stop sequence of ``until`` appears in the decoded text, EOS is
-  produced, or ``max_gen_toks`` tokens; the text is cut before the first stop sequence. Greedy unless ``do_sample`` (then ``temperature``, ``top_k``,
-  ``top_p``, seeded by ``seed``). The context keeps its last ``block_size - max_gen_toks`` tokens.
+  produced, or ``max_gen_toks`` tokens; the text is cut before the first stop sequence. Greedy unless
+  ``do_sample`` (then ``temperature``, ``top_k``, ``top_p``, seeded by ``seed``). The context keeps its last
+  ``block_size - max_gen_toks`` tokens.
 
 Requests are batched ``batch_size`` at a time, longest first; the model runs in ``dtype`` on ``device``.
 """
@@ -234,8 +235,8 @@ class CQKLM(TemplateLM):
         budget = int(kwargs["max_gen_toks"])
         if not 0 < budget < self.block_size:
             raise ValueError(
-                f"max_gen_toks={budget} must lie in 1..{self.block_size - 1}: the prompt and the generated tokens share "
-                f"this model's block_size of {self.block_size} tokens. Add --gen_kwargs "
+                f"max_gen_toks={budget} must lie in 1..{self.block_size - 1}: the prompt and the generated tokens "
+                f"share this model's block_size of {self.block_size} tokens. Add --gen_kwargs "
                 f"max_gen_toks={max(1, self.block_size // 2)}."
             )
         sample = bool(kwargs.get("do_sample"))

@@ -72,7 +72,8 @@ def test_loglikelihood_equals_a_direct_computation(model, tokenizer):
         assert [g for _, g in got] == [w for _, w in want]
         assert [ll for ll, _ in got] == pytest.approx([ll for ll, _ in want], rel=1e-10, abs=1e-10)
     # the EOS prefix changes the score of a short context (the convention matters, docs/evaluation.md)
-    plain, prefixed = (_lm(model, tokenizer, prefix_eos=f).loglikelihood([_req("loglikelihood", *pairs[0])]) for f in (0, 1))
+    first = [_req("loglikelihood", *pairs[0])]
+    plain, prefixed = (_lm(model, tokenizer, prefix_eos=flag).loglikelihood(first) for flag in (False, True))
     assert abs(plain[0][0] - prefixed[0][0]) > 1e-6
 
 
@@ -154,7 +155,8 @@ def test_generate_until_honours_stop_sequences_and_max_gen_toks(model, tokenizer
     stop = free[0][2:4]
     calls = []
     hook = model.register_forward_hook(lambda *_: calls.append(1))
-    stopped = lm.generate_until([_req("generate_until", contexts[0], {"until": [stop, "\u00e9"], "max_gen_toks": budget})])
+    settings = {"until": [stop, "\u00e9"], "max_gen_toks": budget}
+    stopped = lm.generate_until([_req("generate_until", contexts[0], settings)])
     hook.remove()
     assert stopped == [free[0][: free[0].index(stop)]]
     assert len(calls) < budget
@@ -168,7 +170,12 @@ def test_generation_prompts_keep_the_contexts_last_tokens(model, tokenizer, monk
     import lightning_cqk.evaluation.lm as lm_module
 
     seen = []
-    monkeypatch.setattr(lm_module, "generate_all", lambda m, prompts, n, **kw: seen.extend(prompts) or [[]] * len(prompts))
+
+    def record(model, prompts, n, **kwargs):
+        seen.extend(prompts)
+        return [[] for _ in prompts]
+
+    monkeypatch.setattr(lm_module, "generate_all", record)
     long = "a context much longer than the sixteen-token block"
     for prefix_eos in (False, True):
         seen.clear()
