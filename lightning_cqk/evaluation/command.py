@@ -167,4 +167,12 @@ def eval_command(argv: list[str]) -> None:
     _require_lm_eval()
     from jsonargparse import CLI
 
-    CLI(lm_evaluate, args=argv, prog="lightning_cqk eval", as_positional=False)
+    try:
+        CLI(lm_evaluate, args=argv, prog="lightning_cqk eval", as_positional=False)
+    except ConnectionError as err:  # lm-eval's tasks download their data from the Hugging Face Hub
+        raise SystemExit(
+            f"lightning_cqk eval: a task's data could not be downloaded ({err}). lm-eval's tasks read their data from "
+            "the Hugging Face Hub; offline, give the datasets cache that holds them (HF_DATASETS_CACHE=... "
+            "HF_DATASETS_OFFLINE=1) or define the task on local files and pass its folder with --include_path "
+            "(docs/evaluation.md)."
+        ) from None

@@ -26,6 +26,7 @@ Requests are batched ``batch_size`` at a time, longest first; the model runs in 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from lightning_cqk.data.tokenizers import Tokenizer, get_tokenizer
 from lightning_cqk.evaluation.scoring import score_continuations
 from lightning_cqk.inference.generate import generate_all
 
+logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 _GEN_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p"}
 
@@ -133,6 +135,7 @@ class CQKLM(TemplateLM):
         self.prefix_eos = _flag(prefix_eos)
         self.max_gen_toks = int(max_gen_toks) if max_gen_toks is not None else min(256, self.block_size // 2)
         self.seed = int(seed)
+        self.truncated = {"loglikelihood": 0, "generate_until": 0}  # requests whose context lost its start
 
     # ------------------------------------------------------------------------------------- tokenisation
     @property
@@ -169,6 +172,7 @@ class CQKLM(TemplateLM):
     def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple]:
         """``requests``: ``((context, continuation), context_ids, continuation_ids)`` from ``TemplateLM``."""
         pairs = [(ctx, cont) for _, ctx, cont in requests]
+        self._note_truncation("loglikelihood", [len(c) + len(k) - 1 for c, k in pairs], self.block_size)
         with tqdm(total=len(pairs), disable=disable_tqdm, desc="lightning_cqk loglikelihood") as bar:
             results = score_continuations(self.model, pairs, self.block_size, self.batch_size, bar.update)
         for (key, _, _), result in zip(requests, results):
@@ -206,7 +210,9 @@ class CQKLM(TemplateLM):
         for members in groups.values():
             settings = self._generation_settings(requests[members[0]].args[1])
             budget = settings["max_gen_toks"]
-            prompts = {n: self._context_ids(requests[n].args[0])[-(self.block_size - budget) :] for n in members}
+            full = {n: self._context_ids(requests[n].args[0]) for n in members}
+            prompts = {n: ids[-(self.block_size - budget) :] for n, ids in full.items()}
+            self._note_truncation("generate_until", [len(ids) for ids in full.values()], self.block_size - budget)
             order = sorted(members, key=lambda n: (-len(prompts[n]), n))
             for start in range(0, len(order), self.batch_size):
                 batch = order[start : start + self.batch_size]
@@ -285,6 +291,21 @@ class CQKLM(TemplateLM):
             texts.append(text)
         return texts
 
+    def _note_truncation(self, kind: str, lengths: list[int], room: int) -> None:
+        """Count (and log) the requests whose context does not fit and loses tokens from its start."""
+        n = sum(length > room for length in lengths)
+        if n:
+            self.truncated[kind] += n
+            logger.warning(
+                "%d of %d %s requests do not fit in %d tokens (block_size %d): their contexts lose tokens from the "
+                "start (lm-eval's convention; counted in the results' config.truncated_requests).",
+                n,
+                len(lengths),
+                kind,
+                room,
+                self.block_size,
+            )
+
     def get_model_info(self) -> dict[str, Any]:
         """What lm-eval records under ``config`` in the results."""
         config = self.model.config
@@ -297,4 +318,5 @@ class CQKLM(TemplateLM):
             "prefix_eos": self.prefix_eos,
             "max_gen_toks": self.max_gen_toks,
             "model_num_parameters": sum(p.numel() for p in self.model.parameters()),
+            "truncated_requests": dict(self.truncated),
         }

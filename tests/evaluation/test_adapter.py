@@ -67,7 +67,9 @@ def test_loglikelihood_equals_a_direct_computation(model, tokenizer):
         ],
     }
     for prefix_eos, expected in want_by_convention.items():
-        got = _lm(model, tokenizer, prefix_eos=prefix_eos).loglikelihood([_req("loglikelihood", *p) for p in pairs])
+        lm = _lm(model, tokenizer, prefix_eos=prefix_eos)
+        got = lm.loglikelihood([_req("loglikelihood", *p) for p in pairs])
+        assert lm.truncated["loglikelihood"] == 1 and lm.get_model_info()["truncated_requests"]["loglikelihood"] == 1
         want = [_reference(model, c, k) for c, k in expected]
         assert [g for _, g in got] == [w for _, w in want]
         assert [ll for ll, _ in got] == pytest.approx([ll for ll, _ in want], rel=1e-10, abs=1e-10)
@@ -179,9 +181,9 @@ def test_generation_prompts_keep_the_contexts_last_tokens(model, tokenizer, monk
     long = "a context much longer than the sixteen-token block"
     for prefix_eos in (False, True):
         seen.clear()
-        _lm(model, tokenizer, prefix_eos=prefix_eos).generate_until(
-            [_req("generate_until", c, {"max_gen_toks": 5}) for c in ("ab", "", long)]
-        )
+        lm = _lm(model, tokenizer, prefix_eos=prefix_eos)
+        lm.generate_until([_req("generate_until", c, {"max_gen_toks": 5}) for c in ("ab", "", long)])
+        assert lm.truncated["generate_until"] == 1
         eos = [tokenizer.eos_id] if prefix_eos else []
         # sorted longest first; an empty context is EOS; a long one keeps its last block_size - max_gen_toks tokens
         assert seen == [tokenizer.encode(long)[-(BLOCK - 5) :], [*eos, *tokenizer.encode("ab")], [tokenizer.eos_id]]

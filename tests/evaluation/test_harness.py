@@ -124,6 +124,13 @@ def test_unknown_tasks_and_a_missing_lm_eval_are_explained(task_dir, monkeypatch
     assert task_manager_for(["toy_mc"], str(task_dir)).match_tasks(["toy_mc"]) == ["toy_mc"]
     with pytest.raises(ValueError, match="is not a directory"):
         task_manager_for(["toy_mc"], str(tmp_path / "nowhere"))
+    import lm_eval.tasks
+
+    # (lm-eval's own 200+ task folders take ~10 s to index: left out here)
+    local_only = lambda include_path=None, **kw: TaskManager(include_path=include_path, include_defaults=False)  # noqa: E731
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", local_only)
+    with pytest.raises(ValueError, match=r"Unknown lm-eval task\(s\) 'toy_mx' \(did you mean toy_mc.*--include_path"):
+        task_manager_for(["toy_mc", "toy_mx"], str(task_dir))
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # `import lm_eval` now raises ImportError
     from lightning_cqk.cli import main
 
