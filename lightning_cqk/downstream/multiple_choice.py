@@ -23,6 +23,13 @@ from its start; a choice that alone does not fit is an error.
 
 Tokenisation: prompt and ``delimiter + choice`` are tokenised separately and concatenated, so the scored tokens are
 exactly the choice's (with a BPE tokenizer the split at the boundary can differ from tokenising the whole string).
+
+Relation to ``lightning_cqk eval`` (lm-evaluation-harness, `lightning_cqk.evaluation`): both score with
+`lightning_cqk.evaluation.scoring.score_continuations`. Zero-shot, on a context without trailing whitespace and with
+a tokenizer that splits the boundary the same way, mc-eval's log-likelihoods and accuracies equal ``eval
+--prefix_eos``'s (``acc_norm`` here = lm-eval's ``acc_bytes``); lm-eval's default puts no EOS before a non-empty
+context, moves the context's trailing whitespace into the continuation and normalises ``acc_norm`` by characters
+(docs/evaluation.md; tested in tests/evaluation/test_harness.py).
 """
 
 from __future__ import annotations

@@ -9,11 +9,14 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import BLOCK
-from lm_eval.api.instance import Instance
+from lmeval_helpers import BLOCK
 
-from lightning_cqk.evaluation.lm import CQKLM
-from lightning_cqk.evaluation.scoring import score_continuations
+pytest.importorskip("lm_eval", reason="lm-eval is the `eval` extra: pip install -e '.[eval]' (make test installs it)")
+
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from lightning_cqk.evaluation.lm import CQKLM  # noqa: E402
+from lightning_cqk.evaluation.scoring import score_continuations  # noqa: E402
 
 
 def _lm(model, tokenizer, **kwargs) -> CQKLM:

@@ -11,14 +11,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lm_eval
 import pytest
-from conftest import DOCS, GEN_ITEMS, MC_ITEMS, save_checkpoint
-from lm_eval.tasks import TaskManager
+from lmeval_helpers import DOCS, GEN_ITEMS, MC_ITEMS, save_checkpoint
 
-from lightning_cqk.downstream.multiple_choice import MCExample, evaluate_mc
-from lightning_cqk.evaluation.command import default_output, task_manager_for
-from lightning_cqk.evaluation.lm import CQKLM
+pytest.importorskip("lm_eval", reason="lm-eval is the `eval` extra: pip install -e '.[eval]' (make test installs it)")
+
+import lm_eval  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+from lightning_cqk.downstream.multiple_choice import MCExample, evaluate_mc  # noqa: E402
+from lightning_cqk.evaluation.command import default_output, task_manager_for  # noqa: E402
+from lightning_cqk.evaluation.lm import CQKLM  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
