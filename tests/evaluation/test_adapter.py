@@ -5,6 +5,7 @@ generate_until (stop sequences, max_gen_toks, batching, prompt truncation) and t
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,8 +16,11 @@ pytest.importorskip("lm_eval", reason="lm-eval is the `eval` extra: pip install 
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
+from lightning_cqk import attention  # noqa: E402
+from lightning_cqk.config import ModelConfig  # noqa: E402
 from lightning_cqk.evaluation.lm import CQKLM  # noqa: E402
 from lightning_cqk.evaluation.scoring import score_continuations  # noqa: E402
+from lightning_cqk.model import GPT  # noqa: E402
 
 
 def _lm(model, tokenizer, **kwargs) -> CQKLM:
@@ -211,3 +215,17 @@ def test_sampling_is_seeded(model, tokenizer):
     first = _lm(model, tokenizer, seed=3).generate_until(reqs)
     assert _lm(model, tokenizer, seed=3).generate_until(reqs) == first
     assert _lm(model, tokenizer, seed=4).generate_until(reqs) != first
+
+
+@pytest.mark.parametrize("backend", attention.available())
+def test_batched_scoring_equals_one_request_at_a_time_for_every_backend(backend):
+    """Right padding is invisible (every backend is causal, reference-stream ones included): a batch of requests
+    of different lengths scores as each alone, in fp64."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=257, n_layer=2, n_embd=32, n_head=4, mlp_hidden=64, block_size=BLOCK)
+    model = GPT(replace(config, attention=backend)).double().eval()
+    requests = [([256, 1, 2, 3], [4, 5]), ([256, *range(10, 30)], [7, 8, 9]), ([256, 40], [41])]
+    batched = score_continuations(model, requests, BLOCK, batch_size=3)
+    alone = [score_continuations(model, [r], BLOCK, batch_size=1)[0] for r in requests]
+    assert [b[0] for b in batched] == pytest.approx([a[0] for a in alone], rel=1e-12, abs=1e-12)
+    assert [b[1] for b in batched] == [a[1] for a in alone]
