@@ -195,8 +195,9 @@ def _check_context(
             if fit
             else f"the prompt alone exceeds it (shorten it to at most {block_size} tokens)"
         )
+        which = "A prompt" if len(prompts) == 1 else "The longest prompt"
         raise ValueError(
-            f"A prompt of {longest} tokens plus max_new_tokens={max_new_tokens} needs {longest + max_new_tokens - 1} "
+            f"{which} of {longest} tokens plus max_new_tokens={max_new_tokens} needs {longest + max_new_tokens - 1} "
             f"positions, more than the model's block_size {block_size}: {what}, or keep generating with a window of "
             "the last block_size tokens: context_policy='slide' (CLI --context_policy slide)."
         )
