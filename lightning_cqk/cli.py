@@ -470,7 +470,8 @@ EXTRA_COMMANDS = {
     "generate": _generate_command,
 }
 
-USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,sweep,report,glue,glue-table,mc-eval,generate} ...
+USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,sweep,report,glue,glue-table,mc-eval,
+                     generate} ...
 
   fit        train:                     lightning_cqk fit --config configs/quickstart.yaml
   validate   evaluate a checkpoint:     lightning_cqk validate --config <run>/config.yaml --ckpt_path <ckpt>

@@ -136,7 +136,9 @@ def generate(
         logits = stepper.prefill(windows) if slid else stepper.advance(windows, tokens)  # (B, padded vocab)
 
 
-def generate_reference(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kwargs) -> Iterator[Step]:
+def generate_reference(
+    model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kwargs
+) -> Iterator[Step]:
     """`generate` without a cache: every step runs the full forward over each row's whole context (no padding, rows
     of equal context length batched together). The oracle for the cached path; same arguments as `generate`."""
     return generate(model, prompts, max_new_tokens, use_cache=False, **kwargs)

@@ -29,7 +29,9 @@ def naive_window_greedy(model: GPT, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt) :]
 
 
-@pytest.mark.parametrize("attention, options", [("standard", {}), ("standard", {"qkv_sharing": "k_eq_v", "n_kv_groups": 1})])
+@pytest.mark.parametrize(
+    "attention, options", [("standard", {}), ("standard", {"qkv_sharing": "k_eq_v", "n_kv_groups": 1})]
+)
 def test_cached_greedy_equals_cache_free_oracle(attention, options):
     model = tiny_model(attention=attention, attention_options=options)
     cached = generate_all(model, PROMPTS, 12, temperature=0)
@@ -103,7 +105,9 @@ def test_slide_cached_equals_oracle_past_block_size(shift):
     model = tiny_model(block_size=12)
     prompts = [list(range(20, 36)), [7, 8, 9]]  # the first prompt alone is longer than block_size
     cached = generate_all(model, prompts, 20, temperature=0, context_policy="slide", slide_shift=shift)
-    assert cached == generate_all(model, prompts, 20, temperature=0, context_policy="slide", slide_shift=shift, use_cache=False)
+    assert cached == generate_all(
+        model, prompts, 20, temperature=0, context_policy="slide", slide_shift=shift, use_cache=False
+    )
     if shift == 1:  # the exact sliding window
         assert cached == [naive_window_greedy(model, p, 20) for p in prompts]
 
@@ -134,7 +138,11 @@ def generate_reference_all(model, prompts, n, **kwargs):
         ([[1, 300]], {}, "outside the model's vocabulary"),
         ([[1]], {"context_policy": "window"}, "context_policy must be one of"),
         ([[1]], {"slide_shift": 2}, "slide_shift applies to context_policy 'slide'"),
-        ([[1]], {"context_policy": "slide", "slide_shift": 24}, r"slide_shift must be a whole number in .* = \[1, 23\]"),
+        (
+            [[1]],
+            {"context_policy": "slide", "slide_shift": 24},
+            r"slide_shift must be a whole number in .* = \[1, 23\]",
+        ),
     ],
 )
 def test_bad_arguments_are_refused(prompts, kwargs, message):

@@ -55,7 +55,9 @@ class Recorder:
 def test_streams_the_greedy_continuation_of_generate(checkpoint, monkeypatch):
     out = Recorder()
     monkeypatch.setattr(sys, "stdout", out)
-    generate_command(["--checkpoint", str(checkpoint), "--prompt", "ab", "--max_new_tokens", "12", "--temperature", "0"])
+    generate_command(
+        ["--checkpoint", str(checkpoint), "--prompt", "ab", "--max_new_tokens", "12", "--temperature", "0"]
+    )
     from lightning_cqk.downstream.pretrained import load_pretrained
 
     model = load_pretrained(checkpoint).model
