@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from lightning_cqk.inference.generate import CONTEXT_POLICIES, generate
+from lightning_cqk.inference.generate import CONTEXT_POLICIES, ContextTooLong, generate
 from lightning_cqk.inference.sampling import SamplingConfig, make_generator
 from lightning_cqk.inference.text import TextStream
 
@@ -86,8 +86,20 @@ def generate_command(argv: list[str]) -> None:
     args = build_parser().parse_args(argv)
     try:
         run(args)
+    except ContextTooLong as err:
+        sys.exit(f"lightning_cqk generate: {context_message(err, args)}")
     except (FileNotFoundError, ValueError) as err:
         sys.exit(f"lightning_cqk generate: {err}")
+
+
+def context_message(err: ContextTooLong, args: argparse.Namespace) -> str:
+    """`ContextTooLong` in the command's own flags."""
+    eos = "" if args.no_prefix_eos else " (the end-of-document id before it included)"
+    which = "the longest prompt" if err.several else "a prompt"
+    head = f"{which} of {err.prompt_len} tokens{eos} and --max_new_tokens {args.max_new_tokens} need {err.needed} "
+    head += f"positions, more than the model's block_size {err.block_size}"
+    fix = f"pass --max_new_tokens {err.fit}" if err.fit else f"shorten the prompt to {err.block_size} tokens or less"
+    return f"{head}: {fix}, or --context_policy slide to keep generating with a window of the most recent tokens."
 
 
 def run(args: argparse.Namespace) -> None:
@@ -113,16 +125,18 @@ def run(args: argparse.Namespace) -> None:
         context_policy=args.context_policy,
         slide_shift=args.slide_shift,
     )
+    generate(model, ids, args.max_new_tokens, **options)  # every prompt checked (block_size) before any output
     out = sys.stdout
     for first in range(0, len(jobs), args.batch_size):
         rows = list(range(first, min(first + args.batch_size, len(jobs))))
         streams = {r: TextStream(tok.decode) for r in rows}
         counts, reasons = dict.fromkeys(rows, 0), {}
         live = len(rows) == 1
+        steps = generate(model, [ids[r] for r in rows], args.max_new_tokens, **options)  # checks before any output
         t0 = time.perf_counter()
         if live:
             _header(out, rows[0], jobs, args)
-        for step in generate(model, [ids[r] for r in rows], args.max_new_tokens, **options):
+        for step in steps:
             for i, t in zip(step.rows, step.tokens):
                 r = rows[i]
                 counts[r] += 1

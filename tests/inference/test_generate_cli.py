@@ -83,8 +83,10 @@ def test_seeded_samples_repeat_and_several_prompts_are_headed(checkpoint, capsys
 
 def test_past_block_size_the_suggested_fix_works(checkpoint, capsys):
     base = ["--checkpoint", str(checkpoint), "--prompt", "0123456789", "--temperature", "0"]
-    with pytest.raises(SystemExit, match="at most 22 new tokens fit.*--max_new_tokens 22.*--context_policy slide"):
-        generate_command([*base, "--max_new_tokens", "40"])  # 1 EOS + 10 prompt bytes; block 32
+    fix = "longest prompt of 11 tokens .*end-of-document.* pass --max_new_tokens 22, or --context_policy slide"
+    with pytest.raises(SystemExit, match=fix):
+        generate_command([*base, "--prompt", "short", "--max_new_tokens", "40"])  # 1 EOS + 10 bytes; block 32
+    assert capsys.readouterr().out == ""  # refused before anything was printed (the short prompt neither)
     generate_command([*base, "--max_new_tokens", "22"])
     generate_command([*base, "--max_new_tokens", "40", "--context_policy", "slide"])
     assert capsys.readouterr().err.count("ended by length") == 2
