@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from bench_inference import INFERENCE_VARIANTS  # noqa: E402  (beside this file)
 
 from lightning_cqk import attention  # noqa: E402
 from lightning_cqk.callbacks.throughput import device_peak_flops  # noqa: E402
@@ -319,8 +320,8 @@ def backend_variants(names: list[str] | None) -> dict[str, tuple[str, dict]]:
     labels = [b for label in labels for b in ([BASES[label], label] if label in BASES else [label])]  # bases too
     out: dict[str, tuple[str, dict]] = {"standard": ("standard", {})}
     for label in labels:
-        if label in VARIANTS:
-            out[label] = VARIANTS[label]
+        if label in VARIANTS or label in INFERENCE_VARIANTS:
+            out[label] = VARIANTS.get(label) or INFERENCE_VARIANTS[label]
         elif "=" in label:  # name:opt=value,opt=value, e.g. coupled:steps=2
             name, _, opts = label.partition(":")
             out[label] = (name, {k: parse_value(v) for k, v in (o.split("=", 1) for o in opts.split(","))})
@@ -484,7 +485,7 @@ def bench_backends(p: Preset, args, device, dtype) -> list[Row]:
 # --------------------------------------------------------------------------------------------------------- inference
 def bench_inference(p: Preset, args, device, dtype) -> list[Row]:
     """KV cache bytes, prefill and decode speed, decode memory of every backend vs standard (bench_inference.py)."""
-    from bench_inference import INFERENCE_VARIANTS, fmt_size, measure_inference, median
+    from bench_inference import fmt_size, measure_inference, median
 
     variants = backend_variants(args.backends)
     if args.backends is None:

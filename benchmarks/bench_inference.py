@@ -31,10 +31,12 @@ import torch
 from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
 
-#: Inference-only variants besides the training bench's (label -> backend name and options): the papers' caches.
+#: Variants of the inference rows besides the training bench's (label -> backend name and options), whose caches
+#: the papers compare: Q-MQA caches one K head (= V), 1 / (2 n_head) of standard (arXiv 2606.04032); MQA one K and
+#: one V head. (`k_eq_v`, Q-K=V, K only: 50% of standard, is one of the training bench's variants.) By default they
+#: run in the inference section only; `--backends q_mqa` names them explicitly (then the training rows have them too).
 INFERENCE_VARIANTS: dict[str, tuple[str, dict]] = {
-    "k_eq_v": ("standard", {"qkv_sharing": "k_eq_v"}),  # Q-K=V: K only (arXiv 2606.04032): 50% of standard
-    "q_mqa": ("standard", {"qkv_sharing": "k_eq_v", "n_kv_groups": 1}),  # Q-MQA: one K head: 1 / (2 n_head)
+    "q_mqa": ("standard", {"qkv_sharing": "k_eq_v", "n_kv_groups": 1}),
     "mqa": ("standard", {"n_kv_groups": 1}),
 }
 
