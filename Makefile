@@ -2,7 +2,7 @@
 #   make quickstart    train the quickstart config (tiny model, built-in corpus, CPU or GPU)
 #   make test          run the test suite (what CI runs)
 #   make ablations     an ablation study of the papers (default: coupling, cpu profile; STUDY=all: every one) and its report
-#   make bench         the speed table (framework overhead, backends vs standard, loader, prepare)
+#   make bench         the speed table (framework overhead, backends vs standard, loader, prepare, inference)
 #   make glue CKPT=... GLUE fine-tuning table of a checkpoint
 #   make eval CKPT=... lm-evaluation-harness tasks on a checkpoint (TASKS=hellaswag,arc_easy,piqa,lambada_openai)
 PYTHON ?= python3
@@ -65,7 +65,7 @@ endif
 
 .PHONY: bench
 BENCH_ARGS ?=
-bench: install ## speed table, side by side: Lightning vs plain loop, backends vs standard, loader, prepare (BENCH_ARGS=...)
+bench: install ## speed table, side by side: Lightning vs plain loop, backends vs standard, loader, prepare, inference (BENCH_ARGS=...)
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
 tensorboard: install ## serve the curves of every run under runs/

@@ -64,6 +64,10 @@ FLOPs: counted as the model's matmuls, independent of `impl` (the PaLM MFU conve
 recomputation): the same 8 C^2 + 4 T C per token as `standard`. The fast path's padded score products (2 hs wide)
 and 2 hs value products per map execute 8 C^2 + 8 T C.
 
+KV cache (decode mode, `new_cache`): the nkv key half-heads after QK-norm and RoPE and the nkv/2 values of 2 hs, i.e.
+2 nkv hs values per token and layer, as `standard` GQA-nkv; with a learned q/k transform the nh transformed key
+half-heads instead of the nkv (C + nkv hs). Decoding equals the full forward in fp64 (`tests/inference`).
+
 Invariants checked by `tests/attention/test_differential.py`: causality; finite forward/backward; SDPA == math in
 fp64 (outputs, input and parameter gradients); the module equals an independent per-position loop of the equations
 above; lambda = 0 reduces each head to standard softmax attention (`causal_attention`), and q2 = q1, k2 = k1 gives
@@ -83,7 +87,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions, QKWeight, QKWeights
-from lightning_cqk.attention.functional import attention_probs, causal_logits
+from lightning_cqk.attention.cache import LayerCache
+from lightning_cqk.attention.functional import attention_probs, causal_logits, masked_logits
 from lightning_cqk.attention.transform import build_transform, check_transform, qk_stage, transform_flops
 
 if TYPE_CHECKING:
@@ -213,18 +218,31 @@ class DifferentialAttention(AttentionBackend):
         """The q/k stage (`transform.qk_stage`: QK-norm, learned transform, RoPE) on every hs-wide half-head."""
         return qk_stage(q, k, ctx, q_norm=self.q_norm, k_norm=self.k_norm, transform=self.qk_transform)
 
-    def differential_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    def differential_attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        lam: torch.Tensor,
+        decoding: bool = False,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """(softmax(q1 k1^T/sqrt(hs)) - lam softmax(q2 k2^T/sqrt(hs))) v per head, before the head norm.
 
         Args:
-            q, k: (B, nh, T, hs) half-heads; heads (2i, 2i+1) are (q1, q2) / (k1, k2) of differential head i.
-            v: (B, nh/2, T, 2 hs).
+            q, k: (B, nh, T, hs) half-heads; heads (2i, 2i+1) are (q1, q2) / (k1, k2) of differential head i. In decode
+                mode k holds the L cached-plus-new keys, (B, nh, L, hs).
+            v: (B, nh/2, T or L, 2 hs).
             lam: 0-dim lambda.
+            decoding: False: causal masking (training, T == L); True: the decode mask `mask` (`AttentionContext.
+                attn_mask`: broadcastable to (B, 1, T, L), True = allowed; None = every key).
 
         Returns:
             (B, nh/2, T, 2 hs).
         """
         dropout_p = self.attn_dropout if self.training else 0.0
+        if decoding:
+            dropout_p = 0.0
         if self.options.impl == "sdpa":
             # q, k zero-padded from hs to 2 hs: (q1|0).(k1|0) = q1.k1, so each map is one fused SDPA call against
             # the whole 2 hs value, with the scale of hs given explicitly (equal head sizes keep the fused kernel).
@@ -234,11 +252,15 @@ class DifferentialAttention(AttentionBackend):
             scale = hs**-0.5
 
             def sdpa(qi: torch.Tensor, ki: torch.Tensor) -> torch.Tensor:
+                if decoding:  # (a cache kept wider than autocast's q is cast to it)
+                    ki, vi = ki.to(qi.dtype), v.to(qi.dtype)
+                    return F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale)
                 return F.scaled_dot_product_attention(qi, ki, v, is_causal=True, dropout_p=dropout_p, scale=scale)
 
             return torch.addcmul(sdpa(q1, k1), lam.to(v.dtype), sdpa(q2, k2), value=-1.0)  # (B, nh/2, T, 2hs)
         if self.options.impl == "math":
-            probs = attention_probs(q, k)  # (B, nh, T, T), fp32 (fp64 for fp64 inputs), each map masked+softmaxed
+            # (B, nh, T, T or L), fp32 (fp64 for fp64 inputs), each map masked and softmaxed
+            probs = masked_logits(q, k, mask).softmax(dim=-1) if decoding else attention_probs(q, k)
             if dropout_p > 0.0:
                 probs = F.dropout(probs, p=dropout_p)
             p1, p2 = probs.unflatten(1, (-1, 2)).unbind(2)  # (B, nh/2, T, T) each
@@ -246,21 +268,41 @@ class DifferentialAttention(AttentionBackend):
             return (attn.to(v.dtype) @ v).to(q.dtype)  # (B, nh/2, T, 2hs)
         raise ValueError(f"Unknown attention impl {self.options.impl!r}; choose 'sdpa' or 'math'.")
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Differential attention then per-head RMSNorm x (1 - lambda_init): (B, nh/2, T, 2 hs)."""
-        y = self.differential_attend(q, k, v, self.lambda_value())  # (B, nh/2, T, 2hs)
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        decoding: bool = False,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Differential attention then per-head RMSNorm x (1 - lambda_init): (B, nh/2, T, 2 hs). `decoding`, `mask`:
+        as `differential_attend`."""
+        y = self.differential_attend(q, k, v, self.lambda_value(), decoding, mask)  # (B, nh/2, T, 2hs)
         # The norm runs in (at least) fp32 even under bf16 autocast (papers.md §6 item 16).
         y32 = y.to(torch.promote_types(y.dtype, torch.float32))  # (B, nh/2, T, 2hs)
         # (1 - lambda_init) folds into the (2hs,) gain: one full-size multiply fewer, forward and backward.
         gain = self.subln.weight.to(y32.dtype) * (1.0 - self.lambda_init)  # (2hs,)
         return F.rms_norm(y32, (2 * self.head_size,), gain, self.subln.eps).to(y.dtype)  # (B, nh/2, T, 2hs)
 
+    def new_cache(
+        self, batch_size: int, max_len: int, device: torch.device | str | None, dtype: torch.dtype | None
+    ) -> LayerCache:
+        """The KV cache: the nkv key half-heads after QK-norm and RoPE, "k" (B, nkv, max_len, hs), and the nkv/2 values
+        of 2 hs, "v"; with a learned q/k transform the transformed keys of every query half-head (nh of them, a key's
+        transform needs its own token's q). Grouped heads are cached once (expanded when attending)."""
+        n_keys = self.n_half_head if self.qk_transform is not None else self.n_kv_half_head
+        buffers = {"k": (n_keys, self.head_size), "v": (self.n_kv_half_head // 2, 2 * self.head_size)}
+        return LayerCache(batch_size, max_len, device, dtype, buffers=buffers)
+
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.project(x)  # q (B, nh, T, hs); k (B, nkv, T, hs); v (B, nkv/2, T, 2hs)
         q, k = self.transform_qk(q, k, ctx)  # q (B, nh, T, hs); k (B, nkv, T, hs), (B, nh, T, hs) with a transform
-        k, v = self.expand_kv(k, v)  # k (B, nh, T, hs); v (B, nh/2, T, 2hs)
-        y = self.attend(q, k, v)  # (B, nh/2, T, 2hs)
+        if ctx.decoding:  # keys and values of every held token (L = cache.length + T)
+            k, v = ctx.cache.append(k=k, v=v).values()  # k (B, nkv or nh, L, hs); v (B, nkv/2, L, 2hs)
+        k, v = self.expand_kv(k, v)  # k (B, nh, T or L, hs); v (B, nh/2, T or L, 2hs)
+        y = self.attend(q, k, v, ctx.decoding, ctx.attn_mask)  # (B, nh/2, T, 2hs)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.out_proj(y))  # (B, T, C)
 

@@ -120,7 +120,17 @@ def masked_attention(
         v = repeat_kv(v, k.size(1) // v.size(1))  # (B, nk, L, hv)
     n_rep = q.size(1) // k.size(1)
     if impl == "sdpa":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=n_rep > 1)
+        k, v = k.to(q.dtype), v.to(q.dtype)  # a cache kept wider than autocast's q (no-op otherwise)
+        if n_rep == 1:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        # Grouped heads: fold each group's n_rep query heads into the query axis (head h = g n_rep + r reads K/V head
+        # g), so every kernel runs on the nk cached heads as they are: no repeated K/V, and no fallback to the math
+        # kernel that SDPA's enable_gqa takes with an explicit mask on some devices.
+        B, nh, T, _ = q.shape
+        q_folded = q.reshape(B, k.size(1), n_rep * T, q.size(-1))  # (B, nk, n_rep T, d)
+        mask = None if mask is None else mask.repeat(1, 1, n_rep, 1)  # (B or 1, 1, n_rep T, L)
+        y = F.scaled_dot_product_attention(q_folded, k, v, attn_mask=mask, scale=scale)  # (B, nk, n_rep T, hv)
+        return y.reshape(B, nh, T, v.size(-1))  # (B, nh, T, hv)
     if impl == "math":
         probs = masked_logits(q, k, mask, scale).softmax(dim=-1)  # (B, nh, T, L)
         return (probs.to(v.dtype) @ repeat_kv(v, n_rep)).to(q.dtype)  # (B, nh, T, hv)

@@ -46,6 +46,12 @@ Options (`StandardOptions`), defaults in brackets; [NS] marks choices the paper 
     [NS] KV cache under RoPE for k_eq_v: cache the raw projection x W_K (= V) and apply norm and RoPE to cached keys
         when scoring, which keeps the cache at nkv * hs values per token (`kv_cache_values_per_token`).
 
+Decoding (`new_cache`, `decode`; the contract in `base.py`): the cache holds k (after QK-norm and RoPE) and v of the
+nkv K/V heads; with a tied v and no learned transform only the raw x W_K (= v), from which the scoring keys are
+re-derived (norm, RoPE at each key's position) every step; with a learned transform the transformed keys of all nh
+query heads and the values (the raw k when v is tied). Tested equal to the full forward in fp64 for every setting,
+left-padded batches included (`tests/inference`).
+
 KV-cache values per token and layer: none 2 nkv hs, k_eq_v nkv hs, q_eq_k 2 nkv hs, q_eq_k_eq_v nkv hs. At the
 paper's 16 heads that reproduces its table: Q-K=V 50%, GQA-4 75%, MQA 93.75%, Q-GQA-4 87.5%, Q-MQA 96.875% less
 than MHA.
@@ -250,7 +256,8 @@ class StandardAttention(AttentionBackend):
         """Decode mode: the next T tokens x (B, T, C) against this layer's cache `ctx.cache` -> (B, T, C)."""
         q, k, v = self.project(x)  # q (B, nh, T, hs); k, v (B, nkv, T, hs)
         if self.caches_raw_k:
-            k_raw = ctx.cache.append(k=k)["k"]  # (B, nkv, L, hs): x W_K of every held token (= v)
+            # (B, nkv, L, hs): x W_K of every held token (= v), in the compute dtype (a cache may be kept narrower)
+            k_raw = ctx.cache.append(k=k)["k"].to(k.dtype)
             keys = k_raw if self.k_norm is None else self.k_norm(k_raw)  # (B, nkv, L, hs)
             keys = apply_rope(keys, ctx.key_cos(), ctx.key_sin())  # (B, nkv, L, hs)
             if self.q_tied:

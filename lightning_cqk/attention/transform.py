@@ -9,7 +9,9 @@ Order (one function, `qk_stage`, used by `standard` and its variants, `different
     scores = q k^T / sqrt(d)
 
 T acts on each token's pair (q_h, k_h) of every head h on its own (no mixing across tokens), so causality and KV
-caching are untouched: a cache stores the transformed k. T is chosen in the backend options as
+caching are untouched: a cache stores the transformed k (decode mode runs this stage on the new tokens only, with
+RoPE tables gathered at their positions; `standard` and `differential` cache the keys leaving it, whatever
+rope_order, tested equal to the full forward in fp64 in `tests/inference`). T is chosen in the backend options as
 ``qk_transform: {kind: <name>, <options>...}`` (None: no transform) from `TRANSFORMS`:
 
     coupled         v1 coupled dynamics (leapfrog / Euler / gradient field), `lightning_cqk.attention.dynamics`

@@ -1,7 +1,7 @@
 """Inference: sampling, batched generation with the KV cache (and its cache-free reference), the `generate` command.
 
-    from lightning_cqk.inference import generate_all
-    new_ids = generate_all(model, [tokenizer.encode("Once upon")], max_new_tokens=50, temperature=0.8, top_k=40)
+from lightning_cqk.inference import generate_all
+new_ids = generate_all(model, [tokenizer.encode("Once upon")], max_new_tokens=50, temperature=0.8, top_k=40)
 """
 
 from lightning_cqk.inference.generate import (

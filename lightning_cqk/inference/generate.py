@@ -39,6 +39,33 @@ StopRule = Sequence[Sequence[int]] | Callable[[int, list[int]], bool]
 """Token-id sequences (a row stops once its new tokens end with one) or a function (row, new ids) -> stop?"""
 
 
+class ContextTooLong(ValueError):
+    """A request needs more positions than block_size under context_policy "refuse".
+
+    Attributes:
+        prompt_len: tokens of the longest prompt.
+        needed: positions it needs (prompt_len + max_new_tokens - 1).
+        block_size: the model's.
+        fit: the largest max_new_tokens that fits (0: the prompt alone is too long).
+        several: whether there were several prompts (prompt_len is the longest's).
+    """
+
+    def __init__(self, prompt_len: int, max_new_tokens: int, block_size: int, several: bool) -> None:
+        self.prompt_len, self.block_size, self.several = prompt_len, block_size, several
+        self.needed, self.fit = prompt_len + max_new_tokens - 1, max_new_tokens_that_fit(prompt_len, block_size)
+        which = "The longest prompt" if several else "A prompt"
+        what = (
+            f"at most {self.fit} new tokens fit (pass max_new_tokens={self.fit})"
+            if self.fit
+            else f"the prompt alone exceeds it (shorten it to at most {block_size} tokens)"
+        )
+        super().__init__(
+            f"{which} of {prompt_len} tokens plus max_new_tokens={max_new_tokens} needs {self.needed} positions, more "
+            f"than the model's block_size {block_size}: {what}, or keep generating with a window of the last "
+            "block_size tokens: context_policy='slide'."
+        )
+
+
 @dataclass(frozen=True)
 class Step:
     """The tokens chosen at one decoding step.
@@ -88,8 +115,10 @@ def generate(
         slide_shift: tokens dropped per slide (1 <= slide_shift < block_size); None: max(1, block_size // 4).
         use_cache: False runs the cache-free reference (`generate_reference`).
 
-    Yields:
-        `Step`s; the new ids of row r are `[s.tokens[s.rows.index(r)] for s in steps if r in s.rows]`.
+    Returns:
+        An iterator of `Step`s; the new ids of row r are `[s.tokens[s.rows.index(r)] for s in steps if r in
+        s.rows]`. The arguments are checked at the call (a `ValueError`, `ContextTooLong` past block_size), before
+        anything is computed.
     """
     sampling = SamplingConfig(temperature, top_k, top_p)
     config = model.config
@@ -100,10 +129,27 @@ def generate(
         raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}.")
     shift = _check_context(prompts, max_new_tokens, block_size, context_policy, slide_shift)
     if not prompts or max_new_tokens == 0:
-        return
+        return iter(())
     device = next(model.parameters()).device
     if generator is None and not sampling.greedy:
         generator = make_generator(seed, device)
+    return _generate(model, prompts, max_new_tokens, sampling, generator, eos_id, stop, shift, use_cache, device)
+
+
+def _generate(
+    model: nn.Module,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None,
+    eos_id: int | None,
+    stop: StopRule | None,
+    shift: int,
+    use_cache: bool,
+    device: torch.device,
+) -> Iterator[Step]:
+    """The decoding loop of `generate` (arguments checked)."""
+    block_size, vocab_size = model.config.block_size, model.config.vocab_size
     starts = [_slide(len(p), 0, block_size, shift) for p in prompts]  # each row's window: history[start:]
     longest = max(len(p) - s for p, s in zip(prompts, starts))
     max_len = min(block_size, longest + max_new_tokens - 1)
@@ -136,7 +182,9 @@ def generate(
         logits = stepper.prefill(windows) if slid else stepper.advance(windows, tokens)  # (B, padded vocab)
 
 
-def generate_reference(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kwargs) -> Iterator[Step]:
+def generate_reference(
+    model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, **kwargs
+) -> Iterator[Step]:
     """`generate` without a cache: every step runs the full forward over each row's whole context (no padding, rows
     of equal context length batched together). The oracle for the cached path; same arguments as `generate`."""
     return generate(model, prompts, max_new_tokens, use_cache=False, **kwargs)
@@ -189,17 +237,7 @@ def _check_context(
         return 0
     longest = max(len(p) for p in prompts)
     if longest + max_new_tokens - 1 > block_size:
-        fit = max_new_tokens_that_fit(longest, block_size)
-        what = (
-            f"at most {fit} new tokens fit (pass max_new_tokens={fit}, CLI --max_new_tokens {fit})"
-            if fit
-            else f"the prompt alone exceeds it (shorten it to at most {block_size} tokens)"
-        )
-        raise ValueError(
-            f"A prompt of {longest} tokens plus max_new_tokens={max_new_tokens} needs {longest + max_new_tokens - 1} "
-            f"positions, more than the model's block_size {block_size}: {what}, or keep generating with a window of "
-            "the last block_size tokens: context_policy='slide' (CLI --context_policy slide)."
-        )
+        raise ContextTooLong(longest, max_new_tokens, block_size, several=len(prompts) > 1)
     return 0
 
 

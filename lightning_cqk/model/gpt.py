@@ -255,6 +255,11 @@ class GPT(nn.Module):
     ) -> torch.Tensor:
         """`hidden_states` in decode mode: idx (B, T) are the next tokens of the rows `cache` holds."""
         B, T = idx.shape
+        if self.training and max(self.config.embd_dropout_p, self.config.attn_dropout_p, self.config.resid_dropout_p):
+            raise ValueError(
+                "Decoding with a cache runs the inference forward, but the model is in training mode with dropout; "
+                "call model.eval() first."
+            )
         if B != cache.batch_size:
             raise ValueError(f"idx has {B} rows but the decode cache was built for {cache.batch_size}.")
         ctx = cache.prepare(T, attention_mask)  # positions (B, T), key_valid (B, L), attn_mask
