@@ -2,8 +2,9 @@
 #   make quickstart    train the quickstart config (tiny model, built-in corpus, CPU or GPU)
 #   make test          run the test suite (what CI runs)
 #   make ablations     an ablation study of the papers (default: coupling, cpu profile; STUDY=all: every one) and its report
-#   make bench         the speed table (framework overhead, backends vs standard, loader, prepare)
+#   make bench         the speed table (framework overhead, backends vs standard, loader, prepare, inference)
 #   make glue CKPT=... GLUE fine-tuning table of a checkpoint
+#   make eval CKPT=... lm-evaluation-harness tasks on a checkpoint (TASKS=hellaswag,arc_easy,piqa,lambada_openai)
 PYTHON ?= python3
 VENV ?= .venv
 PIP_ARGS ?=
@@ -23,10 +24,10 @@ $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "lightning_cqk needs Python >= 3.10; set PYTHON=python3.x")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e '.[test,dev]'
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e '.[test,dev,eval]'
 	@touch $@
 
-install: $(BIN)/.installed ## create $(VENV) and install the package with its test tools
+install: $(BIN)/.installed ## create $(VENV) and install the package with its test tools and lm-eval (extras test,dev,eval)
 
 quickstart: install ## train configs/quickstart.yaml (tiny model on the built-in corpus; < 3 min on 2 CPU cores)
 	$(BIN)/lightning_cqk fit --config configs/quickstart.yaml
@@ -64,7 +65,7 @@ endif
 
 .PHONY: bench
 BENCH_ARGS ?=
-bench: install ## speed table, side by side: Lightning vs plain loop, backends vs standard, loader, prepare (BENCH_ARGS=...)
+bench: install ## speed table, side by side: Lightning vs plain loop, backends vs standard, loader, prepare, inference (BENCH_ARGS=...)
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
 tensorboard: install ## serve the curves of every run under runs/
@@ -92,3 +93,15 @@ glue: install ## GLUE table of a checkpoint: make glue CKPT=<ckpt> [SEEDS="1 2 3
 	$(BIN)/lightning_cqk glue --checkpoint $(CKPT) --seeds '$(call _list,$(SEEDS))' --max_steps $(GLUE_STEPS) \
 		--batch_size $(GLUE_BATCH) --max_eval_examples $(GLUE_EVAL) --data_dir $(GLUE_DIR) \
 		$(if $(strip $(GLUE_TASKS)),--tasks '$(call _list,$(GLUE_TASKS))') $(if $(strip $(GLUE_ARGS)),--extra_args '$(GLUE_ARGS)')
+
+# ------------------------------------------------------------------------------------------ lm-evaluation-harness
+TASKS ?= hellaswag,arc_easy,piqa,lambada_openai
+NUM_FEWSHOT ?=
+LIMIT ?=
+EVAL_BATCH ?= 16
+EVAL_ARGS ?=
+.PHONY: eval
+eval: install ## lm-eval tasks on a checkpoint: make eval CKPT=<ckpt> [TASKS=hellaswag,arc_easy] [NUM_FEWSHOT=5] [LIMIT=100]
+	@test -n "$(CKPT)" || { echo "usage: make eval CKPT=runs/<experiment>/<run>/checkpoints/last.ckpt [TASKS=hellaswag,arc_easy]"; exit 2; }
+	$(BIN)/lightning_cqk eval --checkpoint $(CKPT) --tasks $(TASKS) --batch_size $(EVAL_BATCH) \
+		$(if $(strip $(NUM_FEWSHOT)),--num_fewshot $(NUM_FEWSHOT)) $(if $(strip $(LIMIT)),--limit $(LIMIT)) $(EVAL_ARGS)

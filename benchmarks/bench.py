@@ -27,6 +27,12 @@ Rows (per preset `name:tokenizer:BxT`, targets from issue 9):
                 tokens/s the Lightning step consumes at that preset. Target >= 20x.
     prepare     `lightning_cqk prepare` end to end (read, split, tokenize, write shards) with the GPT-2 tokenizer
                 and one worker: MB of UTF-8 text per second per worker. Target >= 3 MB/s.
+    inference   every backend (and k_eq_v, q_mqa, mqa, gqa) vs `standard` (issue 16; benchmarks/bench_inference.py):
+                measured KV-cache bytes per token, which must equal the analytic count (`kv_cache_values_per_token`
+                x element size; Q-K=V exactly 0.5x standard, Q-MQA exactly 1 / (2 n_head)); prefill tokens/s of the
+                B x T prompt; decode tokens/s after it (--decode_steps); peak memory of decoding --decode_tokens
+                (1,024) tokens; standard's cache-free decode (full forward per token) vs its cached decode. Eager
+                (no --compile), the model cast to the bench dtype.
 
 Every figure is the median of repeated measurements after warm-up; the compared runs are interleaved (round-robin
 per repetition: Lightning and plain loop alternate, backends take turns), so a change of machine load hits all of
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -54,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from bench_inference import INFERENCE_VARIANTS  # noqa: E402  (beside this file)
 
 from lightning_cqk import attention  # noqa: E402
 from lightning_cqk.callbacks.throughput import device_peak_flops  # noqa: E402
@@ -90,7 +98,7 @@ TARGETS: dict[tuple[str, str], tuple[str, float]] = {
     ("loader", "loader"): (">=", 20.0),
     ("prepare", "gpt2"): (">=", 3.0),
 }
-SECTIONS = ("framework", "backends", "loader", "prepare")
+SECTIONS = ("framework", "backends", "loader", "prepare", "inference")
 #: Model shape fields set from the command line (--n_layer, --n_embd, --n_head, --mlp_hidden), over the preset's.
 SHAPE_OVERRIDES: dict[str, int] = {}
 
@@ -145,8 +153,11 @@ class Row:
     key: tuple[str, str] | None = None  # into TARGETS
     mfu: str = "-"
     notes: list[str] = field(default_factory=list)
+    exact: tuple[str, bool] | None = None  # (what must hold, whether it does): an equality check, not a bound
 
     def verdict(self) -> tuple[str, str]:
+        if self.exact is not None:
+            return self.exact[0], "ok" if self.exact[1] else "MISSED"
         if self.key not in TARGETS or self.ratio is None:
             return "-", ""
         op, bound = TARGETS[self.key]
@@ -309,8 +320,8 @@ def backend_variants(names: list[str] | None) -> dict[str, tuple[str, dict]]:
     labels = [b for label in labels for b in ([BASES[label], label] if label in BASES else [label])]  # bases too
     out: dict[str, tuple[str, dict]] = {"standard": ("standard", {})}
     for label in labels:
-        if label in VARIANTS:
-            out[label] = VARIANTS[label]
+        if label in VARIANTS or label in INFERENCE_VARIANTS:
+            out[label] = VARIANTS.get(label) or INFERENCE_VARIANTS[label]
         elif "=" in label:  # name:opt=value,opt=value, e.g. coupled:steps=2
             name, _, opts = label.partition(":")
             out[label] = (name, {k: parse_value(v) for k, v in (o.split("=", 1) for o in opts.split(","))})
@@ -471,6 +482,73 @@ def bench_backends(p: Preset, args, device, dtype) -> list[Row]:
     return rows
 
 
+# --------------------------------------------------------------------------------------------------------- inference
+def bench_inference(p: Preset, args, device, dtype) -> list[Row]:
+    """KV cache bytes, prefill and decode speed, decode memory of every backend vs standard (bench_inference.py)."""
+    from bench_inference import fmt_size, measure_inference, median
+
+    variants = backend_variants(args.backends)
+    if args.backends is None:
+        variants.update(INFERENCE_VARIANTS)
+    block = max(p.seq_len + args.decode_steps, args.decode_tokens + 1)
+    configs, errors = {}, {}
+    for label, (name, options) in variants.items():
+        try:
+            configs[label] = dataclasses.replace(p.config(name, options), block_size=block)
+        except Exception as err:  # noqa: BLE001
+            errors[label] = f"{type(err).__name__}: {err}"
+    results = measure_inference(
+        configs, p.batch, p.seq_len, args.decode_steps, args.decode_tokens, args.rounds, device, dtype
+    )
+    results.update(errors)
+    std = results.get("standard")
+    if isinstance(std, str):
+        return [Row(p.label, "standard: inference", f"error: {std[:120]}")]
+    n_head = configs["standard"].n_head
+    paper = {"k_eq_v": (0.5, "0.5x"), "q_mqa": (1 / (2 * n_head), f"1/(2 n_head) = {1 / (2 * n_head):.4g}x")}
+    rows: list[Row] = []
+    pre0, dec0 = p.tokens / median(std.prefill_times), p.batch / median(std.decode_times)
+    for label in variants:
+        r = results[label]
+        if isinstance(r, str):
+            rows.append(Row(p.label, f"{label}: inference", f"error: {r[:120]}"))
+            continue
+        ratio = r.cache_bytes_per_token / std.cache_bytes_per_token if std.cache_bytes_per_token else None
+        ok = r.cache_bytes_per_token == r.analytic_bytes_per_token
+        want = f"= analytic {r.analytic_bytes_per_token:,.0f} B"
+        if label in paper and ratio is not None:
+            ok = ok and abs(ratio - paper[label][0]) < 1e-12
+            want += f", {paper[label][1]}"
+        fixed = f" + {r.fixed_bytes:,} B/row fixed" if r.fixed_bytes else ""
+        rows.append(
+            Row(
+                p.label,
+                f"{label}: KV cache bytes/token",
+                f"{r.cache_bytes_per_token:,.0f} B{fixed}",
+                f"{std.cache_bytes_per_token:,.0f} B",
+                ratio,
+                exact=(want, ok),
+            )
+        )
+        pre, dec = p.tokens / median(r.prefill_times), p.batch / median(r.decode_times)
+        what = f"{label}: prefill tokens/s ({p.seq_len}-token prompts)"
+        rows.append(Row(p.label, what, fmt_rate(pre), fmt_rate(pre0), pre / pre0))
+        rows.append(Row(p.label, f"{label}: decode tokens/s", fmt_rate(dec), fmt_rate(dec0), dec / dec0))
+        rows.append(
+            Row(
+                p.label,
+                f"{label}: peak memory, decoding {args.decode_tokens:,} tokens",
+                fmt_size(r.peak_bytes),
+                fmt_size(std.peak_bytes),
+                r.peak_bytes / std.peak_bytes if std.peak_bytes else None,
+            )
+        )
+    ref = p.batch / median(std.reference_decode_times)
+    what = "standard: decode without cache (full forward per token) vs cached, tokens/s"
+    rows.append(Row(p.label, what, fmt_rate(ref), fmt_rate(dec0), ref / dec0))
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------------ data, prepare
 def gather_text(source: str, path: Path) -> int:
     """Write the documents of `source` to a JSON-lines file (so prepare is timed without gathering); its bytes."""
@@ -602,6 +680,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bpe_file", default=None, help="GPT-2 .tiktoken (default $LIGHTNING_CQK_GPT2_BPE)")
     parser.add_argument("--loader_workers", type=int, default=0, help="DataLoader workers (quickstart: 0)")
     parser.add_argument("--loader_seconds", type=float, default=1.0, help="seconds per loader pass")
+    parser.add_argument("--decode_steps", type=int, default=32, help="inference: timed decode steps per round")
+    parser.add_argument("--decode_tokens", type=int, default=1024, help="inference: tokens decoded for peak memory")
     args = parser.parse_args(argv)
     SHAPE_OVERRIDES.clear()
     SHAPE_OVERRIDES.update(
@@ -650,6 +730,9 @@ def main(argv: list[str] | None = None) -> None:
             if "backends" in args.only:
                 progress(f"{p.label}: backends")
                 rows += bench_backends(p, args, device, dtype)
+            if "inference" in args.only:
+                progress(f"{p.label}: inference")
+                rows += bench_inference(p, args, device, dtype)
     load1 = os.getloadavg()
     name = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
     header = (

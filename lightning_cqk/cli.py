@@ -453,6 +453,18 @@ def _mc_eval_command(argv: list[str]) -> None:
     mc_eval_command(argv)
 
 
+def _generate_command(argv: list[str]) -> None:
+    from lightning_cqk.inference.cli import generate_command
+
+    generate_command(argv)
+
+
+def _eval_command(argv: list[str]) -> None:
+    from lightning_cqk.evaluation.command import eval_command
+
+    eval_command(argv)
+
+
 EXTRA_COMMANDS = {
     "prepare": _prepare_command,
     "attention": _attention_command,
@@ -461,9 +473,12 @@ EXTRA_COMMANDS = {
     "glue": _glue_command,
     "glue-table": _glue_table_command,
     "mc-eval": _mc_eval_command,
+    "generate": _generate_command,
+    "eval": _eval_command,
 }
 
-USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,sweep,report,glue,glue-table,mc-eval} ...
+USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,sweep,report,glue,glue-table,mc-eval,
+                     generate,eval} ...
 
   fit        train:                     lightning_cqk fit --config configs/quickstart.yaml
   validate   evaluate a checkpoint:     lightning_cqk validate --config <run>/config.yaml --ckpt_path <ckpt>
@@ -478,6 +493,8 @@ USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,swe
   glue-table GLUE tables of several checkpoints side by side: lightning_cqk glue-table <ckpt|dir|glue.json>...
   mc-eval    zero/few-shot multiple choice (jsonl: context, choices, label):
                   lightning_cqk mc-eval --checkpoint <ckpt> --tasks '[arc.jsonl]' [--num_fewshot 5]
+  generate   sample text from a checkpoint, streamed: lightning_cqk generate --checkpoint <ckpt> --prompt "..."
+  eval       lm-evaluation-harness tasks: lightning_cqk eval --checkpoint <ckpt> --tasks hellaswag,arc_easy
 
 A config whose model.class_path is in lightning_cqk.downstream (configs/glue/<task>.yaml) trains with the downstream
 CLI:                                    lightning_cqk fit --config configs/glue/sst2.yaml --model.checkpoint <ckpt>

@@ -24,6 +24,7 @@ def test_bench_prints_every_section(tmp_path, shared_data):
     args = ["--device", "cpu", "--presets", "tiny:bytes:2x16", "tiny:gpt2:2x16", "--backends", "coupled", "k_eq_v"]
     args += ["--steps", "2", "--warmup", "1", "--rounds", "1", "--prepare_rounds", "1", "--loader_seconds", "0.2"]
     args += ["--prepare_source", str(text), "--threads", "1"]
+    args += ["--decode_steps", "2", "--decode_tokens", "8"]
     out = subprocess.run(
         [sys.executable, str(REPO_ROOT / "benchmarks" / "bench.py"), *args],
         env=env,
@@ -42,6 +43,10 @@ def test_bench_prints_every_section(tmp_path, shared_data):
             "coupled: activations",
             "k_eq_v: peak memory",
             "standard: step time",
+            "k_eq_v: KV cache bytes/token",
+            "coupled: decode tokens/s",
+            "k_eq_v: peak memory, decoding 8 tokens",
+            "standard: decode without cache",
         ):
             assert any(preset in line and measure in line for line in table.splitlines()), (preset, measure, table)
     assert "prepare with gpt2, MB/s of text per worker" in table

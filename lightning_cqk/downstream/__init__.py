@@ -7,7 +7,8 @@ classifier       GlueClassifier: pooling + head + the official metrics
 glue_metrics     the official metric of each task (torchmetrics) and the task score
 glue_table       glue.json / glue.md of a checkpoint, and several checkpoints side by side
 run_glue         `lightning_cqk glue`: every task x a fixed seed set -> the table
-multiple_choice  `lightning_cqk mc-eval`: log-likelihood scoring of jsonl multiple-choice tasks
+multiple_choice  `lightning_cqk mc-eval`: log-likelihood scoring of jsonl multiple-choice tasks (lm-eval tasks:
+                 `lightning_cqk eval`, lightning_cqk.evaluation)
 cli              GlueCLI, the LightningCLI that `lightning_cqk fit` uses for downstream configs
 """
 

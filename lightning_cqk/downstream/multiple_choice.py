@@ -23,6 +23,13 @@ from its start; a choice that alone does not fit is an error.
 
 Tokenisation: prompt and ``delimiter + choice`` are tokenised separately and concatenated, so the scored tokens are
 exactly the choice's (with a BPE tokenizer the split at the boundary can differ from tokenising the whole string).
+
+Relation to ``lightning_cqk eval`` (lm-evaluation-harness, `lightning_cqk.evaluation`): both score with
+`lightning_cqk.evaluation.scoring.score_continuations`. Zero-shot, on a context without trailing whitespace and with
+a tokenizer that splits the boundary the same way, mc-eval's log-likelihoods and accuracies equal ``eval
+--prefix_eos``'s (``acc_norm`` here = lm-eval's ``acc_bytes``); lm-eval's default puts no EOS before a non-empty
+context, moves the context's trailing whitespace into the continuation and normalises ``acc_norm`` by characters
+(docs/evaluation.md; tested in tests/evaluation/test_harness.py).
 """
 
 from __future__ import annotations
@@ -34,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from lightning_cqk.data.tokenizers import Tokenizer
+from lightning_cqk.evaluation.scoring import score_continuations
 
 
 @dataclass(frozen=True)
@@ -91,31 +98,22 @@ def choice_logprobs(
     continuations: list[str],
     block_size: int,
 ) -> list[float]:
-    """Total log-likelihood of each continuation after ``EOS + prompt`` (one batched forward)."""
+    """Total log-likelihood of each continuation after ``EOS + prompt`` (one batched forward).
+
+    The scoring itself is `lightning_cqk.evaluation.scoring.score_continuations`, the one `lightning_cqk eval`'s
+    lm-eval adapter uses; this function fixes mc-eval's conventions (the EOS prefix, separate tokenisation).
+    """
     prompt_ids = [tokenizer.eos_id] + tokenizer.encode(prompt)
-    rows, spans = [], []
+    requests = []
     for text in continuations:
         cont = tokenizer.encode(text)
         if not cont or len(cont) > block_size:
             raise ValueError(
                 f"A choice of {len(cont)} tokens cannot be scored with block_size {block_size} (1..block_size needed)."
             )
-        seq = (prompt_ids + cont)[-(block_size + 1) :]  # inputs are seq[:-1]: at most block_size tokens
-        rows.append(seq)
-        spans.append(len(cont))
-    width = max(len(r) for r in rows) - 1
-    inputs = torch.zeros(len(rows), width, dtype=torch.int64)  # (N, T) right-padded
-    targets = torch.zeros(len(rows), width, dtype=torch.int64)  # (N, T)
-    mask = torch.zeros(len(rows), width, dtype=torch.bool)  # (N, T): the continuation's target positions
-    for i, (seq, n) in enumerate(zip(rows, spans)):
-        inputs[i, : len(seq) - 1] = torch.tensor(seq[:-1])
-        targets[i, : len(seq) - 1] = torch.tensor(seq[1:])
-        mask[i, len(seq) - 1 - n : len(seq) - 1] = True
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        logits = model(inputs.to(device)).float()  # (N, T, vocab)
-    logp = F.log_softmax(logits, dim=-1).gather(-1, targets.to(device).unsqueeze(-1)).squeeze(-1)  # (N, T)
-    return (logp * mask.to(device)).sum(dim=1).tolist()
+        requests.append((prompt_ids, cont))
+    scored = score_continuations(model, requests, block_size, batch_size=len(requests))
+    return [logprob for logprob, _ in scored]
 
 
 def evaluate_mc(
