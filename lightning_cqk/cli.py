@@ -497,6 +497,14 @@ def main(argv: list[str] | None = None) -> None:
     if argv[0] in EXTRA_COMMANDS:
         EXTRA_COMMANDS[argv[0]](argv[1:])
         return
+    from lightning_cqk.resources import ConfigNotFound, resolve_config_args  # configs/... of the installed package
+
+    try:
+        argv = resolve_config_args(argv)
+    except ConfigNotFound as err:
+        sys.exit(f"lightning_cqk {argv[0]}: {err}")
+    if from_command_line:
+        sys.argv[1:] = argv
     # From the shell, LightningCLI reads sys.argv itself (passing it again as `args` makes it warn).
     from lightning_cqk.downstream.cli import GlueCLI, names_downstream_model
 
