@@ -411,6 +411,11 @@ def _attention_command(argv: list[str]) -> None:
 
     from lightning_cqk import attention
 
+    if argv[:1] == ["--markdown"]:  # the generated table of docs/backends.md
+        from lightning_cqk.backends_doc import markdown_command
+
+        return markdown_command(argv[1:])
+
     print("Attention backends (model.config.attention) and their options (model.config.attention_options):\n")
     for name in attention.available():
         cls = attention.get_attention(name)

@@ -30,11 +30,9 @@ Paths (`impl`):
         q and k zero-padded from hs to 2 hs ((q1|0).(k1|0) = q1.k1; the scale 1/sqrt(hs) is passed explicitly):
         SDPA's fused kernels need equal q/k and v head sizes. Each map's softmax is computed once (the FlashDiff2
         split-V form of the official `multihead_flashdiff_2.py`, four calls of hs, computes each map twice, exps
-        included) and an attention dropout mask applies to the whole value of its map. Timed on CPU at the tiny
-        preset (B=16, T=256, 4 heads; forward + backward of the attention core, interleaved, median of 22, a busy
-        2-core machine): standard 308 ms, four-call split-V 1021 ms, padded two-call 693 ms (one call over nh heads
-        with v repeated per pair: 711 ms). Cost: the padded score products and the 2 hs value products do twice
-        the matmul work of `standard`'s attention core, as the four-call form does.
+        included) and an attention dropout mask applies to the whole value of its map (the forms' measured times:
+        docs/speed.md, "Kernel choices measured"). Cost: the padded score products and the 2 hs value products do
+        twice the matmul work of `standard`'s attention core, as the four-call form does.
     "math": the naive path and test oracle: both maps materialised with masked softmax in fp32 (fp64 for fp64
         inputs), subtracted, then multiplied by v.
 

@@ -143,8 +143,8 @@ def sdpa_equal_head_sizes(
     """Causal SDPA for q, k (B, nh, T, E) and v (B, nh, T, Ev), zero-padding the narrower side to max(E, Ev).
 
     Fused kernels that need equal head sizes (PyTorch's CPU and CUDA flash kernels) otherwise fall back to the
-    unfused math kernel: at the tiny preset on CPU (E = 64, Ev = 32) the padded call is about 2x faster, forward and
-    backward. Zero features change no score (the scale is passed explicitly) and padded value columns are dropped.
+    unfused math kernel, which is slower (measured: docs/speed.md, "Kernel choices measured"). Zero features change
+    no score (the scale is passed explicitly) and padded value columns are dropped.
     Returns (B, nh, T, Ev).
     """
     e, ev = q.size(-1), v.size(-1)
