@@ -1,7 +1,7 @@
 """Deconstructed attention, part 1: what mixes tokens and how (`mlp`, `approximate`, `non_approximate`).
 
 Paper: H. Xue, N. S. Moosavi and N. Aletras, "Deconstructing Attention: Investigating Design Principles for
-Effective Language Modeling", arXiv 2510.11602 (2025), §3 and Appendix I (digest: `shared/papers.md` §4, §6 items
+Effective Language Modeling", arXiv 2510.11602 (2025), §3 and Appendix I (digest: `docs/papers.md` §4, §6 items
 12-13). The paper relaxes one principle of attention at a time at matched parameter counts, in every layer
 ("uniform") or interleaved with standard attention ("hybrid", see `lightning_cqk.attention.hybrid`). This file holds
 the variants that change token mixing or the form of the scores; `deconstructed_qk.py` holds those that change

@@ -1,7 +1,7 @@
 """Deconstructed attention, part 2: where q and k come from (`static_emb_qk`, `rnd_emb_qk`, `fixed_seq_qk`).
 
 Paper: H. Xue, N. S. Moosavi and N. Aletras, "Deconstructing Attention: Investigating Design Principles for
-Effective Language Modeling", arXiv 2510.11602 (2025), §3 (digest: `shared/papers.md` §4, §6 item 12). Standard
+Effective Language Modeling", arXiv 2510.11602 (2025), §3 (digest: `docs/papers.md` §4, §6 item 12). Standard
 attention takes q, k and v from the layer's own hidden state H. These variants keep v = H W_V and the softmax, and
 take q and k from elsewhere (per head, causal mask throughout; X is (B, T, C) or (1, T, C)):
 

@@ -23,7 +23,7 @@ lambda is shared by all heads of a layer, computed in fp32 (fp64 when the parame
 autocast; the vectors are initialised N(0, 0.1) in `reset_backend_parameters` and never clamped (log
 `dynamics_stats()["lambda"]`: exp can grow). Map rows sum to 1 - lambda, not 1, and are not renormalised: the
 per-head RMSNorm times (1 - lambda_init) sets the scale. Both maps are masked and softmaxed separately *before* the
-subtraction (papers.md §6 item 1).
+subtraction (docs/papers.md §6 item 1).
 
 Paths (`impl`):
     "sdpa": two fused `scaled_dot_product_attention` calls, one per map, each against the whole 2 hs value, with
@@ -247,7 +247,7 @@ class DifferentialAttention(AttentionBackend):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Differential attention then per-head RMSNorm x (1 - lambda_init): (B, nh/2, T, 2 hs)."""
         y = self.differential_attend(q, k, v, self.lambda_value())  # (B, nh/2, T, 2hs)
-        # The norm runs in (at least) fp32 even under bf16 autocast (papers.md §6 item 16).
+        # The norm runs in (at least) fp32 even under bf16 autocast (docs/papers.md §6 item 16).
         y32 = y.to(torch.promote_types(y.dtype, torch.float32))  # (B, nh/2, T, 2hs)
         # (1 - lambda_init) folds into the (2hs,) gain: one full-size multiply fewer, forward and backward.
         gain = self.subln.weight.to(y32.dtype) * (1.0 - self.lambda_init)  # (2hs,)

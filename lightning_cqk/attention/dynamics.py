@@ -1,7 +1,7 @@
 """v1 coupled query-key dynamics and its uncoupled control, as q/k transforms (`qk_transform: {kind: coupled}`).
 
 Paper: B. Gahtan and A. M. Bronstein, "Coupled Query-Key Dynamics for Attention", arXiv 2604.01683 v1 (2026).
-Only the abstract and a third-party summary of v1 could be read (`shared/papers.md` section 1), so every choice
+Only the abstract and a third-party summary of v1 could be read (`docs/papers.md` section 1), so every choice
 below that the digest tags [NS] is an option, with the default we picked and why.
 
 Per pair (q, k) of a token (shapes (B, P, T, d); P pairs, see `transform.py` for what a pair is per backend), for

@@ -2,7 +2,7 @@
 
 Architecture: DeepSeek-AI 2024, "DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language Model"
 (arXiv 2405.04434), §2.1.2-2.1.3, eqs. 9-19. Needed by Anson & Aitchison 2025, "Controlling changes to attention
-logits" (arXiv 2511.21377, QuacK; papers.md §3), whose MLA rule (its eq. 22) names the matrices used here::
+logits" (arXiv 2511.21377, QuacK; docs/papers.md §3), whose MLA rule (its eq. 22) names the matrices used here::
 
     c_q  = W_dq x                     (B, T, d_cq)     query latent (RMSNorm'd when latent_norm)
     q_nope^h = W_uq^h c_q             (B, nh, T, d_nope)
