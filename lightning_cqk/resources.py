@@ -30,15 +30,46 @@ class ConfigNotFound(FileNotFoundError):
 
 
 def shipped_root(folder: str) -> Path | None:
-    """The installed copy of a top-level folder (`configs` or `callbacks`), or None when the package has none."""
+    """The installed copy of a top-level folder (`configs` or `callbacks`), or None when the package has none.
+
+    A wheel install has it as package data. An editable install (`pip install -e .`, what `make install` does) maps
+    it to the source tree, but setuptools' editable finder cannot import a folder without `__init__.py` below a
+    regular package, so there the folder is taken from the install's record of its source tree (`_editable_root`).
+    """
     try:
         spec = importlib.util.find_spec(SHIPPED[folder])
-    except ModuleNotFoundError:  # lightning_cqk.shipped is absent (a source checkout on PYTHONPATH)
+    except ModuleNotFoundError:  # no lightning_cqk.shipped: a source checkout on PYTHONPATH, or an editable install
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        root = Path(next(iter(spec.submodule_search_locations)))
+        if root.is_dir():
+            return root
+    editable = _editable_root()
+    if editable is not None and (editable / folder).is_dir():
+        return editable / folder
+    return None
+
+
+def _editable_root() -> Path | None:
+    """The source tree of an editable install of lightning-cqk (PEP 610 `direct_url.json`), if the imported package
+    is that tree's (not, say, another checkout put first on PYTHONPATH)."""
+    import json
+    import urllib.parse
+    from importlib import metadata
+
+    import lightning_cqk
+
+    try:
+        info = json.loads(metadata.distribution("lightning-cqk").read_text("direct_url.json") or "null")
+    except (metadata.PackageNotFoundError, ValueError):
         return None
-    if spec is None or not spec.submodule_search_locations:
+    if not isinstance(info, dict) or not (info.get("dir_info") or {}).get("editable"):
         return None
-    root = Path(next(iter(spec.submodule_search_locations)))
-    return root if root.is_dir() else None
+    url = urllib.parse.urlparse(str(info.get("url", "")))
+    if url.scheme != "file":
+        return None
+    root = Path(urllib.parse.unquote(url.path)).resolve()
+    return root if Path(lightning_cqk.__file__).resolve().is_relative_to(root) else None
 
 
 def shipped_names(folder: str) -> list[str]:

@@ -50,15 +50,21 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     wheels = list(dist.glob("lightning_cqk-*.whl"))
     assert len(wheels) == 1, wheels
     venv = root / "venv"
-    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], root, env)
-    python = venv / "bin" / "python"
-    purelib = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], root, env)
-    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    (Path(purelib.strip()) / "shared_deps.pth").write_text("\n".join(sorted(deps)) + "\n")
+    python = _venv_with_shared_deps(venv, env)
     _run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheels[0])], root, env
     )
     return venv
+
+
+def _venv_with_shared_deps(venv: Path, env: dict[str, str]) -> Path:
+    """A virtualenv without pip whose dependencies are this interpreter's site-packages (a `.pth` line)."""
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], venv.parent, env)
+    python = venv / "bin" / "python"
+    purelib = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], venv.parent, env)
+    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    (Path(purelib.strip()) / "shared_deps.pth").write_text("\n".join(sorted(deps)) + "\n")
+    return python
 
 
 def _clean_env(venv: Path) -> dict[str, str]:
@@ -106,3 +112,12 @@ def test_wheel_runs_quickstart_and_sweep_dry_run_from_an_empty_directory(wheel_v
         [cli, "fit", "--config", "configs/quickstrat.yaml"], cwd=work, env=env, capture_output=True, text=True
     )
     assert missing.returncode != 0 and "Did you mean configs/quickstart.yaml" in missing.stderr, missing.stderr[-2000:]
+
+    # An editable install (what `make install` does) finds the configs in its source tree from anywhere too.
+    src = wheel_venv.parent / "src"
+    editable = _venv_with_shared_deps(tmp_path / "editable", env)
+    pip = [sys.executable, "-m", "pip", "--python", str(editable), "install", "-q", "--no-deps", "--no-build-isolation"]
+    _run([*pip, "-e", str(src)], tmp_path, env)
+    probe = "from lightning_cqk.resources import find_config; print(find_config('configs/ablations/coupling.yaml'))"
+    found = _run([str(editable), "-c", probe], work, env)
+    assert Path(found.strip().splitlines()[-1]) == src / "configs" / "ablations" / "coupling.yaml", found
