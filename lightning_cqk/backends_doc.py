@@ -75,20 +75,24 @@ def _attribute_docs(options_class: type) -> dict[str, str]:
     return docs
 
 
-_MODULE_OPTION = re.compile(r"^    (\w+) \[([^\]]*)\](.*?): (.*)$")
+#: An option line of a module docstring: `    name (qualifiers) [tags]: text`, continued by deeper-indented lines.
+_MODULE_OPTION = re.compile(r"^(    |        )(\w+)((?: \([^)]*\)| \[[^\]]*\])*): (.*)$")
+#: Brackets that are tags ([NS], [I], ...), not values.
+_TAG = re.compile(r"^(NS|I|S|C)\b")
 
 
-def _module_option_docs(text: str) -> dict[str, tuple[str, str]]:
-    """{option: (bracketed default, description)} from a module docstring's `    name [default] ...: text` lines."""
-    docs: dict[str, tuple[str, str]] = {}
-    current = None
+def _module_option_docs(text: str) -> dict[str, tuple[list[str], str]]:
+    """{option: (its bracketed values that are not tags, description)} from a module docstring's option lines."""
+    docs: dict[str, tuple[list[str], str]] = {}
+    current, indent = None, ""
     for line in inspect.cleandoc(text).splitlines():
         match = _MODULE_OPTION.match(line)
-        if match:
-            current = match.group(1)
-            qualifiers = match.group(3).strip()
-            docs[current] = (match.group(2), f"{qualifiers} {match.group(4)}".strip())
-        elif current and line.startswith("        "):
+        if match and not (current and len(match.group(1)) > len(indent)):
+            current, indent = match.group(2), match.group(1)
+            brackets = re.findall(r"\[([^\]]*)\]", match.group(3))
+            values = [b for b in brackets if not _TAG.match(b)]
+            docs[current] = (values, f"{match.group(3).strip()} {match.group(4)}".strip())
+        elif current and line.startswith(indent + "    "):
             docs[current] = (docs[current][0], docs[current][1] + " " + line.strip())
         else:
             current = None
@@ -104,14 +108,14 @@ def _doc_modules(owner: type, options_class: type) -> list[str]:
     return [n for n in dict.fromkeys(names) if n in sys.modules]
 
 
-def docstring_defaults(owner: type, options_class: type) -> dict[str, str]:
-    """{option: the default a module docstring writes in brackets}, for the test that keeps them equal to the code."""
-    found: dict[str, str] = {}
+def docstring_defaults(owner: type, options_class: type) -> dict[str, list[str]]:
+    """{option: values its docstring line writes in brackets}: defaults live in the dataclass only (tested empty)."""
+    found: dict[str, list[str]] = {}
     fields = option_defaults(options_class)
     for module in _doc_modules(owner, options_class):
-        for name, (default, _) in _module_option_docs(sys.modules[module].__doc__ or "").items():
-            if name in fields:
-                found.setdefault(name, default)
+        for name, (values, _) in _module_option_docs(sys.modules[module].__doc__ or "").items():
+            if name in fields and values:
+                found.setdefault(name, values)
     return found
 
 
@@ -119,10 +123,8 @@ def option_docs(owner: type, options_class: type) -> dict[str, str]:
     """{option: meaning}: `Attributes:` of the options dataclass (and bases), else the modules' option lines."""
     docs = _attribute_docs(options_class)
     for module in _doc_modules(owner, options_class):
-        for name, (default, text) in _module_option_docs(sys.modules[module].__doc__ or "").items():
-            if name not in docs:
-                means = default.split(" = ", 1)[1] if " = " in default else ""
-                docs[name] = f"{text} (null: {means})" if means else text
+        for name, (_, text) in _module_option_docs(sys.modules[module].__doc__ or "").items():
+            docs.setdefault(name, text)
     return docs
 
 

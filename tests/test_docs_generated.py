@@ -4,7 +4,6 @@ of the attention modules' docstrings) equal the dataclass defaults."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
@@ -52,17 +51,9 @@ def _owners():
 
 
 @pytest.mark.parametrize("name,owner,options", list(_owners()), ids=lambda x: x if isinstance(x, str) else "")
-def test_docstring_defaults_equal_the_dataclass(name, owner, options):
-    defaults = option_defaults(options)
-    for option, written in docstring_defaults(owner, options).items():
-        literal = written.split(" = ", 1)[0].strip()
-        try:
-            value = ast.literal_eval(literal)
-        except (ValueError, SyntaxError):
-            pytest.fail(f"{name}: the docstring's default of {option!r} [{written}] is not a Python literal")
-        assert value == defaults[option], (
-            f"{name}: docstring says {option} [{written}], the dataclass {defaults[option]!r}"
-        )
+def test_docstrings_write_no_defaults(name, owner, options):
+    """A default lives in the options dataclass only; the docstrings' option lines carry meaning and [NS] tags."""
+    assert docstring_defaults(owner, options) == {}, f"{name}: defaults written in a docstring (drop the brackets)"
 
 
 def test_attention_configs_list_the_dataclass_defaults():

@@ -36,13 +36,13 @@ Paths (`impl`):
     "math": the naive path and test oracle: both maps materialised with masked softmax in fp32 (fp64 for fp64
         inputs), subtracted, then multiplied by v.
 
-Options (`DifferentialOptions`), defaults in brackets:
-    impl ["sdpa"]: see above.
-    qk_norm [False]: RMSNorm with a learned gain (hs wide) on every q and k half-head before RoPE, the QK-norm
+Options (`DifferentialOptions`; defaults: docs/backends.md):
+    impl: see above.
+    qk_norm: RMSNorm with a learned gain (hs wide) on every q and k half-head before RoPE, the QK-norm
         baseline of arXiv 2511.21377. Not in the Differential Transformer paper [NS].
-    lambda_init [None]: None uses the depth schedule above; a float in [0, 1) fixes it for every layer (the paper's
+    lambda_init: None uses the depth schedule above; a float in [0, 1) fixes it for every layer (the paper's
         ablation tries 0.8 and 0.5).
-    n_kv_groups [None = n_head]: grouped K/V heads, counted like `standard`'s option (the *baseline* Transformer's
+    n_kv_groups (None: n_head): grouped K/V heads, counted like `standard`'s option (the *baseline* Transformer's
         K/V head count nkv, so the K/V projections have standard GQA-nkv's size, C -> nkv hs each): the layer has
         nkv/2 differential K/V heads, i.e. nkv key half-heads of hs and nkv/2 values of 2 hs (the official
         `num_kv_heads` is nkv/2). Grouping follows the official `multihead_diffattn.py` exactly: `repeat_kv`

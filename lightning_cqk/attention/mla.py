@@ -25,26 +25,26 @@ KV cache: c_kv and the rotated k_rope, d_ckv + d_rope values per token and layer
 without qk_norm, W_uk^h folds into the query and W_uv^h into the output (weight absorption), so attention runs on
 the cached latents directly (tested).
 
-Options (`MLAOptions`), defaults in brackets; every default dimension is a function of the config, chosen when the
+Options (`MLAOptions`; defaults: docs/backends.md); every default dimension is a function of the config, chosen when the
 option is None:
-    impl ["sdpa"]: `scaled_dot_product_attention` or the explicit "math" path (the test oracle). The q/k head size
+    impl: `scaled_dot_product_attention` or the explicit "math" path (the test oracle). The q/k head size
         d_nope + d_rope and the value head size d_v may differ; SDPA accepts that, but its flash kernels do not and
-        fall back to the unfused math kernel (2x slower at the tiny preset on CPU), so the fast path zero-pads the
+        fall back to the unfused math kernel (slower: docs/speed.md), so the fast path zero-pads the
         narrower side to equal sizes (`sdpa_equal_head_sizes`; exact, it changes no score and no output).
-    qk_norm [False]: RMSNorm with a learned gain over every head's full q^h and k^h (d_nope + d_rope) before RoPE
+    qk_norm: RMSNorm with a learned gain over every head's full q^h and k^h (d_nope + d_rope) before RoPE
         is applied to their rope parts: the QK-norm baseline of arXiv 2511.21377. Usable for training only: the
         norm needs each head's k^h explicitly, so weight absorption (attention on the cached latent) is impossible
         and decoding would up-project every cached latent for every head at every step. This is why that paper
         studies QuacK for MLA. With qk_norm the shared k_rope is normalised per head (jointly with that head's
         k_nope).
-    latent_norm [True]: RMSNorm with a learned gain on c_q and c_kv (DeepSeek-V2 does this; eps = config.norm_eps).
-    d_nope [None = hs = n_embd / n_head]: per-head no-position q/k width.
-    d_rope [None = hs]: per-head width of the rotary part (even under RoPE); the shared rope key has this width.
-    d_v [None = hs]: per-head value width; out_proj maps nh d_v -> C.
-    d_cq [None = 3 n_embd // 4]: query latent width. 0: no query latent (DeepSeek-V2-Lite, `q_lora_rank` None):
+    latent_norm: RMSNorm with a learned gain on c_q and c_kv (DeepSeek-V2 does this; eps = config.norm_eps).
+    d_nope (None: hs = n_embd / n_head): per-head no-position q/k width.
+    d_rope (None: hs): per-head width of the rotary part (even under RoPE); the shared rope key has this width.
+    d_v (None: hs): per-head value width; out_proj maps nh d_v -> C.
+    d_cq (None: 3 n_embd // 4): query latent width. 0: no query latent (DeepSeek-V2-Lite, `q_lora_rank` None):
         no W_dq and no query latent norm, the query is a plain projection of x (`uq_proj`, `qr_proj`: C -> nh d),
         i.e. the latent form with W_dq = I (tested). QuacK's MLA rule then takes |W_dq| = 1 (`optim/quack.py`).
-    d_ckv [None = n_embd // 4]: key/value latent width.
+    d_ckv (None: n_embd // 4): key/value latent width.
 
 Choice of defaults [NS in arXiv 2511.21377 beyond its one 1B config]. Its §3.4 setting (d_model 2048, 32 heads, MHA
 head 64) uses d_nope = d_rope = 64 (= the MHA head size hs, so the q/k head is 2 hs = 128), d_cq = 512 = C/4,
