@@ -13,6 +13,10 @@ STUDY ?= coupling
 PROFILE ?= cpu
 BIN := $(VENV)/bin
 export LITDATA_DISABLE_VERSION_CHECK := 1
+# Folder of the small real corpora that `{shared_data}` names in the studies' specs (the corpus study's cpu profile);
+# the package has no default for it. Override: make ablations STUDY=corpus LIGHTNING_CQK_SHARED_DATA=/path/to/data
+LIGHTNING_CQK_SHARED_DATA ?= ../shared/data
+export LIGHTNING_CQK_SHARED_DATA
 
 .DEFAULT_GOAL := help
 .PHONY: help install quickstart test test-fast test-slow lint format fit print-config tensorboard clean ablations

@@ -411,6 +411,11 @@ def _attention_command(argv: list[str]) -> None:
 
     from lightning_cqk import attention
 
+    if argv[:1] == ["--markdown"]:  # the generated table of docs/backends.md
+        from lightning_cqk.backends_doc import markdown_command
+
+        return markdown_command(argv[1:])
+
     print("Attention backends (model.config.attention) and their options (model.config.attention_options):\n")
     for name in attention.available():
         cls = attention.get_attention(name)
@@ -514,6 +519,14 @@ def main(argv: list[str] | None = None) -> None:
     if argv[0] in EXTRA_COMMANDS:
         EXTRA_COMMANDS[argv[0]](argv[1:])
         return
+    from lightning_cqk.resources import ConfigNotFound, resolve_config_args  # configs/... of the installed package
+
+    try:
+        argv = resolve_config_args(argv)
+    except ConfigNotFound as err:
+        sys.exit(f"lightning_cqk {argv[0]}: {err}")
+    if from_command_line:
+        sys.argv[1:] = argv
     # From the shell, LightningCLI reads sys.argv itself (passing it again as `args` makes it warn).
     from lightning_cqk.downstream.cli import GlueCLI, names_downstream_model
 

@@ -22,7 +22,7 @@ tiny     4        128     4       512         7,220,480    787,584        6,432,
 
 The `tiny` preset is meant for the byte tokenizer (vocab 257), where it has 820,480 parameters in total. The paper
 configurations of arXiv 2604.01683 are not published; these shapes are the GPT-2-style placeholders that
-`shared/papers.md` section 1.4 proposes for the 60M / 150M / 350M sizes.
+`docs/papers.md` section 1.4 proposes for the 60M / 150M / 350M sizes.
 """
 
 from __future__ import annotations

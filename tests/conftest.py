@@ -13,6 +13,8 @@ os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
 torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# The specs' {shared_data} placeholder has no default in the package: the tests read the corpora beside the repo.
+os.environ.setdefault("LIGHTNING_CQK_SHARED_DATA", str(REPO_ROOT.parent / "shared" / "data"))
 
 
 def shared_data_dir() -> Path:

@@ -19,7 +19,7 @@ CONFIGS = sorted(PAPERS.rglob("*.yaml"))
 
 #: Published total parameter counts, in millions rounded as the source prints them (None: not published).
 PUBLISHED: dict[str, float | None] = {
-    # arXiv 2606.04032, official comprehensive_flop_analysis_300M.json (shared/papers.md section 2.2)
+    # arXiv 2606.04032, official comprehensive_flop_analysis_300M.json (docs/papers.md section 2.2)
     "qkv_sharing/300m_qkv.yaml": 305.53,
     "qkv_sharing/300m_k_eq_v.yaml": 284.54,
     "qkv_sharing/300m_q_eq_k.yaml": 284.54,

@@ -23,15 +23,15 @@ in reverse order (`inverse`). Its Jacobian is triangular with diagonal exp(S(s))
 the sum of all clamped log-scales (`log_det`), 0 in the additive form (volume-preserving). The map acts on each token
 alone: causality is untouched, and the transformed k is what an inference cache holds.
 
-Options (`InvertibleOptions`, defaults in brackets):
-    layers [2] [NS]: coupling layers (>= 1); 2 updates k then q once each, the smallest stack in which both change.
-    hidden [6] [NS]: hidden width of every conditioner.
-    share_heads [False] [NS]: one conditioner per layer for all pairs of a layer (instead of one per pair).
-    share_layers [False] [NS]: one conditioner set for all layers of one backend class with equal shapes.
-    scale_clamp [2.0] [NS]: the soft clamp a above (None: no clamp). exp(S(s)) then lies in (e^-2, e^2).
-    additive [False] [NS]: NICE form (shift only).
-    rope_order ["pre"] [NS]: before RoPE (keeps RoPE's relative-position property) or after it ("post").
-    fused [True] (implementation, not a modelling choice): the stack is one `torch.autograd.Function` with a
+Options (`InvertibleOptions`; defaults: docs/backends.md):
+    layers [NS]: coupling layers (>= 1); 2 updates k then q once each, the smallest stack in which both change.
+    hidden [NS]: hidden width of every conditioner.
+    share_heads [NS]: one conditioner per layer for all pairs of a layer (instead of one per pair).
+    share_layers [NS]: one conditioner set for all layers of one backend class with equal shapes.
+    scale_clamp [NS]: the soft clamp a above (None: no clamp). exp(S(s)) then lies in (e^-2, e^2).
+    additive [NS]: NICE form (shift only).
+    rope_order [NS]: before RoPE (keeps RoPE's relative-position property) or after it ("post").
+    fused (implementation, not a modelling choice): the stack is one `torch.autograd.Function` with a
         hand-written backward (`InvertibleCouplingFunction`: token-major, block-diagonal conditioner GEMMs, in-place
         elementwise work, the clamp's derivative written out; it keeps only q and k and recomputes the rest in
         backward); False runs the same equations through plain autograd (the reference the fused path is tested

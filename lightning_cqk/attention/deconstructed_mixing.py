@@ -1,7 +1,7 @@
 """Deconstructed attention, part 1: what mixes tokens and how (`mlp`, `approximate`, `non_approximate`).
 
 Paper: H. Xue, N. S. Moosavi and N. Aletras, "Deconstructing Attention: Investigating Design Principles for
-Effective Language Modeling", arXiv 2510.11602 (2025), §3 and Appendix I (digest: `shared/papers.md` §4, §6 items
+Effective Language Modeling", arXiv 2510.11602 (2025), §3 and Appendix I (digest: `docs/papers.md` §4, §6 items
 12-13). The paper relaxes one principle of attention at a time at matched parameter counts, in every layer
 ("uniform") or interleaved with standard attention ("hybrid", see `lightning_cqk.attention.hybrid`). This file holds
 the variants that change token mixing or the form of the scores; `deconstructed_qk.py` holds those that change
@@ -36,15 +36,15 @@ Fast and reference paths (`impl`; neither variant calls SDPA, the option keeps t
         single reference for all i either overflows (m below the later scores) or underflows the early prefixes.
     non_approximate, "math": softmax over the score row [s_1..s_i] broadcast to every query row i, masked, O(T^2).
 
-Options (defaults in brackets; [NS] = not stated in the paper, our choice and why):
+Options (defaults: docs/backends.md; [NS] = not stated in the paper, our choice and why):
     mlp (`DeconMLPOptions`):
-        impl ["sdpa"]: accepted for the common contract; there is nothing to fuse (both values run the same code).
-        hidden [None = round(4 C / 3)] [NS]: the paper matches attention's parameters without giving the width;
+        impl: accepted for the common contract; there is nothing to fuse (both values run the same code).
+        hidden (None: round(4 C / 3)) [NS]: the paper matches attention's parameters without giving the width;
             3 C m = 4 C^2 gives m = 4C/3 (within 0.5% of 4 C^2 for C >= 64; exact count in `hidden_width`).
     approximate (`ApproximateOptions`):
-        impl ["sdpa"]: chunked linear-time form, or "math" (quadratic oracle).
-        qk_norm [False]: per-head RMSNorm with a learned gain on q and k before RoPE (as `standard`).
-        normalization ["joint"] [NS]: "joint" is Based's single normaliser over the whole Taylor kernel;
+        impl: chunked linear-time form, or "math" (quadratic oracle).
+        qk_norm: per-head RMSNorm with a learned gain on q and k before RoPE (as `standard`).
+        normalization [NS]: "joint" is Based's single normaliser over the whole Taylor kernel;
             "separate" is Appendix I as extracted (each Taylor order normalised on its own). We default to "joint",
             against the digest's reading, because (1) the paper says it follows Based, whose normaliser is joint;
             (2) "separate" divides o1 by sum_j s_ij, which has no sign and crosses zero, so o1 is unbounded; (3) in
@@ -53,21 +53,21 @@ Options (defaults in brackets; [NS] = not stated in the paper, our choice and wh
             PPL 47.9). "separate" keeps o1's denominator at least `eps` away from 0 (sign preserved) and adds `eps`
             to o2's (>= 0); "joint" needs no guard (1 + s + s^2/2 >= 1/2). The digest flags the extraction as
             unverified against the official code, which could not be read.
-        chunk_size [None = auto] [NS]: block length of the fast path (any value gives the same result up to
+        chunk_size (None: auto) [NS]: block length of the fast path (any value gives the same result up to
             rounding). The chunked form costs about 4 (hs + hs^2)(hs + 1) FLOPs per token and head for the states
             whatever the chunk, so it only beats the quadratic form (one chunk of T) once T exceeds roughly hs^2
             (T ~ 1100 at hs = 32, ~ 4200 at hs = 64), and below that it also needs more memory. None picks, per
             sequence length, whichever of one chunk (T) and chunks of 64 has fewer FLOPs (`taylor_chunk_size`); an
             integer forces that chunk length (chunk_size >= T is the quadratic form).
-        eps [1e-6] [NS]: the denominator guard of "separate" (unused by "joint").
+        eps [NS]: the denominator guard of "separate" (unused by "joint").
         [NS] Positions: q and k are rotated by RoPE (when the model uses it) before the feature map, as the base
             model's attention does; phi(R_i q) . phi(R_j k) is then a function of (R_i q) . (R_j k), so the linear
             form stays exact. No attention dropout (Based has none); `dropout` acts on the output.
     non_approximate (`NonApproximateOptions`):
-        impl ["sdpa"]: chunked scan, or "math" (quadratic oracle).
-        qk_norm [False] [NS placement]: RMSNorm on the q projection before the SiLU and on k, per head (the paper
+        impl: chunked scan, or "math" (quadratic oracle).
+        qk_norm [NS placement]: RMSNorm on the q projection before the SiLU and on k, per head (the paper
             credits Qwen3's QK-RMSNorm for uniform Non-apx converging at 1.7B, without saying where the SiLU sits).
-        chunk_size [64] [NS]: block length of the scan (at least 2).
+        chunk_size [NS]: block length of the scan (at least 2).
         [NS] Positions: RoPE is not applied, since R_j q_j . R_j k_j = q_j . k_j (it cancels at equal positions).
 
 Decoding (`new_cache`, the decode contract of `attention.base`). `kv_cache_values_per_token` counts what grows with

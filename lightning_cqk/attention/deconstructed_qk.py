@@ -1,7 +1,7 @@
 """Deconstructed attention, part 2: where q and k come from (`static_emb_qk`, `rnd_emb_qk`, `fixed_seq_qk`).
 
 Paper: H. Xue, N. S. Moosavi and N. Aletras, "Deconstructing Attention: Investigating Design Principles for
-Effective Language Modeling", arXiv 2510.11602 (2025), §3 (digest: `shared/papers.md` §4, §6 item 12). Standard
+Effective Language Modeling", arXiv 2510.11602 (2025), §3 (digest: `docs/papers.md` §4, §6 item 12). Standard
 attention takes q, k and v from the layer's own hidden state H. These variants keep v = H W_V and the softmax, and
 take q and k from elsewhere (per head, causal mask throughout; X is (B, T, C) or (1, T, C)):
 
@@ -25,33 +25,33 @@ the `60m` preset with uniform rnd_emb_qk and L = T = 1024 it is the forward work
 10 blocks, plus the stream's q and k projections in all 10): it adds about 2% to a step of 32 sequences, 32% to a
 step of 2. `forward_flops_per_token` leaves it out (it has no batch size); see there.
 
-Options (defaults in brackets; [NS] = not stated in the paper, our choice and why):
-    all: impl ["sdpa"]: `scaled_dot_product_attention` (q and k broadcast over the batch), or "math" (the softmax
-        map computed once per batch, the test oracle). qk_norm [False]: per-head RMSNorm with a learned gain on q
+Options (defaults: docs/backends.md; [NS] = not stated in the paper, our choice and why):
+    all: impl: `scaled_dot_product_attention` (q and k broadcast over the batch), or "math" (the softmax
+        map computed once per batch, the test oracle). qk_norm: per-head RMSNorm with a learned gain on q
         and k before RoPE, as `standard`. RoPE (when the model uses it) rotates q and k by their positions, as
         `standard` does.
-    static_emb_qk: embedding_norm [True] [NS]: apply the model's norm type (layernorm/rmsnorm), without a learned
+    static_emb_qk: embedding_norm [NS]: apply the model's norm type (layernorm/rmsnorm), without a learned
         gain, to e before W_Q and W_K. Every other attention input of this pre-norm model is normalised, and raw
         embeddings (std init_std = 0.02 at init) would make q.k about (1/0.02)^2 = 2500x smaller than standard
         attention's, i.e. a very different effective learning rate for W_Q, W_K. False follows the equation
         literally. e is the block input of layer 1 (`ctx.embeddings`: token embedding plus learned positions, if
         the model has them, after dropout).
     rnd_emb_qk, fixed_seq_qk:
-        length [None = block_size] [NS]: L, the length of the fixed input (the paper: 2048, its training length).
+        length (None: block_size) [NS]: L, the length of the fixed input (the paper: 2048, its training length).
             Longer batches raise a ValueError (the fixed map is defined for the first L positions only); shorter
             ones use the leading T x T block, as in the paper's shorter-context evaluations [I].
-        detach_reference [False] [NS]: False lets gradients flow from q and k through the stream into the earlier
+        detach_reference [NS]: False lets gradients flow from q and k through the stream into the earlier
             blocks (and into the embedding of the fixed tokens): X is "the model's own blocks" applied to the
             fixed input. True treats X as a constant for this layer (W_Q and W_K still learn).
         [NS] Layer 1 takes q and k from the fixed input itself (after the first block's input norm), i.e. X for
             layer l is the *input* of block l; "X = TransformerBlock^(l)(eps)" does not say which.
         [NS] The stream goes through the model's own blocks with the model's weights, as the paper's notation
             suggests; all layers that read it share one stream (one backend class per model; GPT checks).
-    rnd_emb_qk: sigma [None = init_std] [NS]: std of eps; the paper does not give it, the token embeddings'
-            init std puts eps on the scale of real embeddings at init. seed [0]: eps is drawn from its own
+    rnd_emb_qk: sigma (None: init_std) [NS]: std of eps; the paper does not give it, the token embeddings'
+            init std puts eps on the scale of real embeddings at init. seed: eps is drawn from its own
             generator seeded with `seed`, so it is a function of the config: identical in every layer, run and
             resume, and not stored in checkpoints (a non-persistent buffer, redrawn by `reset_backend_parameters`).
-    fixed_seq_qk: token_file ["builtin:python_docs"]: where t_s comes from; the first L ids are used. A `.npy`
+    fixed_seq_qk: token_file: where t_s comes from; the first L ids are used. A `.npy`
             (integer array, read without numpy) or `.txt` (integers separated by whitespace or commas) of token ids
             made with the run's tokenizer; the paper uses the first 2048 tokens of FineWeb-10BT. The offline
             default is the UTF-8 bytes of the Python documentation bundled with Python (`pydoc_data.topics`, topics

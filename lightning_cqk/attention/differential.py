@@ -23,28 +23,26 @@ lambda is shared by all heads of a layer, computed in fp32 (fp64 when the parame
 autocast; the vectors are initialised N(0, 0.1) in `reset_backend_parameters` and never clamped (log
 `dynamics_stats()["lambda"]`: exp can grow). Map rows sum to 1 - lambda, not 1, and are not renormalised: the
 per-head RMSNorm times (1 - lambda_init) sets the scale. Both maps are masked and softmaxed separately *before* the
-subtraction (papers.md §6 item 1).
+subtraction (docs/papers.md §6 item 1).
 
 Paths (`impl`):
     "sdpa": two fused `scaled_dot_product_attention` calls, one per map, each against the whole 2 hs value, with
         q and k zero-padded from hs to 2 hs ((q1|0).(k1|0) = q1.k1; the scale 1/sqrt(hs) is passed explicitly):
         SDPA's fused kernels need equal q/k and v head sizes. Each map's softmax is computed once (the FlashDiff2
         split-V form of the official `multihead_flashdiff_2.py`, four calls of hs, computes each map twice, exps
-        included) and an attention dropout mask applies to the whole value of its map. Timed on CPU at the tiny
-        preset (B=16, T=256, 4 heads; forward + backward of the attention core, interleaved, median of 22, a busy
-        2-core machine): standard 308 ms, four-call split-V 1021 ms, padded two-call 693 ms (one call over nh heads
-        with v repeated per pair: 711 ms). Cost: the padded score products and the 2 hs value products do twice
-        the matmul work of `standard`'s attention core, as the four-call form does.
+        included) and an attention dropout mask applies to the whole value of its map (the forms' measured times:
+        docs/speed.md, "Kernel choices measured"). Cost: the padded score products and the 2 hs value products do
+        twice the matmul work of `standard`'s attention core, as the four-call form does.
     "math": the naive path and test oracle: both maps materialised with masked softmax in fp32 (fp64 for fp64
         inputs), subtracted, then multiplied by v.
 
-Options (`DifferentialOptions`), defaults in brackets:
-    impl ["sdpa"]: see above.
-    qk_norm [False]: RMSNorm with a learned gain (hs wide) on every q and k half-head before RoPE, the QK-norm
+Options (`DifferentialOptions`; defaults: docs/backends.md):
+    impl: see above.
+    qk_norm: RMSNorm with a learned gain (hs wide) on every q and k half-head before RoPE, the QK-norm
         baseline of arXiv 2511.21377. Not in the Differential Transformer paper [NS].
-    lambda_init [None]: None uses the depth schedule above; a float in [0, 1) fixes it for every layer (the paper's
+    lambda_init: None uses the depth schedule above; a float in [0, 1) fixes it for every layer (the paper's
         ablation tries 0.8 and 0.5).
-    n_kv_groups [None = n_head]: grouped K/V heads, counted like `standard`'s option (the *baseline* Transformer's
+    n_kv_groups (None: n_head): grouped K/V heads, counted like `standard`'s option (the *baseline* Transformer's
         K/V head count nkv, so the K/V projections have standard GQA-nkv's size, C -> nkv hs each): the layer has
         nkv/2 differential K/V heads, i.e. nkv key half-heads of hs and nkv/2 values of 2 hs (the official
         `num_kv_heads` is nkv/2). Grouping follows the official `multihead_diffattn.py` exactly: `repeat_kv`
@@ -279,7 +277,7 @@ class DifferentialAttention(AttentionBackend):
         """Differential attention then per-head RMSNorm x (1 - lambda_init): (B, nh/2, T, 2 hs). `decoding`, `mask`:
         as `differential_attend`."""
         y = self.differential_attend(q, k, v, self.lambda_value(), decoding, mask)  # (B, nh/2, T, 2hs)
-        # The norm runs in (at least) fp32 even under bf16 autocast (papers.md §6 item 16).
+        # The norm runs in (at least) fp32 even under bf16 autocast (docs/papers.md §6 item 16).
         y32 = y.to(torch.promote_types(y.dtype, torch.float32))  # (B, nh/2, T, 2hs)
         # (1 - lambda_init) folds into the (2hs,) gain: one full-size multiply fewer, forward and backward.
         gain = self.subln.weight.to(y32.dtype) * (1.0 - self.lambda_init)  # (2hs,)

@@ -1,7 +1,7 @@
 """v1 coupled query-key dynamics and its uncoupled control, as q/k transforms (`qk_transform: {kind: coupled}`).
 
 Paper: B. Gahtan and A. M. Bronstein, "Coupled Query-Key Dynamics for Attention", arXiv 2604.01683 v1 (2026).
-Only the abstract and a third-party summary of v1 could be read (`shared/papers.md` section 1), so every choice
+Only the abstract and a third-party summary of v1 could be read (`docs/papers.md` section 1), so every choice
 below that the digest tags [NS] is an option, with the default we picked and why.
 
 Per pair (q, k) of a token (shapes (B, P, T, d); P pairs, see `transform.py` for what a pair is per backend), for
@@ -37,28 +37,28 @@ Extra parameters at the `60m` preset with defaults (8 heads, d = 64, hidden = 64
 layer): 8 * (64*64 + 64 + 64*64 + 64) = 66,560 for the MLP bank + 10 dt scalars = 66,570, i.e. 0.1164% of the
 57,199,616-parameter standard model (the paper states 0.11%). `uncoupled_mlp`: the same 66,570.
 
-Options (`CoupledDynamicsOptions`, `UncoupledDynamicsOptions`; defaults in brackets, [NS] = not stated in the paper):
-    steps [1]: integration steps, 1..7 (the paper sweeps 1-7 and finds 1 enough); the loop is unrolled.
-    integrator ["leapfrog"] (coupled only) [NS which is default]: "leapfrog" or "euler"; the paper finds them equal,
+Options (`CoupledDynamicsOptions`, `UncoupledDynamicsOptions`; defaults: docs/backends.md; [NS] = not stated):
+    steps: integration steps, 1..7 (the paper sweeps 1-7 and finds 1 enough); the loop is unrolled.
+    integrator (coupled only) [NS which is default]: "leapfrog" or "euler"; the paper finds them equal,
         we default to the one whose invariants (volume, reversibility) we can test.
-    gradient_field [False] (coupled only) [NS]: f = -grad V(q) in closed form instead of a free MLP. At the same
+    gradient_field (coupled only) [NS]: f = -grad V(q) in closed form instead of a free MLP. At the same
         `hidden` the potential has about half of f's parameters, P (d + 2) hidden; hidden = 2 d roughly restores the
         0.11% budget.
-    hidden [None = d] [NS]: hidden width of f (coupled) or the budget split between g_q and g_k (uncoupled).
-    zero_init_last [False] [NS]: zero-init the last layer of f (or of V). With leapfrog the first step at init is
+    hidden (None: d) [NS]: hidden width of f (coupled) or the budget split between g_q and g_k (uncoupled).
+    zero_init_last [NS]: zero-init the last layer of f (or of V). With leapfrog the first step at init is
         then q' = q + dt k, k' = k; `uncoupled_mlp` starts as the identity.
-    share_dynamics ["model"] [NS]: "model" ties one bank for all layers of one backend class with equal shapes,
+    share_dynamics [NS]: "model" ties one bank for all layers of one backend class with equal shapes,
         "layer" gives each layer its own. "model" is the reading of "shared learned dynamics" that lands on 0.11%.
-    dt_scope ["layer"] [NS]: one dt per layer, or one per pair ("head").
-    dt_init [0.1] [NS]: the effective dt at init (the digest's suggestion).
-    dt_param ["softplus"] [NS]: dt = softplus(raw) (positive), "exp" (dt = exp(raw)) or "raw" (dt = raw; may turn
+    dt_scope [NS]: one dt per layer, or one per pair ("head").
+    dt_init [NS]: the effective dt at init (the digest's suggestion).
+    dt_param [NS]: dt = softplus(raw) (positive), "exp" (dt = exp(raw)) or "raw" (dt = raw; may turn
         negative; the only way to get dt = 0 exactly).
-    rope_order ["pre"] [NS]: before RoPE ("pre") or after it ("post").
-    recompute ["flow"] (implementation): "none": plain autograd keeps every intermediate of the flow. "flow": the
+    rope_order [NS]: before RoPE ("pre") or after it ("post").
+    recompute (implementation): "none": plain autograd keeps every intermediate of the flow. "flow": the
         flow runs under `torch.utils.checkpoint`, backward keeps only its inputs q and k. "qk" (standard family only):
         projections, QK-norm, flow and RoPE are one checkpointed region, so nothing is kept beyond `standard`, at the
         price of recomputing the q and k projections. Outputs and gradients are identical in all three (tested).
-    g_k_output_bias [False] (uncoupled only): the pre-parity form with an output bias on g_k (see above).
+    g_k_output_bias (uncoupled only): the pre-parity form with an output bias on g_k (see above).
 
 Init [NS]: MLP weights N(0, 1/fan_in) (LeCun normal, so f(q) is of the order of q at init), biases zero.
 """

@@ -24,7 +24,7 @@ Generalising from 24 layers [NS: the paper only uses L = 24]: halves use L//2 st
 what the experiments list) and flag the conflict here.
 
 Explicit sets are comma-separated 1-based layers and inclusive ranges: ``"1,3,5"``, ``"1-6,19-24"``. They avoid the
-off-by-one trap between the paper's odd/even (1-based) and Python's 0-based indices (`shared/papers.md` §6 item
+off-by-one trap between the paper's odd/even (1-based) and Python's 0-based indices (`docs/papers.md` §6 item
 13). Errors name the problem: an unknown pattern lists the names, an out-of-range layer states the valid 1-based
 range, a malformed or repeated item is quoted, and a pattern that selects no layer at this depth says so.
 

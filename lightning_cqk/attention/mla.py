@@ -2,7 +2,7 @@
 
 Architecture: DeepSeek-AI 2024, "DeepSeek-V2: A Strong, Economical, and Efficient Mixture-of-Experts Language Model"
 (arXiv 2405.04434), §2.1.2-2.1.3, eqs. 9-19. Needed by Anson & Aitchison 2025, "Controlling changes to attention
-logits" (arXiv 2511.21377, QuacK; papers.md §3), whose MLA rule (its eq. 22) names the matrices used here::
+logits" (arXiv 2511.21377, QuacK; docs/papers.md §3), whose MLA rule (its eq. 22) names the matrices used here::
 
     c_q  = W_dq x                     (B, T, d_cq)     query latent (RMSNorm'd when latent_norm)
     q_nope^h = W_uq^h c_q             (B, nh, T, d_nope)
@@ -48,25 +48,25 @@ Options under which the plain absorption is not exact decode exactly with what t
         is still absorbed: nh (d_nope + d_rope) + d_ckv values per token.
 `kv_cache_values_per_token` gives these counts; the measured bytes equal them (`tests/inference`).
 
-Options (`MLAOptions`), defaults in brackets; every default dimension is a function of the config, chosen when the
+Options (`MLAOptions`; defaults: docs/backends.md); every default dimension is a function of the config, chosen when the
 option is None:
-    impl ["sdpa"]: `scaled_dot_product_attention` or the explicit "math" path (the test oracle). The q/k head size
+    impl: `scaled_dot_product_attention` or the explicit "math" path (the test oracle). The q/k head size
         d_nope + d_rope and the value head size d_v may differ; SDPA accepts that, but its flash kernels do not and
-        fall back to the unfused math kernel (2x slower at the tiny preset on CPU), so the fast path zero-pads the
+        fall back to the unfused math kernel (slower: docs/speed.md), so the fast path zero-pads the
         narrower side to equal sizes (`sdpa_equal_head_sizes`; exact, it changes no score and no output).
-    qk_norm [False]: RMSNorm with a learned gain over every head's full q^h and k^h (d_nope + d_rope) before RoPE
+    qk_norm: RMSNorm with a learned gain over every head's full q^h and k^h (d_nope + d_rope) before RoPE
         is applied to their rope parts: the QK-norm baseline of arXiv 2511.21377. With qk_norm the shared k_rope is
         normalised per head (jointly with that head's k_nope). The norm needs each head's k^h, but only its scale
         1 / rms(k^h) per token and head, so decoding stays absorbed at the cost of nh more cached values per
         token (see "KV cache" above).
-    latent_norm [True]: RMSNorm with a learned gain on c_q and c_kv (DeepSeek-V2 does this; eps = config.norm_eps).
-    d_nope [None = hs = n_embd / n_head]: per-head no-position q/k width.
-    d_rope [None = hs]: per-head width of the rotary part (even under RoPE); the shared rope key has this width.
-    d_v [None = hs]: per-head value width; out_proj maps nh d_v -> C.
-    d_cq [None = 3 n_embd // 4]: query latent width. 0: no query latent (DeepSeek-V2-Lite, `q_lora_rank` None):
+    latent_norm: RMSNorm with a learned gain on c_q and c_kv (DeepSeek-V2 does this; eps = config.norm_eps).
+    d_nope (None: hs = n_embd / n_head): per-head no-position q/k width.
+    d_rope (None: hs): per-head width of the rotary part (even under RoPE); the shared rope key has this width.
+    d_v (None: hs): per-head value width; out_proj maps nh d_v -> C.
+    d_cq (None: 3 n_embd // 4): query latent width. 0: no query latent (DeepSeek-V2-Lite, `q_lora_rank` None):
         no W_dq and no query latent norm, the query is a plain projection of x (`uq_proj`, `qr_proj`: C -> nh d),
         i.e. the latent form with W_dq = I (tested). QuacK's MLA rule then takes |W_dq| = 1 (`optim/quack.py`).
-    d_ckv [None = n_embd // 4]: key/value latent width.
+    d_ckv (None: n_embd // 4): key/value latent width.
 
 Choice of defaults [NS in arXiv 2511.21377 beyond its one 1B config]. Its §3.4 setting (d_model 2048, 32 heads, MHA
 head 64) uses d_nope = d_rope = 64 (= the MHA head size hs, so the q/k head is 2 hs = 128), d_cq = 512 = C/4,
@@ -171,8 +171,8 @@ def sdpa_equal_head_sizes(
     """Causal SDPA for q, k (B, nh, T, E) and v (B, nh, T, Ev), zero-padding the narrower side to max(E, Ev).
 
     Fused kernels that need equal head sizes (PyTorch's CPU and CUDA flash kernels) otherwise fall back to the
-    unfused math kernel: at the tiny preset on CPU (E = 64, Ev = 32) the padded call is about 2x faster, forward and
-    backward. Zero features change no score (the scale is passed explicitly) and padded value columns are dropped.
+    unfused math kernel, which is slower (measured: docs/speed.md, "Kernel choices measured"). Zero features change
+    no score (the scale is passed explicitly) and padded value columns are dropped.
     Returns (B, nh, T, Ev).
     """
     e, ev = q.size(-1), v.size(-1)

@@ -27,13 +27,13 @@ surviving matrix is always called `k_proj` (as in the official code, where Q=K-V
 `c_k`). Parameter counts drop by C^2 (+ C with biases) per layer per removed projection; the paper does not
 compensate for them, and neither do we.
 
-Options (`StandardOptions`), defaults in brackets; [NS] marks choices the paper does not state:
-    impl ["sdpa"]: fused `scaled_dot_product_attention` (GQA via `enable_gqa`, no repeated K/V materialised) or
+Options (`StandardOptions`; defaults: docs/backends.md); [NS] marks choices the paper does not state:
+    impl: fused `scaled_dot_product_attention` (GQA via `enable_gqa`, no repeated K/V materialised) or
         the explicit "math" path (the test oracle).
-    qk_norm [False]: per-head RMSNorm with a learned gain on q and k before RoPE (QK-norm baseline of arXiv
+    qk_norm: per-head RMSNorm with a learned gain on q and k before RoPE (QK-norm baseline of arXiv
         2511.21377, Qwen3 placement).
-    qkv_sharing ["none"]: see above.
-    n_kv_groups [None = n_head]: number of K/V heads.
+    qkv_sharing: see above.
+    n_kv_groups (None: n_head): number of K/V heads.
 
     [NS] Positions and norms with tied V. The paper uses learned absolute positions and no QK-norm, so for it
         `v = k` is the plain projection. Here RoPE and QK-norm act only on the k (and q) used for *scoring*; V is

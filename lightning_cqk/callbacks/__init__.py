@@ -1,6 +1,6 @@
 """Callbacks that watch training from the side (Lightning-aware): instruments, budgets and the run summary.
 
-Ready-made stacks of them for configs live in the top-level `callbacks/` folder (see the README, "Instruments").
+Ready-made stacks of them for configs live in the top-level `callbacks/` folder (see docs/instruments.md).
 """
 
 from lightning_cqk.callbacks.attention_stats import AttentionStats

@@ -2,7 +2,7 @@
 
 Detection, once per optimizer step (the loss of a step is the mean over its accumulated micro-batches, averaged over
 ranks under DDP, so every rank takes the same decision). With m the running statistic of past non-spike losses:
-    mode="ratio"   spike if loss > threshold * m                     (default threshold 1.5: papers.md §6 item 15)
+    mode="ratio"   spike if loss > threshold * m                     (default threshold 1.5: docs/papers.md §6 item 15)
     mode="zscore"  spike if (loss - m) / s > threshold               (default threshold 6; s the running std)
     statistic="ema"     m, s: exponential moving mean/variance of the losses (decay `ema_decay`; the mean starts at the
                         first loss, the variance is bias-corrected by 1 - decay^(n - 1) like Adam's moments)

@@ -12,7 +12,7 @@ Skipped: tests, IDLE, turtle demos, vendored or installed packages (``site-packa
 
 Nothing is committed or downloaded: documents are gathered when ``prepare`` runs, and their number depends on the
 Python version. Measured on CPython 3.11.7: 486 documents, 2.09 MB of UTF-8 text (79 topics, 0.47 MB; 407 modules,
-1.62 MB); 2.09 M byte tokens or 0.59 M GPT-2 tokens. Gathering parses ~450 files and takes 2-4 s on one core.
+1.62 MB); 2.09 M byte tokens or 0.59 M GPT-2 tokens. Gathering parses ~450 files (time: docs/speed.md).
 Every ``BUILTIN_CORPORA`` value is a function returning an iterator of documents.
 """
 

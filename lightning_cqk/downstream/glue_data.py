@@ -101,7 +101,7 @@ class GlueDataModule(L.LightningDataModule):
     def __init__(
         self,
         task: str = "sst2",
-        data_dir: str = "../shared/data/glue",
+        data_dir: str | None = None,
         source: str = "auto",
         tokenizer: str | None = None,
         bpe_file: str | None = None,

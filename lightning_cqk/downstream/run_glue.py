@@ -1,7 +1,7 @@
 """``lightning_cqk glue``: fine-tune a checkpoint on every GLUE task that has data, over a fixed seed set; table it.
 
     lightning_cqk glue --checkpoint runs/quickstart/standard-tiny-s1337/checkpoints/last.ckpt \
-        [--tasks '[cola, sst2]'] [--seeds '[1, 2, 3]'] [--max_steps 60] [--data_dir ../shared/data/glue]
+        [--tasks '[cola, sst2]'] [--seeds '[1, 2, 3]'] [--max_steps 60] --data_dir /path/to/glue
 
 Each (task, seed) is one ``lightning_cqk fit --config configs/glue/<task>.yaml`` run, in this process, with the
 given budget; the final dev metrics of every run are collected (the last validation, after ``max_steps``: no
@@ -23,9 +23,11 @@ from typing import Any
 
 from lightning_cqk.downstream.glue_table import render_table, summarise_seeds, write_glue_table
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS, TaskDataMissing, get_task, load_task
+from lightning_cqk.resources import find_config
 from lightning_cqk.run_dir import next_free_name
 
-REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "glue"
+#: The GLUE task configs: `configs/glue/` of the working directory, else the copy shipped with the package.
+GLUE_CONFIGS = "configs/glue"
 
 
 def run_dir_of(checkpoint: Path) -> Path:
@@ -39,7 +41,7 @@ def glue(
     seeds: list[int] | None = None,
     max_steps: int = 60,
     batch_size: int = 16,
-    data_dir: str = "../shared/data/glue",
+    data_dir: str | None = None,
     source: str = "auto",
     config_dir: str | None = None,
     output_dir: str | None = None,
@@ -56,7 +58,7 @@ def glue(
         seeds: fine-tuning seeds (default 1 2 3); each seed changes the head's init, dropout and the data order.
         max_steps: optimizer steps per run (CPU-sized default; the learning-rate schedule spans them).
         batch_size: training examples per step (CPU-sized default; the configs' own is 32).
-        data_dir: the GLUE folder (one sub-folder per task).
+        data_dir: the GLUE folder (one sub-folder per task); required unless ``source`` is ``hf``.
         source: ``auto``, ``files`` or ``hf`` (see ``GlueDataModule``).
         config_dir: folder with ``<task>.yaml`` (default: the repository's ``configs/glue``).
         output_dir: where ``glue.json``/``glue.md`` go (default: beside the checkpoint).
@@ -73,9 +75,14 @@ def glue(
     ckpt = Path(checkpoint)
     if not ckpt.is_file():
         raise FileNotFoundError(f"Checkpoint {ckpt} does not exist.")
+    if data_dir is None and source != "hf":
+        raise ValueError(
+            "glue needs the GLUE data: --data_dir /path/to/glue (one sub-folder per task: CoLA/, SST-2/, ...), or "
+            "--source hf to download it with the `datasets` library."
+        )
     names = [get_task(t).name for t in (tasks or list(GLUE_TASKS))]
     seeds = list(seeds or [1, 2, 3])
-    configs = Path(config_dir) if config_dir else REPO_CONFIGS
+    configs = Path(config_dir) if config_dir else find_config(GLUE_CONFIGS)
     logs = Path(log_dir) if log_dir else run_dir_of(ckpt) / "glue"
     out = Path(output_dir) if output_dir else ckpt.parent
     settings = {
@@ -110,7 +117,6 @@ def glue(
                 str(config),
                 f"--model.checkpoint={ckpt}",
                 f"--seed_everything={seed}",
-                f"--data.data_dir={data_dir}",
                 f"--data.source={source}",
                 f"--data.seed={seed}",
                 f"--trainer.max_steps={max_steps}",
@@ -122,6 +128,8 @@ def glue(
                 f"--trainer.logger.init_args.version={next_free_name(logs, f'{name}-s{seed}')}",
                 *settings["extra_args"],
             ]
+            if data_dir is not None:
+                args.append(f"--data.data_dir={data_dir}")
             if max_eval_examples is not None:
                 args.append(f"--data.max_eval_examples={max_eval_examples}")
             print(f"[glue] {name} seed {seed}: lightning_cqk fit {' '.join(args)}", file=sys.stderr)

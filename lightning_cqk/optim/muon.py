@@ -14,7 +14,7 @@ split used here (`muon_split`):
 The AdamW part keeps `weight_decay_groups` (matrices decayed, vectors not, or everything with
 `weight_decay_scope: all`). QuacK / the fixed factor / QK-clip act on the Q/K weights, which are Muon's: QuacK scales
 each head's row block of the update Muon made (the full matrix is orthogonalised, then the head's slice is scaled:
-the "faithful minimum" of shared/papers.md §6 item 11; per-head orthogonalisation is [NS] in arXiv 2511.21377).
+the "faithful minimum" of docs/papers.md §6 item 11; per-head orthogonalisation is [NS] in arXiv 2511.21377).
 
 `MuonAdamW` is one `torch.optim.Optimizer` holding a `torch.optim.Muon` and a `torch.optim.AdamW`, so Lightning's
 automatic optimisation keeps working unchanged: one `step(closure)` (the closure runs forward and backward once,

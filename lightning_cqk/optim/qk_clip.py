@@ -1,6 +1,6 @@
 """QK-clip (Kimi K2's MuonClip, as the baseline of arXiv 2511.21377): cap each head's max attention logit. Torch only.
 
-Rule (`shared/papers.md` §3.4): after each optimizer step, for every head h with S_max^h, the largest logit of head h
+Rule (`docs/papers.md` §3.4): after each optimizer step, for every head h with S_max^h, the largest logit of head h
 measured since the last step, set gamma_h = min(1, tau_clip / S_max^h) and rescale
 
     MHA:   W_Q^h <- sqrt(gamma_h) W_Q^h,   W_K^h <- sqrt(gamma_h) W_K^h          (the logit scales by gamma_h)

@@ -1,7 +1,7 @@
 """Per-head Q/K learning rates: QuacK (arXiv 2511.21377) and the fixed-factor "Ablation" baseline. Torch only.
 
 Paper: B. Anson and L. Aitchison, "Controlling changes to attention logits", arXiv 2511.21377 (2025); digest in
-`shared/papers.md` §3 and §6 item 11. A logit is l = q . k / sqrt(d) with q = x W_Q^h, k = x W_K^h, so a change of
+`docs/papers.md` §3 and §6 item 11. A logit is l = q . k / sqrt(d) with q = x W_Q^h, k = x W_K^h, so a change of
 W_Q^h moves it in proportion to |W_K^h| and vice versa. QuacK bounds the change per step by giving each head's query
 weights a learning rate inversely proportional to that head's key-weight norm, and the mirror rule for the keys
 (Algorithm 1, Frobenius norms, recomputed before every optimizer step)::

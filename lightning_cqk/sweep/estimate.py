@@ -5,20 +5,9 @@
                    forward FLOPs (the 1.5: the final per-window pass of ValWindowLosses)
     study wall   = sum of its runs / jobs (runs go `jobs` at a time, one thread each)
 
-Calibration, measured side by side (two 1-thread processes at once, `benchmarks/cpu_step_time.py`: plain torch
-loop, forward, backward, clip, AdamW; byte vocabulary; 12 timed steps after 3 warm-up; the shared machine was
-otherwise idle, load average 0.1-0.3), in ms per step at B = 16, T = 128:
-
-    tiny (4 x 128)          11.7 GFLOP   229-230 ms      d64, 2 layers    1.8 GFLOP   40-47 ms
-    tiny coupled            12.5 GFLOP   224-239 ms      tiny coupled x7  14.9 GFLOP  343-360 ms
-    d192, 6 layers          36.8 GFLOP   558-630 ms      tiny, B 8 x T 256 13.3 GFLOP 232-272 ms
-
-The line through tiny and d64 gives 18.7 ms per GFLOP + 10 ms; MARGIN 1.2 covers the worst measured point
-(coupled x7, whose small per-head matmuls run below the large-matmul rate) and Lightning's own per-step work
-(README "Overheads": 223 ms per tiny step inside a training run). It over-estimates large models (d192: 840 ms for
-558-630 measured): a conservative estimate. Checked through the real CLI at the cpu profiles' setting (tiny, 4 x 256
-tokens, callbacks/sweep.yaml, two runs side by side, load ~2): standard 131-152 ms per step (estimate 161), coupled
-134-139 (estimate 170). GPUs are not modelled: the estimate is for `cpu` profiles.
+The constants below are fitted to CPU step times measured with `benchmarks/cpu_step_time.py`; the measurements,
+the fit and its check through the real CLI are in docs/speed.md ("Sweep time estimate"). GPUs are not modelled: the
+estimate is for `cpu` profiles.
 
 Runs are resolved without the CLI (fast enough for every run of a spec): the `--config` files are merged in order
 (`data` and `model` through their `init_args` when present), then the overrides; the model shape goes through
@@ -39,7 +28,7 @@ STEP_MS_FIXED = 10.0
 MARGIN = 1.2
 RUN_START_S = 15.0  # interpreter, Lightning and data start-up, and the final save of a run
 VOCAB = {"bytes": 257, "gpt2": 50257}
-# Per-step work that analytic FLOPs do not count, as a share of the step (README "Overheads", tiny, B16 x T128):
+# Per-step work that analytic FLOPs do not count, as a share of the step (docs/instruments.md, "Overheads"):
 LOGIT_CONTROL_OVERHEAD = {"qk_clip": 0.155, "quack": 0.010}
 
 

@@ -68,15 +68,21 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-
-
-def git_revision(cwd: str | Path = PACKAGE_ROOT) -> dict[str, Any]:
+def git_revision(cwd: str | Path | None = None) -> dict[str, Any]:
     """{'revision': HEAD commit or None, 'dirty': uncommitted changes to tracked files} of the code that runs.
 
-    Default: the checkout that holds this package (the sweep may be started from any directory).
+    Default: the git checkout the imported `lightning_cqk` package is tracked in (the sweep may be started from any
+    directory); an installed package (no checkout tracks it, e.g. a wheel in a virtualenv that lies inside some other
+    repository) gives None for both, and `_versions` records the installed version instead.
     """
     try:
+        if cwd is None:
+            import lightning_cqk
+
+            cwd = Path(lightning_cqk.__file__).resolve().parent
+            tracked = ["git", "ls-files", "--error-unmatch", "__init__.py"]
+            if subprocess.run(tracked, cwd=cwd, capture_output=True, text=True).returncode != 0:
+                return {"revision": None, "dirty": None}
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True)
         diff = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=cwd, capture_output=True, text=True)
         return {"revision": rev.stdout.strip(), "dirty": bool(diff.stdout.strip())}
@@ -88,7 +94,7 @@ def _versions() -> dict[str, str]:
     from importlib import metadata
 
     out = {"python": sys.version.split()[0]}
-    for pkg in ("torch", "lightning", "litdata", "jsonargparse"):
+    for pkg in ("lightning-cqk", "torch", "lightning", "litdata", "jsonargparse"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -296,7 +302,7 @@ def run_local(
     if missing:
         raise SpecError(
             f"{sweep.spec_path} (profile {sweep.profile}) needs {missing}, which do not exist. The cpu profiles of the "
-            "corpus studies read ../shared/data (set LIGHTNING_CQK_SHARED_DATA to point elsewhere); "
+            "corpus studies read $LIGHTNING_CQK_SHARED_DATA (set it to the folder holding the corpora); "
             "the coupling study's cpu profile needs nothing."
         )
     ledger = Ledger(sweep)

@@ -22,7 +22,7 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
         axes: {attention: {...}}          # optional: replaces an axis's levels for this profile only
         slurm: ["#SBATCH --gpus-per-node=1"]          # optional: lines added to the SLURM array script
     published:                            # optional: the paper's numbers, per group (only their changes are shown)
-      source: arXiv 2604.01683 v1 abstract (shared/papers.md §1.5)
+      source: arXiv 2604.01683 v1 abstract
       metric: val/ppl
       values: {standard: 24.22, coupled-leapfrog: 22.62}
     claims:                               # what the report gives a verdict on (format: lightning_cqk/sweep/verdict.py)
@@ -40,9 +40,9 @@ seed share it) or `fixed` (every run uses the data config's seed).
 
 Overrides are `--key=value` flags of `lightning_cqk fit` (dicts and lists are passed as YAML/JSON); the key
 `config` adds `--config` files (a path or a list) for one level. String values may use placeholders:
-`{shared_data}` ($LIGHTNING_CQK_SHARED_DATA or ../shared/data), `{sweep_dir}` (the sweep's output directory) and
-`{run:<level>}`: the directory of the run that is the same as this one except that this axis is at <level>, which
-makes this run wait for that one (the compute-matched study's `budget.match_to`).
+`{shared_data}` ($LIGHTNING_CQK_SHARED_DATA, required by a spec that uses it), `{sweep_dir}` (the sweep's output
+directory) and `{run:<level>}`: the directory of the run that is the same as this one except that this axis is at
+<level>, which makes this run wait for that one (the compute-matched study's `budget.match_to`).
 
 A run's name is its levels joined by `-` in axis order, then `-s<seed>` (e.g. `coupled-leapfrog-s2`); its group
 (the seeds of one setting) is the name without the seed. Order: axes vary slowest-first in spec order, seeds
@@ -150,18 +150,31 @@ def format_value(value: Any) -> str:
     return json.dumps(value)
 
 
-def shared_data_dir() -> str:
-    """$LIGHTNING_CQK_SHARED_DATA, else ../shared/data (relative to the working directory, the repository root)."""
-    return os.environ.get("LIGHTNING_CQK_SHARED_DATA", str(Path("..") / "shared" / "data"))
+SHARED_DATA_ENV = "LIGHTNING_CQK_SHARED_DATA"
+
+
+def shared_data_dir() -> str | None:
+    """$LIGHTNING_CQK_SHARED_DATA (the folder of the local corpora a spec's `{shared_data}` names), or None."""
+    return os.environ.get(SHARED_DATA_ENV) or None
 
 
 def load_spec(path: str | Path) -> dict[str, Any]:
-    """Read and validate a spec file (structure only; expansion checks the rest)."""
-    path = Path(path)
-    if not path.is_file():
-        available = sorted(p.stem for p in Path("configs/ablations").glob("*.yaml")) if Path("configs").is_dir() else []
-        hint = f" Available in configs/ablations/: {', '.join(available)}." if available else ""
-        raise SpecError(f"No ablation spec at {path}.{hint}")
+    """Read and validate a spec file (structure only; expansion checks the rest).
+
+    `path` is found in the working directory, else among the specs shipped with the package (`resources.py`).
+    """
+    from lightning_cqk.resources import ConfigNotFound, find_config, shipped_names
+
+    try:
+        path = find_config(path)
+    except ConfigNotFound as err:
+        local = sorted(p.stem for p in Path("configs/ablations").glob("*.yaml"))
+        if local:  # a checkout's configs/ in the working directory
+            names = ", ".join(local)
+            raise SpecError(f"No ablation spec at {path}. Available in configs/ablations/: {names}.") from None
+        shipped = [n for n in shipped_names("configs") if n.startswith("configs/ablations/")]
+        hint = f" Shipped: {', '.join(shipped)}." if shipped else ""
+        raise SpecError(f"No ablation spec at {path}: {err}{hint}") from None
     spec = yaml.safe_load(path.read_text())
     where = str(path)
     if not isinstance(spec, dict):
@@ -286,7 +299,7 @@ def expand(
     seeds = [int(s) for s in prof.get("seeds", [1337])]
     if not seeds or len(set(seeds)) != len(seeds):
         raise SpecError(f"{where}: profile {profile!r} needs distinct seeds, got {seeds}.")
-    configs = _as_list(prof["configs"])
+    configs = [_config_path(c, where) for c in _as_list(prof["configs"])]
     placeholders = {"shared_data": shared_data_dir(), "sweep_dir": str(sweep_dir)}
 
     runs: list[Run] = []
@@ -303,7 +316,7 @@ def expand(
             for axis in names:
                 for key, value in (axes[axis][levels[axis]] or {}).items():
                     if key == "config":
-                        run_configs += _as_list(value)
+                        run_configs += [_config_path(c, where) for c in _as_list(value)]
                         continue
                     value = _fill(value, placeholders)
                     value, refs = _resolve_run_refs(value, axis, levels, axes, seed, sweep_dir, where)
@@ -428,10 +441,22 @@ def _as_list(value: Any) -> list[str]:
     return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
 
 
-def _fill(value: Any, placeholders: dict[str, str]) -> Any:
-    """Replace {shared_data} / {sweep_dir} in strings, recursively; {run:...} is left for _resolve_run_refs."""
+def _fill(value: Any, placeholders: dict[str, str | None]) -> Any:
+    """Replace {shared_data} / {sweep_dir} in strings, recursively; {run:...} is left for _resolve_run_refs.
+
+    A placeholder without a value ({shared_data} while $LIGHTNING_CQK_SHARED_DATA is unset) is refused.
+    """
     if isinstance(value, str):
         for key, sub in placeholders.items():
+            if "{" + key + "}" not in value:
+                continue
+            if sub is None:
+                raise SpecError(
+                    f"This profile reads local corpora ({value}): set {SHARED_DATA_ENV} to the folder that holds them "
+                    f"(e.g. `export {SHARED_DATA_ENV}=/path/to/data`, with wikitext/, pubmed/, webtext/ inside; see "
+                    "docs/studies-and-reports.md), or run a profile that needs none (`--profile paper`, or the "
+                    "coupling study's cpu profile)."
+                )
             value = value.replace("{" + key + "}", sub)
         return value
     if isinstance(value, dict):
@@ -479,3 +504,15 @@ def _order(runs: list[Run], where: str) -> list[Run]:
             done.add(r.name)
         pending = [r for r in pending if r.name not in done]
     return ordered
+
+
+def _config_path(config: str, where: str) -> str:
+    """A spec's --config file as given when it exists (a checkout), else the shipped copy's path (`resources.py`)."""
+    from lightning_cqk.resources import ConfigNotFound, find_config
+
+    if "{" in config or Path(config).exists():  # a placeholder is filled later; the working directory wins
+        return config
+    try:
+        return str(find_config(config))
+    except ConfigNotFound as err:
+        raise SpecError(f"{where}: {err}") from None
