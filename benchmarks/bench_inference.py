@@ -14,8 +14,9 @@ on CUDA by default, so the cache has the element size a deployment would use):
                         `decode_tokens` tokens (1,024 by default) after a 1-token prompt per row: the cache plus the
                         transient activations of one step. CUDA: `max_memory_allocated`; CPU: the allocation events
                         of `torch.profiler` (profile_memory), whose running sum is what torch holds.
-    cache-free decode   (standard only) the same decode steps with a full forward over the whole context per token
-                        (`lightning_cqk.inference.generate_reference`'s way), against the cached decode.
+    cache-free decode   (standard only) tokens/s of `lightning_cqk.inference.generate_reference` (a full forward over
+                        the whole context per token) against `generate` (the KV cache), greedy, the same
+                        `decode_steps` tokens after the same prompt: the user-facing paths, sampling included.
 
 Variants take turns in every round (interleaved), so machine load hits them alike; figures are medians.
 """
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lightning_cqk.config import ModelConfig
+from lightning_cqk.inference import generate
 from lightning_cqk.model import GPT
 
 #: Variants of the inference rows besides the training bench's (label -> backend name and options), whose caches
@@ -50,7 +52,8 @@ class InferenceResult:
     fixed_bytes: int
     prefill_times: list[float] = field(default_factory=list)
     decode_times: list[float] = field(default_factory=list)
-    reference_decode_times: list[float] = field(default_factory=list)
+    generate_times: list[float] = field(default_factory=list)
+    reference_times: list[float] = field(default_factory=list)
     peak_bytes: int = 0
 
 
@@ -84,22 +87,19 @@ def _timed_decode(model: GPT, prompt: torch.Tensor, steps: int, device: torch.de
         result.decode_times.append(time.perf_counter() - t0)
 
 
-@torch.inference_mode()
-def _timed_reference_decode(
-    model: GPT, prompt: torch.Tensor, steps: int, device: torch.device, result: InferenceResult
-) -> None:
-    """The same decode without a cache: a full forward over the whole context for every new token."""
-    V = model.config.vocab_size
-    ids = prompt
-    logits = model(ids)  # (B, T, padded vocab)
-    for _ in range(steps):
+def _timed_generate(model: GPT, prompt: torch.Tensor, steps: int, device: torch.device, use_cache: bool) -> list[float]:
+    """Seconds per token of `generate` (greedy; cached) or `generate_reference` (a full forward per token), for
+    `steps` tokens after the prompt: the time between consecutive yields, the first (the prefill) left out."""
+    prompts = prompt.tolist()
+    times, t0 = [], None
+    for step in generate(model, prompts, steps + 1, temperature=0, use_cache=use_cache):
         _sync(device)
-        t0 = time.perf_counter()
-        tok = logits[:, -1, :V].argmax(-1, keepdim=True)  # (B, 1)
-        ids = torch.cat([ids, tok], dim=1)  # (B, T + i)
-        logits = model(ids)  # (B, T + i, padded vocab)
-        _sync(device)
-        result.reference_decode_times.append(time.perf_counter() - t0)
+        t = time.perf_counter()
+        if t0 is not None:
+            times.append(t - t0)
+        t0 = t
+        del step
+    return times
 
 
 @torch.inference_mode()
@@ -171,22 +171,20 @@ def measure_inference(
     for rnd in range(rounds + 1):
         for label, model in list(models.items()):
             result = results[label]
-            n_prefill, n_decode, n_ref = (
-                len(result.prefill_times),
-                len(result.decode_times),
-                len(result.reference_decode_times),
-            )
             try:
-                _timed_decode(model, prompt, decode_steps, device, result)
+                if rnd == 0:  # warm-up round, not kept
+                    _timed_decode(model, prompt, decode_steps, device, InferenceResult(0, 0, 0))
+                else:
+                    _timed_decode(model, prompt, decode_steps, device, result)
                 if label == "standard":
-                    _timed_reference_decode(model, prompt, decode_steps, device, result)
+                    cached = _timed_generate(model, prompt, decode_steps, device, use_cache=True)
+                    free = _timed_generate(model, prompt, decode_steps, device, use_cache=False)
+                    if rnd > 0:
+                        result.generate_times += cached
+                        result.reference_times += free
             except Exception as err:  # noqa: BLE001
                 results[label] = f"{type(err).__name__}: {err}"
                 del models[label]
-                continue
-            if rnd == 0:  # warm-up round
-                del result.prefill_times[n_prefill:], result.decode_times[n_decode:]
-                del result.reference_decode_times[n_ref:]
     for label, model in models.items():
         try:
             results[label].peak_bytes = peak_decode_bytes(model, batch, decode_tokens, device)
