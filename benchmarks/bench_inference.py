@@ -14,8 +14,9 @@ on CUDA by default, so the cache has the element size a deployment would use):
                         `decode_tokens` tokens (1,024 by default) after a 1-token prompt per row: the cache plus the
                         transient activations of one step. CUDA: `max_memory_allocated`; CPU: the allocation events
                         of `torch.profiler` (profile_memory), whose running sum is what torch holds.
-    cache-free decode   (standard only) the same decode steps with a full forward over the whole context per token
-                        (`lightning_cqk.inference.generate_reference`'s way), against the cached decode.
+    cache-free decode   (standard only) tokens/s of `lightning_cqk.inference.generate_reference` (a full forward over
+                        the whole context per token) against `generate` (the KV cache), greedy, the same
+                        min(decode_steps, 8) tokens after the same prompt: the user-facing paths, sampling included.
 
 Variants take turns in every round (interleaved), so machine load hits them alike; figures are medians.
 """
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lightning_cqk.config import ModelConfig
+from lightning_cqk.inference import generate
 from lightning_cqk.model import GPT
 
 #: Variants of the inference rows besides the training bench's (label -> backend name and options), whose caches
@@ -50,7 +52,8 @@ class InferenceResult:
     fixed_bytes: int
     prefill_times: list[float] = field(default_factory=list)
     decode_times: list[float] = field(default_factory=list)
-    reference_decode_times: list[float] = field(default_factory=list)
+    generate_times: list[float] = field(default_factory=list)
+    reference_times: list[float] = field(default_factory=list)
     peak_bytes: int = 0
 
 
@@ -84,59 +87,73 @@ def _timed_decode(model: GPT, prompt: torch.Tensor, steps: int, device: torch.de
         result.decode_times.append(time.perf_counter() - t0)
 
 
-@torch.inference_mode()
-def _timed_reference_decode(
-    model: GPT, prompt: torch.Tensor, steps: int, device: torch.device, result: InferenceResult
-) -> None:
-    """The same decode without a cache: a full forward over the whole context for every new token."""
-    V = model.config.vocab_size
-    ids = prompt
-    logits = model(ids)  # (B, T, padded vocab)
-    for _ in range(steps):
+def _timed_generate(model: GPT, prompt: torch.Tensor, steps: int, device: torch.device, use_cache: bool) -> list[float]:
+    """Seconds per token of `generate` (greedy; cached) or `generate_reference` (a full forward per token), for
+    `steps` tokens after the prompt: the time between consecutive yields, the first (the prefill) left out."""
+    prompts = prompt.tolist()
+    times, t0 = [], None
+    for step in generate(model, prompts, steps + 1, temperature=0, use_cache=use_cache):
         _sync(device)
-        t0 = time.perf_counter()
-        tok = logits[:, -1, :V].argmax(-1, keepdim=True)  # (B, 1)
-        ids = torch.cat([ids, tok], dim=1)  # (B, T + i)
-        logits = model(ids)  # (B, T + i, padded vocab)
-        _sync(device)
-        result.reference_decode_times.append(time.perf_counter() - t0)
+        t = time.perf_counter()
+        if t0 is not None:
+            times.append(t - t0)
+        t0 = t
+        del step
+    return times
 
 
-@torch.inference_mode()
-def _decode_only(model: GPT, batch: int, tokens: int, device: torch.device) -> None:
-    cache = model.new_cache(batch, tokens + 1)
-    tok = torch.zeros(batch, 1, dtype=torch.long, device=device)  # (B, 1): a 1-token prompt per row
-    V = model.config.vocab_size
-    for _ in range(tokens + 1):
-        tok = model(tok, cache=cache)[:, -1, :V].argmax(-1, keepdim=True)  # (B, 1)
+class _Decoder:
+    """A fresh cache decoding greedily from a 1-token prompt per row, a given number of steps at a time."""
+
+    def __init__(self, model: GPT, batch: int, tokens: int, device: torch.device) -> None:
+        self.model, self.batch, self.tokens, self.device = model, batch, tokens, device
+        self.cache = self.tok = None
+
+    @torch.inference_mode()
+    def run(self, steps: int) -> None:
+        """`steps` forwards; the first one builds the cache (the resting state is before it)."""
+        V = self.model.config.vocab_size
+        for _ in range(steps):
+            if self.cache is None:
+                self.cache = self.model.new_cache(self.batch, self.tokens + 1)
+                self.tok = torch.zeros(self.batch, 1, dtype=torch.long, device=self.device)  # (B, 1)
+            self.tok = self.model(self.tok, cache=self.cache)[:, -1, :V].argmax(-1, keepdim=True)  # (B, 1)
 
 
-def peak_decode_bytes(model: GPT, batch: int, tokens: int, device: torch.device) -> int:
-    """Peak bytes allocated above the resting state while decoding `tokens` tokens into a fresh cache."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        start = torch.cuda.memory_allocated()
-        _decode_only(model, batch, tokens, device)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - start
+def _profiled(fn) -> tuple[int, int]:
+    """(peak, net) of the running sum of the CPU allocation events (frees are negative) while `fn` runs: exact for
+    what is allocated after it starts, and about 2.5x slower per decode step than without the profiler."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        _decode_only(model, batch, tokens, device)
+        fn()
     events: list[tuple[int, int]] = []
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
         if node.tag == _EventType.Allocation:
-            events.append((node.start_time_ns, node.extra_fields.alloc_size))  # negative for frees
+            events.append((node.start_time_ns, node.extra_fields.alloc_size))
         stack.extend(node.children)
     live = peak = 0
     for _, size in sorted(events):
         live += size
         peak = max(peak, live)
-    return peak
+    return peak, live
+
+
+def peak_decode_bytes(model: GPT, batch: int, tokens: int, device: torch.device) -> int:
+    """Peak bytes allocated above the resting state while decoding `tokens` tokens into a fresh cache (CUDA: the
+    allocator's peak; CPU: the running sum of torch.profiler's allocation events over the whole decode)."""
+    decoder = _Decoder(model, batch, tokens, device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        decoder.run(tokens + 1)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start
+    return _profiled(lambda: decoder.run(tokens + 1))[0]
 
 
 def measure_inference(
@@ -171,22 +188,20 @@ def measure_inference(
     for rnd in range(rounds + 1):
         for label, model in list(models.items()):
             result = results[label]
-            n_prefill, n_decode, n_ref = (
-                len(result.prefill_times),
-                len(result.decode_times),
-                len(result.reference_decode_times),
-            )
             try:
-                _timed_decode(model, prompt, decode_steps, device, result)
-                if label == "standard":
-                    _timed_reference_decode(model, prompt, decode_steps, device, result)
+                if rnd == 0:  # warm-up round, not kept
+                    _timed_decode(model, prompt, decode_steps, device, InferenceResult(0, 0, 0))
+                else:
+                    _timed_decode(model, prompt, decode_steps, device, result)
+                if label == "standard":  # a full forward per token is slow: a few tokens are enough
+                    cached = _timed_generate(model, prompt, min(decode_steps, 8), device, use_cache=True)
+                    free = _timed_generate(model, prompt, min(decode_steps, 8), device, use_cache=False)
+                    if rnd > 0:
+                        result.generate_times += cached
+                        result.reference_times += free
             except Exception as err:  # noqa: BLE001
                 results[label] = f"{type(err).__name__}: {err}"
                 del models[label]
-                continue
-            if rnd == 0:  # warm-up round
-                del result.prefill_times[n_prefill:], result.decode_times[n_decode:]
-                del result.reference_decode_times[n_ref:]
     for label, model in models.items():
         try:
             results[label].peak_bytes = peak_decode_bytes(model, batch, decode_tokens, device)

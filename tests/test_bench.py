@@ -46,7 +46,7 @@ def test_bench_prints_every_section(tmp_path, shared_data):
             "k_eq_v: KV cache bytes/token",
             "coupled: decode tokens/s",
             "k_eq_v: peak memory, decoding 8 tokens",
-            "standard: decode without cache",
+            "standard: generate_reference (no cache",
         ):
             assert any(preset in line and measure in line for line in table.splitlines()), (preset, measure, table)
     assert "prepare with gpt2, MB/s of text per worker" in table

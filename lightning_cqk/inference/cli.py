@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", required=True, help="a .ckpt written by `lightning_cqk fit`")
     parser.add_argument("--prompt", action="append", default=None, help="a prompt; repeat for several")
     parser.add_argument("--prompt_file", default=None, help="a text file, one prompt per line (blank lines skipped)")
-    parser.add_argument("--max_new_tokens", type=int, default=200, help="at most this many new tokens per sample")
+    parser.add_argument("--max_new_tokens", type=int, default=200, help="new tokens per sample, at most (default 200)")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 is greedy decoding (default 1.0)")
     parser.add_argument("--top_k", type=int, default=None, help="sample among the k most probable tokens")
     parser.add_argument("--top_p", type=float, default=None, help="nucleus sampling: smallest set of mass >= top_p")
@@ -62,7 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no_prefix_eos", action="store_true", help="do not start each prompt with the EOS id")
     parser.add_argument("--no_echo", action="store_true", help="print the continuation only, not the prompt")
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1, ...")
-    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES), help="model and cache dtype")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=tuple(DTYPES),
+        help="model and cache dtype (default float32; casts the whole model, its RoPE tables included)",
+    )
     parser.add_argument("--tokenizer", default=None, help="tokenizer name (default: read from the checkpoint)")
     parser.add_argument("--bpe_file", default=None, help="local GPT-2 .tiktoken file (default: as recorded)")
     return parser
@@ -161,11 +166,13 @@ def load(checkpoint: str, tokenizer: str | None, bpe_file: str | None):
 
     try:
         return load_pretrained(checkpoint, tokenizer=tokenizer, bpe_file=bpe_file)
-    except (pickle.UnpicklingError, EOFError, RuntimeError, AttributeError) as err:
+    except (pickle.UnpicklingError, EOFError, AttributeError) as err:  # not a torch file / a truncated one
         raise ValueError(
             f"cannot read {checkpoint} as a checkpoint ({type(err).__name__}: {err}); give a .ckpt written by "
             "`lightning_cqk fit`, e.g. runs/<experiment>/<run>/checkpoints/last.ckpt."
         ) from err
+    except RuntimeError as err:  # a damaged archive, or a tokenizer that cannot be loaded here (the message says)
+        raise ValueError(f"cannot load {checkpoint}: {err}") from err
 
 
 def _header(out, r: int, jobs: list[tuple[int, str]], args: argparse.Namespace) -> None:

@@ -285,12 +285,14 @@ class _EvalMode:
 
     def __enter__(self) -> None:
         self.was_training = self.model.training
-        self.model.eval()
+        if self.was_training:  # switching walks every module: only when needed (decode runs it per token)
+            self.model.eval()
         self.inference.__enter__()
 
     def __exit__(self, *exc) -> None:
         self.inference.__exit__(*exc)
-        self.model.train(self.was_training)
+        if self.was_training:
+            self.model.train()
 
 
 class _CachedStepper:
