@@ -44,6 +44,7 @@ from torchmetrics.aggregation import SumMetric
 
 from lightning_cqk.config import ModelConfig
 from lightning_cqk.data.token_bytes import token_byte_lengths
+from lightning_cqk.errors import ConfigError
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import training_flops_per_batch
 from lightning_cqk.optim import OptimConfig, build_logit_control, build_optimizer, warmup_cosine
@@ -266,7 +267,7 @@ class LitLM(L.LightningModule):
         if stage == "fit" and isinstance(saved_optim, dict) and checkpoint.get("optimizer_states"):
             saved_name = saved_optim.get("name", "adamw")  # checkpoints from before optim.name trained with AdamW
             if saved_name != self.optim.name:
-                raise ValueError(
+                raise ConfigError(
                     f"Checkpoint {path or ''} was trained with optim.name {saved_name!r}, this run uses "
                     f"{self.optim.name!r}: its optimizer state cannot resume another optimizer. Resume with "
                     f"--model.optim.name {saved_name}, or drop --ckpt_path to train from scratch."
@@ -355,7 +356,7 @@ def check_checkpoint_config(checkpoint: dict[str, Any], config: ModelConfig, pat
         fix += " (vocab_size follows data.tokenizer: use the tokenizer it was trained with)"
     if "block_size" in differ:
         fix += " (block_size follows data.seq_len)"
-    raise ValueError(
+    raise ConfigError(
         f"Checkpoint {path or ''} holds another model than this run builds ({detail}). {fix}, or a checkpoint of "
         "this model; to train this model from scratch, drop --ckpt_path."
     )

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from lightning_cqk.errors import ConfigError, MissingInputError
+
 TEXT_SUFFIXES = (".txt", ".md", ".raw", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json")
 DOCUMENT_MODES = ("file", "paragraph", "line", "wikitext", "pubtator")
@@ -124,23 +126,23 @@ def list_source_files(source: str | list[str]) -> list[Path]:
         path = Path(spec).expanduser()
         if path.is_file():
             if not _supported(path):
-                raise ValueError(f"{path} has an unsupported suffix; {_accepted()}")
+                raise ConfigError(f"{path} has an unsupported suffix; {_accepted()}")
             files.append(path)
         elif path.is_dir():
             found = _walk(path)
             if not found:
-                raise ValueError(f"Directory {path} holds no text files; {_accepted()}")
+                raise ConfigError(f"Directory {path} holds no text files; {_accepted()}")
             files.extend(found)
         else:
             matches = sorted(glob.glob(os.path.expanduser(spec), recursive=True))
             found = [f for m in matches for f in (_walk(Path(m)) if Path(m).is_dir() else [Path(m)]) if _supported(f)]
             if not found:
                 what = "matches no supported file" if any(c in spec for c in "*?[") else "does not exist"
-                raise FileNotFoundError(f"Text source {spec!r} {what}. {_accepted()}")
+                raise MissingInputError(f"Text source {spec!r} {what}. {_accepted()}")
             files.extend(found)
     unique = list(dict.fromkeys(files))  # a file named twice (a folder and a glob inside it) is read once
     if not unique:
-        raise ValueError(f"Text source {source!r} is empty. {_accepted()}")
+        raise ConfigError(f"Text source {source!r} is empty. {_accepted()}")
     return unique
 
 
