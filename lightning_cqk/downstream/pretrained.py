@@ -97,7 +97,8 @@ def load_pretrained(
     if name is None:
         raise ValueError(
             f"{path} does not record its tokenizer (no datamodule_hyper_parameters.tokenizer: it was not trained "
-            "through `lightning_cqk fit`). Name it: model.tokenizer (or --tokenizer) bytes | gpt2."
+            "through `lightning_cqk fit`). Name it: --model.tokenizer bytes|gpt2 (`lightning_cqk fit` with a GLUE "
+            "config), or `lightning_cqk mc-eval ... --tokenizer bytes|gpt2`."
         )
     if vocab_size_of(name) != config.vocab_size:
         raise ValueError(
