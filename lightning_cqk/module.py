@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics.aggregation import SumMetric
 
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.config import ModelConfig, upgrade_config_dict
 from lightning_cqk.data.token_bytes import token_byte_lengths
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.model import GPT
@@ -74,7 +74,7 @@ class LitLM(L.LightningModule):
     ) -> None:
         super().__init__()
         # Accept plain dicts too: that is how checkpoints store hyper-parameters (weights_only-loadable).
-        config = ModelConfig(**config) if isinstance(config, dict) else config
+        config = ModelConfig(**upgrade_config_dict(config)) if isinstance(config, dict) else config
         optim = OptimConfig(**optim) if isinstance(optim, dict) else optim
         self.save_hyperparameters({"config": config.to_dict(), "optim": asdict(optim), "compile": compile})
         self.config, self.optim, self.compile_blocks = config, optim, compile
@@ -324,7 +324,7 @@ _ARCHITECTURE = (
     "vocab_size",
     "vocab_multiple",
     "norm",
-    "mlp",
+    "ffn",
     "position",
     "bias",
     "tie_embeddings",
@@ -343,6 +343,7 @@ def check_checkpoint_config(checkpoint: dict[str, Any], config: ModelConfig, pat
     saved = (checkpoint.get("hyper_parameters") or {}).get("config")
     if not isinstance(saved, dict):
         return  # not a LitLM checkpoint: the weight loading reports what it finds
+    saved = upgrade_config_dict(saved)  # a checkpoint of an older version: in today's field names
     current = config.to_dict()
     keys = list(_ARCHITECTURE)
     if resuming or config.position == "learned":

@@ -26,7 +26,7 @@ from lightning_cqk.callbacks import RunSummary, TokenBudget  # noqa: E402
 from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO  # noqa: E402
 from lightning_cqk.callbacks.run_session import RunSession  # noqa: E402
 from lightning_cqk.cli_presets import PresetArgumentParser, unset_shape_defaults  # noqa: E402
-from lightning_cqk.config import size_label  # noqa: E402
+from lightning_cqk.config import size_label, upgrade_config_dict, upgrade_run_config  # noqa: E402
 from lightning_cqk.module import LitLM  # noqa: E402
 from lightning_cqk.run_dir import (  # noqa: E402
     FAILED,
@@ -157,7 +157,8 @@ class CQKCLI(LightningCLI):
         config_text = parser.dump(config, skip_none=False)
         previous = plan.previous_config
         if previous is not None:
-            changes.update(changed_settings(yaml.safe_load(previous.read_text()) or {}, yaml.safe_load(config_text)))
+            before = upgrade_run_config(yaml.safe_load(previous.read_text()) or {})  # older versions' field names
+            changes.update(changed_settings(before, upgrade_run_config(yaml.safe_load(config_text))))
         allowed, refused = classify_changes(changes)
         if refused:
             raise ResumeRefused(self._refusal(plan, refused, previous))
@@ -218,6 +219,8 @@ class CQKCLI(LightningCLI):
         except Exception:  # noqa: BLE001 - a broken file is reported, by name, when it is loaded for real
             return {}
         hparams = {k: v for k, v in hparams.items() if k in ("config", "optim", "compile")}
+        if isinstance(hparams.get("config"), dict):  # a checkpoint of an older version: today's field names
+            hparams["config"] = upgrade_config_dict(hparams["config"])
         if not hparams or sub not in self._argv:
             return {}
         at = self._argv.index(sub) + 1
@@ -231,6 +234,8 @@ class CQKCLI(LightningCLI):
             return {}
         model = self.config[sub].model
         now_ = {k: model[k].as_dict() if hasattr(model[k], "as_dict") else model[k] for k in hparams}
+        if isinstance(now_.get("config"), dict):  # compared in today's field names, as the checkpoint's are
+            now_["config"] = upgrade_config_dict(now_["config"])
         changes = changed_settings({"model": hparams}, {"model": now_})
         for linked in ("model.config.vocab_size", "model.config.block_size"):  # checked when the weights load
             changes.pop(linked, None)
