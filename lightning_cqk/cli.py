@@ -54,7 +54,7 @@ from lightning_cqk.cli_errors import pop_debug, user_errors_reported
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata would otherwise ping PyPI (offline runs)
 
 TRAINER_COMMANDS = ("fit", "validate", "test", "predict")
-_TORCH_COMMANDS = (*TRAINER_COMMANDS, "mc-eval")  # in-process model math: fp32 matmuls may use TF32 ("high")
+_TORCH_COMMANDS = (*TRAINER_COMMANDS, "mc-eval", "glue")  # in-process model math: fp32 matmuls may use TF32 ("high")
 _TRAINER_CLI_NAMES = (  # `from lightning_cqk.cli import CQKCLI` keeps working (imported on first use)
     "CQKCLI",
     "_auto_precision",
@@ -183,6 +183,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _dispatch(argv: list[str], from_command_line: bool) -> None:
+    if from_command_line:
+        from lightning_cqk import warning_filters
+
+        warning_filters.install()
     if argv[0] in _TORCH_COMMANDS:
         import torch
 
@@ -190,10 +194,6 @@ def _dispatch(argv: list[str], from_command_line: bool) -> None:
     if argv[0] in EXTRA_COMMANDS:
         EXTRA_COMMANDS[argv[0]](argv[1:])
         return
-    if from_command_line:
-        from lightning_cqk import warning_filters
-
-        warning_filters.install()
     # From the shell, LightningCLI reads sys.argv itself (passing it again as `args` makes it warn).
     from lightning_cqk.downstream.cli import GlueCLI, names_downstream_model
     from lightning_cqk.trainer_cli import CQKCLI

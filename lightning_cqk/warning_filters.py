@@ -1,6 +1,6 @@
 """The library messages the command line hides: each one by its text and category, with the reason. One place.
 
-Installed by `lightning_cqk.cli.main` for the trainer subcommands (and so for every sweep run, which is one);
+Installed by `lightning_cqk.cli.main` when it runs from the shell (every command, and so every sweep run);
 Python callers keep every warning. A message listed here is one that repeats on every run and that the user can do
 nothing about (or has already decided); anything else still shows. Standard library only (cheap to import).
 """

@@ -150,3 +150,17 @@ def test_progress_is_one_line_per_interval_when_stdout_is_not_a_terminal(monkeyp
         "validation: step 4/4 (100%)",
     ]
     assert "train/loss=" in lines[0] and "val/loss=" in lines[1]
+
+
+def test_a_bad_option_is_four_lines_not_the_hundred_line_usage(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--config", str(QUICKSTART), "--trainer.max_stepz", "3"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "usage: lightning_cqk fit [options]",
+        "tip: For details of accepted options run: lightning_cqk fit --help",
+        "error: Unrecognized arguments: --trainer.max_stepz 3",
+        "hint: 'trainer.max_stepz' is not a known key in a --config file or on the command line. "
+        "Did you mean 'trainer.max_steps' or 'trainer.max_time'?",
+    ]

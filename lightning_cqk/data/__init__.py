@@ -2,8 +2,8 @@
 litdata token shards) and the streaming DataModules. Data flows one way: sources -> tokenizer -> prepare -> shards +
 manifest -> TokenDataModule (or MixtureDataModule).
 
-The names below are imported on first use, so that the Lightning-free modules of this package (``builtin``,
-``sources``, ``tokenizers``, ``token_ids``) can be imported without importing Lightning.
+The DataModules (Lightning) are imported on first use, so that the rest of this package (``builtin``, ``sources``,
+``tokenizers``, ``prepare``, ``token_ids``) imports without Lightning.
 """
 
 from __future__ import annotations
@@ -11,31 +11,38 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {
-    "BUILTIN_CORPORA": "builtin",
-    "CORPORA": "corpora",
-    "TOKENIZERS": "tokenizers",
-    "Manifest": "manifest",
-    "MixtureComponent": "mixture",
-    "MixtureDataModule": "mixture",
-    "TokenDataModule": "datamodule",
-    "get_tokenizer": "tokenizers",
-    "iter_documents": "sources",
-    "list_source_files": "sources",
-    "prepare": "prepare",
-    "vocab_size_of": "tokenizers",
-}
+from lightning_cqk.data.builtin import BUILTIN_CORPORA
+from lightning_cqk.data.corpora import CORPORA
+from lightning_cqk.data.manifest import Manifest
+from lightning_cqk.data.prepare import prepare
+from lightning_cqk.data.sources import iter_documents, list_source_files
+from lightning_cqk.data.tokenizers import TOKENIZERS, get_tokenizer, vocab_size_of
 
-__all__ = sorted(_EXPORTS)
+_LIGHTNING = {"TokenDataModule": "datamodule", "MixtureComponent": "mixture", "MixtureDataModule": "mixture"}
+
+__all__ = [
+    "BUILTIN_CORPORA",
+    "CORPORA",
+    "TOKENIZERS",
+    "Manifest",
+    "MixtureComponent",
+    "MixtureDataModule",
+    "TokenDataModule",
+    "get_tokenizer",
+    "iter_documents",
+    "list_source_files",
+    "prepare",
+    "vocab_size_of",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"lightning_cqk.data.{_EXPORTS[name]}"), name)
+    if name in _LIGHTNING:
+        value = getattr(importlib.import_module(f"lightning_cqk.data.{_LIGHTNING[name]}"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_LIGHTNING))
