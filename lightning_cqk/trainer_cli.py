@@ -24,6 +24,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
 
 from lightning_cqk.callbacks import RunSummary, TokenBudget  # noqa: E402
 from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO  # noqa: E402
+from lightning_cqk.callbacks.progress import use_line_progress  # noqa: E402
 from lightning_cqk.callbacks.run_session import RunSession  # noqa: E402
 from lightning_cqk.cli_presets import PresetArgumentParser, unset_shape_defaults  # noqa: E402
 from lightning_cqk.config import size_label, upgrade_config_dict, upgrade_run_config  # noqa: E402
@@ -265,9 +266,8 @@ class CQKCLI(LightningCLI):
             trainer.callbacks.insert(0, RunSummary())  # first: it records a validation before a checkpoint saves
         if self._session is not None:
             trainer.callbacks.append(self._session)
-        if not sys.stdout.isatty():
-            sub = self.subcommand
-            _lines_instead_of_bar(trainer, (self.config[sub] if sub else self.config).trainer.get("callbacks"))
+        sub = self.subcommand
+        use_line_progress(trainer, (self.config[sub] if sub else self.config).trainer.get("callbacks"))
         return trainer
 
     def _run_subcommand(self, subcommand: str) -> None:
@@ -309,21 +309,6 @@ class CQKCLI(LightningCLI):
             file=sys.stderr,
             flush=True,
         )
-
-
-def _lines_instead_of_bar(trainer: Trainer, configured: Any) -> None:
-    """Output to a file: Lightning's default progress bar (one redrawn line, tens of KB) becomes `LineProgress`.
-
-    A progress bar named in `trainer.callbacks` (`configured`: their config entries) is the user's choice and stays.
-    """
-    from lightning_cqk.callbacks.progress import LineProgress
-
-    bar = trainer.progress_bar_callback
-    entries = configured if isinstance(configured, list) else [configured] if configured else []
-    chosen = {str(getattr(cb, "class_path", "") or "").rsplit(".", 1)[-1] for cb in entries}
-    if bar is None or isinstance(bar, LineProgress) or type(bar).__name__ in chosen:
-        return
-    trainer.callbacks[trainer.callbacks.index(bar)] = LineProgress()
 
 
 _RUN_ENV, _CKPT_ENV = "LIGHTNING_CQK_RUN_DIR", "LIGHTNING_CQK_RUN_CKPT"

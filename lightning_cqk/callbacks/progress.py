@@ -2,7 +2,7 @@
 
 A tqdm bar redraws itself with carriage returns; written to a file (a sweep's run log, `> train.log`, SLURM's
 output) it becomes one line of tens of kilobytes. `lightning_cqk fit` therefore uses this callback instead of the
-default bar when stdout is not a TTY (`trainer_cli.CQKCLI.instantiate_trainer`); a progress bar configured
+default bar when stdout is not a TTY (`use_line_progress`, called by both trainer CLIs); a progress bar configured
 explicitly in `trainer.callbacks`, or `trainer.enable_progress_bar: false`, is left as it is. It can also be
 configured by hand: `class_path: lightning_cqk.callbacks.progress.LineProgress`.
 
@@ -86,3 +86,18 @@ def _fmt(value: Any) -> str:
     if hasattr(value, "item"):
         value = value.item()
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def use_line_progress(trainer: Any, configured: Any) -> None:
+    """Output to a file: Lightning's default progress bar (one redrawn line, tens of KB) becomes `LineProgress`.
+
+    Does nothing when stdout is a terminal, when the bar is disabled, or when a progress bar is named in
+    `trainer.callbacks` (`configured`: their config entries, each with a `class_path`): that is the user's choice.
+    """
+    bar = trainer.progress_bar_callback
+    if sys.stdout.isatty() or bar is None or isinstance(bar, LineProgress):
+        return
+    entries = configured if isinstance(configured, list) else [configured] if configured else []
+    if type(bar).__name__ in {str(getattr(cb, "class_path", "") or "").rsplit(".", 1)[-1] for cb in entries}:
+        return
+    trainer.callbacks[trainer.callbacks.index(bar)] = LineProgress()
