@@ -32,369 +32,45 @@ Budgets: a `budget:` group (top-level key, `lightning_cqk.callbacks.TokenBudget`
 unless set: `--budget.tokens 2e6`, `--budget.flops 1e15`, `--budget.wallclock 600`, or
 `--budget.match_to runs/<experiment>/<run> --budget.ratio 2.4 [--budget.match_on tokens]`. Every run writes
 `budget.json` (tokens, flops, wallclock, steps) into its run directory.
+
+Errors (`cli_errors.py`): a user error (`lightning_cqk.errors.UserError`, a refused resume, a run directory in use)
+prints as `lightning_cqk <command>: <message>` and exits 1; its traceback goes to ~/.cache/lightning_cqk/last-error.log
+(`--debug` or LIGHTNING_CQK_DEBUG=1 prints it). Any other exception keeps its traceback. Warnings that repeat on every
+run and that nobody can act on are hidden by message (`warning_filters.py`, the one list).
+
+This module imports neither torch nor Lightning: `--help`, `attention`, `sweep` and `report` answer at once, and the
+trainer subcommands import `trainer_cli.py` (CQKCLI) when they run.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
-import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
+
+from lightning_cqk.cli_errors import pop_debug, user_errors_reported
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata would otherwise ping PyPI (offline runs)
 
-import torch  # noqa: E402
-import yaml  # noqa: E402
-from lightning.pytorch import LightningDataModule, Trainer  # noqa: E402
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
-from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
-from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
-
-from lightning_cqk.callbacks import RunSummary, TokenBudget  # noqa: E402
-from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO  # noqa: E402
-from lightning_cqk.callbacks.run_session import RunSession  # noqa: E402
-from lightning_cqk.cli_presets import PresetArgumentParser, unset_shape_defaults  # noqa: E402
-from lightning_cqk.config import size_label  # noqa: E402
-from lightning_cqk.module import LitLM  # noqa: E402
-from lightning_cqk.run_dir import (  # noqa: E402
-    FAILED,
-    FINISHED,
-    INTERRUPTED,
-    OPTIMIZER_KEYS,
-    FitPlan,
-    ResumeRefused,
-    RunDirectory,
-    RunDirectoryInUse,
-    _command,
-    base_run_name,
-    changed_settings,
-    classify_changes,
-    describe_changes,
-    is_rank_zero_process,
-    next_free_name,
-    numbered_dirs,
-    resolve_fit,
-    resumable_checkpoint,
+TRAINER_COMMANDS = ("fit", "validate", "test", "predict")
+_TORCH_COMMANDS = (*TRAINER_COMMANDS, "mc-eval", "glue")  # in-process model math: fp32 matmuls may use TF32 ("high")
+_TRAINER_CLI_NAMES = (  # `from lightning_cqk.cli import CQKCLI` keeps working (imported on first use)
+    "CQKCLI",
+    "_auto_precision",
+    "_is_tensorboard",
+    "_owning_run_dir",
+    "_model_size",
+    "_run_name",
 )
 
 
-def _vocab_size_of(datamodule: LightningDataModule) -> int:
-    return datamodule.vocab_size
+def __getattr__(name: str) -> Any:
+    if name in _TRAINER_CLI_NAMES:
+        from lightning_cqk import trainer_cli
 
-
-class CQKCLI(LightningCLI):
-    """LightningCLI with the links, defaults and run-directory handling of this framework (`run_dir.py`)."""
-
-    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
-        self._argv = list(sys.argv[1:] if args is None else args)
-        self.run_directory: RunDirectory | None = None
-        self.run_plan: FitPlan | None = None
-        self._session: RunSession | None = None
-        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
-        kwargs.setdefault("seed_everything_default", 1337)
-        kwargs.setdefault("parser_class", PresetArgumentParser)
-        super().__init__(
-            LitLM,
-            LightningDataModule,
-            subclass_mode_data=True,
-            auto_configure_optimizers=False,
-            args=args,
-            run=run,
-            **kwargs,
-        )
-
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.set_defaults({"data": {"class_path": "lightning_cqk.data.TokenDataModule"}})
-        parser.set_defaults(
-            {
-                "trainer.logger": {
-                    "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                    "init_args": {"save_dir": "runs", "name": "default", "default_hp_metric": False},
-                }
-            }
-        )
-        parser.add_argument(
-            "--on_unfinished",
-            type=str,
-            default="resume",
-            help="fit without --ckpt_path when the newest run of this name is unfinished and has a checkpoint: "
-            "resume it (when the settings are unchanged; else refuse with the exact commands), new (a new run "
-            "beside it) or refuse (docs/reliability.md).",
-        )
-        # Always present, a no-op unless a budget is set: `--budget.tokens 1e6`, `--budget.match_to <run dir>`.
-        parser.add_lightning_class_args(TokenBudget, "budget")
-        parser.set_defaults(unset_shape_defaults())  # shape fields left unset come from the preset (cli_presets.py)
-        _count_or_fraction_first_int(parser)
-        parser.link_arguments("data.init_args.seq_len", "model.config.block_size", apply_on="parse")
-        parser.link_arguments("data", "model.config.vocab_size", compute_fn=_vocab_size_of, apply_on="instantiate")
-
-    def _parse_ckpt_path(self) -> None:
-        """Replaced by `_merge_checkpoint_hparams`, run once the checkpoint file is known (`last` resolved)."""
-
-    def before_instantiate_classes(self) -> None:
-        sub = self.subcommand
-        config = self.config[sub] if sub else self.config
-        logger = config.trainer.get("logger")
-        ckpt = config.get("ckpt_path")
-        if sub == "fit" and _is_tensorboard(logger):
-            self._plan_fit()  # ResumeRefused / RunDirectoryInUse: `main` prints them without a traceback
-        elif sub is not None and ckpt and Path(ckpt).is_file():
-            self._merge_checkpoint_hparams(ckpt)
-        config = self.config[sub] if sub else self.config
-        trainer = config.trainer
-        if trainer.get("precision") is None:
-            trainer.precision = _auto_precision(trainer.get("accelerator"))
-        logger = trainer.get("logger")
-        if _is_tensorboard(logger) and logger.init_args.get("version") is None:  # validate / test / predict
-            owner = _owning_run_dir(config.get("ckpt_path"))
-            if owner is not None:  # evaluate beside the training curves of the run the checkpoint belongs to
-                args = logger.init_args
-                args.save_dir, args.name, args.version = str(owner.parent.parent), owner.parent.name, owner.name
-            else:
-                logger.init_args.version = _run_name(config, logger.init_args, resuming=bool(config.get("ckpt_path")))
-
-    # --------------------------------------------------------------------------------------- fit: the run
-    def _plan_fit(self) -> None:
-        """Decide the run directory and checkpoint (run_dir.resolve_fit), check the resume, lock the directory."""
-        config = self.config.fit
-        args = config.trainer.logger.init_args
-        root = Path(args.get("save_dir") or "runs") / str(args.get("name") or "default")
-        model_cfg = config.model.config
-        base = base_run_name(model_cfg.attention, _model_size(model_cfg), config.seed_everything)
-        if not is_rank_zero_process() and os.environ.get(_RUN_ENV):  # rank zero decided before launching us
-            run_dir, ckpt = Path(os.environ[_RUN_ENV]), os.environ.get(_CKPT_ENV) or None
-            self.run_plan = FitPlan(run_dir, ckpt, ckpt is not None)
-        else:
-            self.run_plan = resolve_fit(
-                root, base, args.get("version"), config.get("ckpt_path"), config.get("on_unfinished"), self._argv
-            )
-        plan = self.run_plan
-        changes: dict[str, tuple[Any, Any]] = {}
-        if plan.ckpt_path is not None:
-            changes.update(self._merge_checkpoint_hparams(plan.ckpt_path))
-            config = self.config.fit
-        args = config.trainer.logger.init_args
-        args.save_dir, args.name, args.version = (
-            str(plan.run_dir.parent.parent),
-            plan.run_dir.parent.name,
-            plan.run_dir.name,
-        )
-        config.ckpt_path = plan.ckpt_path
-        if config.trainer.get("precision") is None:
-            config.trainer.precision = _auto_precision(config.trainer.get("accelerator"))
-        parser = self._parser("fit")
-        config_text = parser.dump(config, skip_none=False)
-        previous = plan.previous_config
-        if previous is not None:
-            changes.update(changed_settings(yaml.safe_load(previous.read_text()) or {}, yaml.safe_load(config_text)))
-        allowed, refused = classify_changes(changes)
-        if refused:
-            raise ResumeRefused(self._refusal(plan, refused, previous))
-        if plan.auto_resumed and allowed:
-            raise ResumeRefused(
-                f"{plan.run_dir} is an unfinished run of this name, and this command changes its settings "
-                f"({describe_changes(allowed)}). To continue it with these changes: "
-                f"{_command(self._argv, drop=('--ckpt_path', '--on_unfinished'), add=('--ckpt_path', 'last'))}\n"
-                "To start a new run beside it: "
-                f"{_command(self._argv, drop=('--on_unfinished',), add=('--on_unfinished', 'new'))}"
-            )
-        for note in plan.notes:
-            print(f"run: {note}", file=sys.stderr, flush=True)
-        if is_rank_zero_process():
-            # One live process per run directory, checked before anything is built (lightning_cqk/run_lock.py).
-            self.run_directory = RunDirectory.claim(plan.run_dir)
-            atexit.register(self._abandon_if_not_started)
-            os.environ[_RUN_ENV], os.environ[_CKPT_ENV] = str(plan.run_dir), plan.ckpt_path or ""
-        self._session = RunSession(
-            self.run_directory,
-            config_text,
-            resumed_from=plan.ckpt_path,
-            changes=allowed,
-            apply_optimizer=any(k in OPTIMIZER_KEYS for k in allowed),
-            notes=plan.notes,
-        )
-
-    def _refusal(self, plan: FitPlan, refused: dict, previous: Path | None) -> str:
-        keys = ", ".join(refused)
-        flags = " ".join(f"--{k}" for k in refused)
-        where = f"its last attempt's configuration, {previous}" if previous else f"the checkpoint {plan.ckpt_path}"
-        fix = (
-            f"To resume it as it was: lightning_cqk fit --config {previous} --ckpt_path last"
-            if previous
-            else f"To resume it as it was, drop {flags} (and any config file setting them): the checkpoint's values "
-            "are used"
-        )
-        return (
-            f"Resuming {plan.run_dir} with settings that a resume cannot change ({describe_changes(refused)}; "
-            f"compared with {where}). A resumed run must stay the same experiment: {keys} would not be (or could "
-            f"not be) applied to the restored state. {fix}. To train with the new settings, start a new run: drop "
-            "--ckpt_path (with --on_unfinished new when an unfinished run of this name exists). "
-            "Settings a resume may change: the optimizer's lr, betas, eps, weight_decay, warmup_steps, "
-            "min_lr_ratio, decay_steps; trainer.*; budget.*; model.config.dropout."
-        )
-
-    def _merge_checkpoint_hparams(self, ckpt: str) -> dict[str, tuple[Any, Any]]:
-        """Take the model's settings from the checkpoint, keeping the ones the command line or a config file sets.
-
-        Lightning's own `_parse_ckpt_path` puts the checkpoint's hyper-parameters over the whole command line; here
-        they are the defaults (inserted right after the subcommand, so every `--config` file and flag wins) and every
-        explicit value that differs from the checkpoint is returned as a change (fit) or refused (the architecture,
-        for evaluation too). Returns {setting: (checkpoint's, this run's)}.
-        """
-        sub = self.subcommand
-        try:
-            hparams = torch.load(ckpt, weights_only=True, map_location="cpu").get("hyper_parameters") or {}
-        except Exception:  # noqa: BLE001 - a broken file is reported, by name, when it is loaded for real
-            return {}
-        hparams = {k: v for k, v in hparams.items() if k in ("config", "optim", "compile")}
-        if not hparams or sub not in self._argv:
-            return {}
-        at = self._argv.index(sub) + 1
-        try:
-            self.config = self.parser.parse_args([*self._argv[:at], f"--model={json.dumps(hparams)}", *self._argv[at:]])
-        except SystemExit:  # settings this version does not know: the command line alone builds the model, and the
-            print(  # checkpoint's architecture is still checked field by field when its weights load
-                f"note: the settings saved in {ckpt} do not parse with this version; the command line's are used.",
-                file=sys.stderr,
-            )
-            return {}
-        model = self.config[sub].model
-        now_ = {k: model[k].as_dict() if hasattr(model[k], "as_dict") else model[k] for k in hparams}
-        changes = changed_settings({"model": hparams}, {"model": now_})
-        for linked in ("model.config.vocab_size", "model.config.block_size"):  # checked when the weights load
-            changes.pop(linked, None)
-        if sub != "fit":
-            arch = {k: v for k, v in changes.items() if k.startswith("model.config.") and k != "model.config.dropout"}
-            if arch:
-                sys.exit(
-                    f"lightning_cqk {sub}: the checkpoint {ckpt} holds another model than this command asks for "
-                    f"({describe_changes(arch)}). Drop {' '.join('--' + k for k in arch)} (and any config file "
-                    "setting them): the checkpoint's own settings are used."
-                )
-        return changes
-
-    def _abandon_if_not_started(self) -> None:
-        if self.run_directory is not None:
-            self.run_directory.abandon(log=lambda m: print(m, file=sys.stderr))
-
-    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        if self._session is not None:
-            self.save_config_callback = None  # RunSession keeps the configuration, once training has started
-        elif self.subcommand in ("validate", "test", "predict"):
-            self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": f"config.{self.subcommand}.yaml"}
-        trainer = super().instantiate_trainer(**kwargs)
-        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # atomic, fsynced, clear errors on load
-            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
-        if not any(isinstance(cb, RunSummary) for cb in trainer.callbacks):
-            trainer.callbacks.insert(0, RunSummary())  # first: it records a validation before a checkpoint saves
-        if self._session is not None:
-            trainer.callbacks.append(self._session)
-        return trainer
-
-    def _run_subcommand(self, subcommand: str) -> None:
-        """`fit`: record how the attempt ended in run.json, and after a signal say how to resume."""
-        run = self.run_directory
-        if subcommand != "fit" or run is None:
-            return super()._run_subcommand(subcommand)
-        from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-        try:
-            super()._run_subcommand(subcommand)
-        except SIGTERMException:
-            signal_name = (self._session.signal_name if self._session else None) or "SIGTERM"
-            self._end_interrupted(signal_name, saved=True)
-            sys.exit(130 if signal_name == "SIGINT" else 143)
-        except SystemExit as err:  # Lightning's answer to a second Ctrl-C (KeyboardInterrupt): exit 1, no save
-            if run.started():
-                self._end_interrupted("SIGINT (twice: stopped at once)", saved=False)
-            raise err
-        except BaseException as err:
-            if run.started():
-                run.end_attempt(status=FAILED, step=self.trainer.global_step, error=f"{type(err).__name__}: {err}")
-            raise
-        else:
-            if run.started():
-                run.end_attempt(status=FINISHED, step=self.trainer.global_step)
-
-    def _end_interrupted(self, signal_name: str, saved: bool) -> None:
-        run = self.run_directory
-        ckpt, note = resumable_checkpoint(run.path)
-        run.end_attempt(status=INTERRUPTED, signal=signal_name, step=self.trainer.global_step, checkpoint=str(ckpt))
-        resume = _command(self._argv, drop=("--ckpt_path", "--on_unfinished"), add=("--ckpt_path", "last"))
-        if self.config.fit.trainer.logger.init_args.get("version") and "init_args.version" not in " ".join(self._argv):
-            resume += f" --trainer.logger.init_args.version={run.path.name}"
-        state = f"saved {ckpt}" if ckpt else "no checkpoint to resume from"
-        print(
-            f"\nrun: {run.path} interrupted by {signal_name} at step {self.trainer.global_step} ({state}"
-            f"{'; ' + note if note else ''}). Resume with:\n  {resume}",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-_RUN_ENV, _CKPT_ENV = "LIGHTNING_CQK_RUN_DIR", "LIGHTNING_CQK_RUN_CKPT"
-
-
-_COUNT_OR_FRACTION = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches")
-
-
-def _count_or_fraction_first_int(parser: LightningArgumentParser) -> None:
-    """Make `--trainer.limit_val_batches 1` mean one batch, as Lightning documents (int = count, float = fraction).
-
-    The Trainer annotates these `Optional[Union[int, float]]`, but `typing` caches unions regardless of order, so the
-    parser may receive `Union[float, int]` and turn 1 into 1.0 (= all batches). A `types.UnionType` is not cached
-    with them and keeps int first.
-    """
-    for action in parser._actions:
-        if action.dest.rsplit(".", 1)[-1] in _COUNT_OR_FRACTION and hasattr(action, "_typehint"):
-            action._typehint = int | float | None
-
-
-def _is_tensorboard(logger: Any) -> bool:
-    class_path = getattr(logger, "class_path", None) if logger is not None else None
-    return class_path is not None and class_path.rsplit(".", 1)[-1] == TensorBoardLogger.__name__
-
-
-def _auto_precision(accelerator: Any) -> str:
-    """bf16-mixed where a bf16-capable GPU will be used, fp32 otherwise."""
-    wants_gpu = accelerator in (None, "auto", "gpu", "cuda")
-    if wants_gpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-        return "bf16-mixed"
-    return "32-true"
-
-
-def _owning_run_dir(ckpt: Any) -> Path | None:
-    """The run directory of `<run>/checkpoints/<file>` when it is one (it has a record), else None."""
-    if not ckpt or not Path(str(ckpt)).is_file():
-        return None
-    path = Path(str(ckpt))
-    run = path.parent.parent
-    if path.parent.name == "checkpoints" and ((run / "run.json").is_file() or (run / "config.yaml").is_file()):
-        return run
-    return None
-
-
-def _model_size(model_cfg: Any) -> str:
-    """The size part of a run name: the preset, plus any shape field set against it (`config.size_label`)."""
-    shape = {key: model_cfg.get(key) for key in ("n_layer", "n_head", "n_embd", "mlp_hidden")}
-    return size_label(model_cfg.preset, **shape)
-
-
-def _run_name(config: Any, logger_args: Any, resuming: bool) -> str:
-    """validate / test / predict: the newest run directory of this name when a checkpoint is given, else a new one.
-
-    (`fit` decides with `run_dir.resolve_fit`.)
-    """
-    model_cfg = config.model.config
-    base = base_run_name(model_cfg.attention, _model_size(model_cfg), config.seed_everything)
-    root = Path(logger_args.get("save_dir") or "runs") / str(logger_args.get("name") or "default")
-    existing = numbered_dirs(root, base)
-    if resuming and existing:
-        return existing[-1].name
-    return next_free_name(root, base)
+        return getattr(trainer_cli, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------------------------------ extra commands
@@ -504,18 +180,39 @@ USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,swe
 A config whose model.class_path is in lightning_cqk.downstream (configs/glue/<task>.yaml) trains with the downstream
 CLI:                                    lightning_cqk fit --config configs/glue/sst2.yaml --model.checkpoint <ckpt>
 
-Every subcommand takes --help. Trainer subcommands also take --print_config.
+Every subcommand takes --help. Trainer subcommands also take --print_config. An error that says how to fix it
+prints alone; --debug (or LIGHTNING_CQK_DEBUG=1) prints its traceback too.
 """
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point (`lightning_cqk` and `python -m lightning_cqk`)."""
+    """Console-script entry point (`lightning_cqk` and `python -m lightning_cqk`).
+
+    From the shell, a user error prints alone and exits 1 (`cli_errors.py`); from Python (`main([...])`) every
+    exception propagates.
+    """
     from_command_line = argv is None
-    argv = list(sys.argv[1:] if argv is None else argv)
-    torch.set_float32_matmul_precision("high")
+    debug, argv = pop_debug(list(sys.argv[1:] if argv is None else argv))
+    if from_command_line:
+        sys.argv[1:] = argv  # LightningCLI reads sys.argv itself; `--debug` is ours
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return
+    if not from_command_line:
+        return _dispatch(argv, from_command_line)
+    with user_errors_reported(argv[0], debug):
+        _dispatch(argv, from_command_line)
+
+
+def _dispatch(argv: list[str], from_command_line: bool) -> None:
+    if from_command_line:
+        from lightning_cqk import warning_filters
+
+        warning_filters.install()
+    if argv[0] in _TORCH_COMMANDS:
+        import torch
+
+        torch.set_float32_matmul_precision("high")
     if argv[0] in EXTRA_COMMANDS:
         EXTRA_COMMANDS[argv[0]](argv[1:])
         return
@@ -529,14 +226,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.argv[1:] = argv
     # From the shell, LightningCLI reads sys.argv itself (passing it again as `args` makes it warn).
     from lightning_cqk.downstream.cli import GlueCLI, names_downstream_model
+    from lightning_cqk.trainer_cli import CQKCLI
 
     cli_class = GlueCLI if names_downstream_model(argv) else CQKCLI
-    try:
-        cli_class(args=None if from_command_line else argv)
-    except (ResumeRefused, RunDirectoryInUse) as err:
-        if not from_command_line:
-            raise
-        sys.exit(f"lightning_cqk {argv[0]}: {err}")
+    cli_class(args=None if from_command_line else argv)
 
 
 if __name__ == "__main__":

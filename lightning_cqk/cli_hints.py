@@ -10,17 +10,29 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser
 
 
 class HintingArgumentParser(LightningArgumentParser):
-    """LightningArgumentParser whose errors for unknown keys add a did-you-mean and say how to fix linked keys."""
+    """LightningArgumentParser whose errors for unknown keys add a did-you-mean and say how to fix linked keys.
+
+    An error prints a one-line usage (the full one is a hundred lines above the message; `--help` still shows it),
+    and the program is called `lightning_cqk` (so the printed `... fit --help` tip works when pasted).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("prog", "lightning_cqk")
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):  # type: ignore[override]
         parser = getattr(ex, "subcommand_parser", None) or self
         return super().error(message + _hint_for(message, parser), ex)
+
+    def print_usage(self, file: Any = None) -> None:
+        (file or sys.stdout).write(f"usage: {self.prog.replace(' [options]', '')} [options]\n")
 
 
 _LINKED = {

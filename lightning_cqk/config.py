@@ -28,11 +28,15 @@ configurations of arXiv 2604.01683 are not published; these shapes are the GPT-2
 from __future__ import annotations
 
 import difflib
+import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from lightning_cqk.errors import ConfigError
+
 NormName = Literal["layernorm", "rmsnorm"]
-MLPName = Literal["gelu", "swiglu"]
+FFNName = Literal["gelu", "swiglu"]
+MLPName = FFNName  # the old name of the type, kept for imports
 PositionName = Literal["rope", "learned", "none"]
 ResidualInit = Literal["scaled", "plain"]
 
@@ -122,7 +126,8 @@ class ModelConfig:
             for the GPT-2 tokenizer (50,257). The extra rows are never a target; they count as parameters.
         norm: `layernorm` or `rmsnorm`; pre-norm blocks and a final norm.
         norm_eps: epsilon of the norms.
-        mlp: `gelu` (GPT-2, two matrices) or `swiglu` (three matrices; `mlp_hidden` is used as given).
+        ffn: the block's feed-forward network: `gelu` (GPT-2, two matrices) or `swiglu` (three matrices;
+            `mlp_hidden` is used as given). Called `mlp` before; `mlp` is now only the attention backend's name.
         position: `rope` (rotary, half-split, applied inside attention), `learned` absolute, or `none`.
         rope_base: RoPE base frequency.
         dropout: the shorthand for the three dropouts below: each of them that is None (the default) uses it.
@@ -140,6 +145,8 @@ class ModelConfig:
         attention: registry name of the attention backend (see `lightning_cqk.attention.available()`).
         attention_options: options of that backend (validated by the backend's `Options` dataclass).
         layer_overrides: per-layer backends for hybrid models; layers not listed use `attention`.
+        mlp: deprecated spelling of `ffn` (configs and checkpoints of older versions): read as `ffn` with a
+            FutureWarning, then reset to null. Write `ffn`.
     """
 
     preset: str = "tiny"
@@ -152,7 +159,7 @@ class ModelConfig:
     vocab_multiple: int = 1
     norm: NormName = "layernorm"
     norm_eps: float = 1e-5
-    mlp: MLPName = "gelu"
+    ffn: FFNName = "gelu"
     position: PositionName = "rope"
     rope_base: float = 10000.0
     dropout: float = 0.0
@@ -166,8 +173,10 @@ class ModelConfig:
     attention: str = "standard"
     attention_options: dict[str, Any] = field(default_factory=dict)
     layer_overrides: list[LayerOverride] = field(default_factory=list)
+    mlp: FFNName | None = None  # deprecated: `ffn` (see RENAMED_FIELDS)
 
     def __post_init__(self) -> None:
+        self._take_renamed_fields()
         shape = preset_shape(self.preset, **{key: getattr(self, key) for key in SHAPE_FIELDS})
         for key, value in shape.items():
             setattr(self, key, value)
@@ -212,12 +221,33 @@ class ModelConfig:
         return self.attention, dict(self.attention_options)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-dict form (YAML/JSON serialisable)."""
-        return asdict(self)
+        """Plain-dict form (YAML/JSON serialisable), without the deprecated field names (RENAMED_FIELDS)."""
+        return upgrade_config_dict(asdict(self))
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed."""
         return replace(self, **changes)
+
+    def _take_renamed_fields(self) -> None:
+        """Move a value given under an old field name (RENAMED_FIELDS) to the new one, with a FutureWarning."""
+        for old, new in RENAMED_FIELDS.items():
+            value = getattr(self, old)
+            if value is None:
+                continue
+            default = next(f.default for f in fields(self) if f.name == new)
+            if getattr(self, new) not in (default, value):
+                raise ConfigError(
+                    f"ModelConfig.{old} is the old name of {new}, and both are set ({old}={value!r}, "
+                    f"{new}={getattr(self, new)!r}); keep only {new}."
+                )
+            warnings.warn(
+                f"ModelConfig.{old} is renamed {new} (`{old}` also names an attention backend): {old}={value!r} is "
+                f"read as {new}={value!r}. Write `{new}: {value}` in the config (--model.config.{new} {value}).",
+                FutureWarning,
+                stacklevel=4,
+            )
+            setattr(self, new, value)
+            setattr(self, old, None)
 
     def _validate(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "mlp_hidden", "block_size", "vocab_size"):
@@ -270,6 +300,31 @@ class ModelConfig:
         for layer_idx in range(self.n_layer):
             name, options = self.attention_for_layer(layer_idx)
             validate_attention(name, options, self, layer_idx)
+
+
+RENAMED_FIELDS = {"mlp": "ffn"}
+"""Old ModelConfig field names and their new ones: still accepted (with a FutureWarning) when given."""
+
+
+def upgrade_config_dict(config: dict[str, Any]) -> dict[str, Any]:
+    """A ModelConfig dict of an older version (a checkpoint's hyper-parameters, a run's config.yaml) in today's
+    field names, silently: a non-null old name's value replaces the new name's (as `ModelConfig` reads it); a null
+    old name is dropped."""
+    config = dict(config)
+    for old, new in RENAMED_FIELDS.items():
+        if old in config:
+            value = config.pop(old)
+            if value is not None:
+                config[new] = value
+    return config
+
+
+def upgrade_run_config(run_config: dict[str, Any]) -> dict[str, Any]:
+    """A whole run configuration (`model: config: ...`) with its ModelConfig upgraded (`upgrade_config_dict`)."""
+    model = run_config.get("model") if isinstance(run_config, dict) else None
+    if isinstance(model, dict) and isinstance(model.get("config"), dict):
+        return {**run_config, "model": {**model, "config": upgrade_config_dict(model["config"])}}
+    return run_config
 
 
 def config_field_names() -> list[str]:

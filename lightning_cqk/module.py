@@ -42,8 +42,9 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics.aggregation import SumMetric
 
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.config import ModelConfig, upgrade_config_dict
 from lightning_cqk.data.token_bytes import token_byte_lengths
+from lightning_cqk.errors import ConfigError
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import training_flops_per_batch
 from lightning_cqk.optim import OptimConfig, build_logit_control, build_optimizer, warmup_cosine
@@ -73,7 +74,7 @@ class LitLM(L.LightningModule):
     ) -> None:
         super().__init__()
         # Accept plain dicts too: that is how checkpoints store hyper-parameters (weights_only-loadable).
-        config = ModelConfig(**config) if isinstance(config, dict) else config
+        config = ModelConfig(**upgrade_config_dict(config)) if isinstance(config, dict) else config
         optim = OptimConfig(**optim) if isinstance(optim, dict) else optim
         self.save_hyperparameters({"config": config.to_dict(), "optim": asdict(optim), "compile": compile})
         self.config, self.optim, self.compile_blocks = config, optim, compile
@@ -266,7 +267,7 @@ class LitLM(L.LightningModule):
         if stage == "fit" and isinstance(saved_optim, dict) and checkpoint.get("optimizer_states"):
             saved_name = saved_optim.get("name", "adamw")  # checkpoints from before optim.name trained with AdamW
             if saved_name != self.optim.name:
-                raise ValueError(
+                raise ConfigError(
                     f"Checkpoint {path or ''} was trained with optim.name {saved_name!r}, this run uses "
                     f"{self.optim.name!r}: its optimizer state cannot resume another optimizer. Resume with "
                     f"--model.optim.name {saved_name}, or drop --ckpt_path to train from scratch."
@@ -323,7 +324,7 @@ _ARCHITECTURE = (
     "vocab_size",
     "vocab_multiple",
     "norm",
-    "mlp",
+    "ffn",
     "position",
     "bias",
     "tie_embeddings",
@@ -342,6 +343,7 @@ def check_checkpoint_config(checkpoint: dict[str, Any], config: ModelConfig, pat
     saved = (checkpoint.get("hyper_parameters") or {}).get("config")
     if not isinstance(saved, dict):
         return  # not a LitLM checkpoint: the weight loading reports what it finds
+    saved = upgrade_config_dict(saved)  # a checkpoint of an older version: in today's field names
     current = config.to_dict()
     keys = list(_ARCHITECTURE)
     if resuming or config.position == "learned":
@@ -355,7 +357,7 @@ def check_checkpoint_config(checkpoint: dict[str, Any], config: ModelConfig, pat
         fix += " (vocab_size follows data.tokenizer: use the tokenizer it was trained with)"
     if "block_size" in differ:
         fix += " (block_size follows data.seq_len)"
-    raise ValueError(
+    raise ConfigError(
         f"Checkpoint {path or ''} holds another model than this run builds ({detail}). {fix}, or a checkpoint of "
         "this model; to train this model from scratch, drop --ckpt_path."
     )

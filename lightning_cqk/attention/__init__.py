@@ -24,6 +24,7 @@ from lightning_cqk.attention.deconstructed_qk import FixedSeqQKAttention, RndEmb
 from lightning_cqk.attention.differential import DifferentialAttention
 from lightning_cqk.attention.mla import MultiHeadLatentAttention
 from lightning_cqk.attention.standard import StandardAttention
+from lightning_cqk.errors import ConfigError
 
 if TYPE_CHECKING:
     from lightning_cqk.config import ModelConfig
@@ -59,7 +60,7 @@ def get_attention(name: str) -> type[AttentionBackend]:
 
         close = difflib.get_close_matches(str(name), available(), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(
+        raise ConfigError(
             f"Unknown attention backend {name!r}.{hint} Available backends: {', '.join(available())}."
         ) from None
 

@@ -52,10 +52,11 @@ Options (defaults: docs/backends.md; [NS] = not stated in the paper, our choice 
             generator seeded with `seed`, so it is a function of the config: identical in every layer, run and
             resume, and not stored in checkpoints (a non-persistent buffer, redrawn by `reset_backend_parameters`).
     fixed_seq_qk: token_file: where t_s comes from; the first L ids are used. A `.npy`
-            (integer array, read without numpy) or `.txt` (integers separated by whitespace or commas) of token ids
-            made with the run's tokenizer; the paper uses the first 2048 tokens of FineWeb-10BT. The offline
-            default is the UTF-8 bytes of the Python documentation bundled with Python (`pydoc_data.topics`, topics
-            in sorted order): that text under the byte tokenizer (vocabulary 257), but only byte-valued ids (not
+            (integer array) or `.txt` (integers separated by whitespace or commas) of token ids made with the
+            run's tokenizer, read by `lightning_cqk.data.token_ids`; the paper uses the first 2048 tokens of
+            FineWeb-10BT. The offline default is the UTF-8 bytes of the built-in corpus `builtin:python_docs` as
+            `data/builtin.py` gathers it (pydoc topics first, in sorted order, documents joined by blank lines):
+            that text under the byte tokenizer (vocabulary 257), but only byte-valued ids (not
             that text) under any other tokenizer (folded modulo vocab_size below 256 ids), and it changes with the
             Python version. The ids are kept as a persistent buffer, so a checkpoint carries the exact sequence.
 
@@ -76,7 +77,8 @@ earlier positions exactly unchanged); forward and backward finite; SDPA path == 
 gradients of the input, the reference states and every parameter; degenerate cases equal `standard` with the same
 weights (static_emb_qk with embeddings := x and no embedding norm; rnd/fixed with the reference := x); inside a GPT
 the map is the same for every input, and the stream states equal a manual run of the blocks; gradients reach the
-earlier blocks through the stream unless detached; a batch longer than L raises; token files (.npy, .txt) load;
+earlier blocks through the stream unless detached; a batch longer than L raises; token files (.npy, .txt) load
+(`tests/data/test_token_ids.py`);
 parameter counts 4 C^2; analytic FLOPs equal a FLOP counter once the per-step stream cost is added; a tiny GPT of
 each variant trains on real text. Decoding (`tests/inference`): fp64 parity with the full forward to 1e-10 (token by
 token, chunked, left-padded rows at their own positions), measured cache bytes = `kv_cache_values_per_token`, the
@@ -85,12 +87,8 @@ reference keys kept across `select` and `reset`.
 
 from __future__ import annotations
 
-import ast
-import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -462,84 +460,10 @@ def fixed_sequence(config: ModelConfig, options: FixedSeqQKOptions) -> torch.Ten
     return tokens
 
 
-_NPY_INT_DTYPES = {
-    "i1": torch.int8,
-    "u1": torch.uint8,
-    "i2": torch.int16,
-    "u2": torch.uint16,
-    "i4": torch.int32,
-    "u4": torch.uint32,
-    "i8": torch.int64,
-    "u8": torch.uint64,
-}
-
-
 def load_token_ids(source: str, length: int) -> torch.Tensor:
-    """The first `length` token ids of `source` as an int64 tensor (length,).
+    """The first `length` token ids of `source` as an int64 tensor (length,): read by `lightning_cqk.data.token_ids`
+    (numpy for `.npy`, the built-in corpus as `data/builtin.py` gathers it), which this model file does not import
+    until a `fixed_seq_qk` model is built."""
+    from lightning_cqk.data.token_ids import load_token_ids as read
 
-    Args:
-        source: "builtin:python_docs", or the path of a `.npy` integer array or a `.txt` of integers.
-        length: how many ids are needed.
-
-    Raises:
-        ValueError: unknown source, unreadable file, non-integer data, or fewer than `length` ids.
-    """
-    return _load_token_ids(str(source), int(length)).clone()
-
-
-@functools.lru_cache(maxsize=8)
-def _load_token_ids(source: str, length: int) -> torch.Tensor:
-    # Every tensor here is made on the CPU explicitly: a model built under `torch.device("meta")` must not cache
-    # (or compare) meta tensors.
-    if source == BUILTIN_TOKENS:
-        import pydoc_data.topics
-
-        topics = pydoc_data.topics.topics
-        text = "\n\n".join(topics[key] for key in sorted(topics))
-        ids = torch.tensor(list(text.encode("utf-8")[:length]), dtype=torch.int64, device="cpu")
-    elif source.startswith("builtin:"):
-        raise ValueError(f"Unknown built-in token source {source!r}; the built-in one is {BUILTIN_TOKENS!r}.")
-    else:
-        path = Path(source).expanduser()
-        if not path.is_file():
-            raise ValueError(
-                f"token_file {source!r} does not exist (give a .npy or .txt of ids, or {BUILTIN_TOKENS!r})."
-            )
-        if path.suffix == ".npy":
-            ids = _read_npy_ids(path)
-        elif path.suffix == ".txt":
-            try:
-                ids = [int(t) for t in path.read_text().replace(",", " ").split()]
-            except ValueError as err:
-                raise ValueError(
-                    f"token_file {source!r}: expected integers separated by spaces or commas ({err})."
-                ) from None
-            ids = torch.tensor(ids, dtype=torch.int64, device="cpu")
-        else:
-            raise ValueError(f"token_file {source!r}: unsupported suffix {path.suffix!r}; use .npy or .txt.")
-    if ids.numel() < length:
-        raise ValueError(
-            f"token source {source!r} holds {ids.numel()} ids, fewer than the {length} the fixed sequence needs; "
-            "give a longer file or lower the option `length`."
-        )
-    return ids[:length]
-
-
-def _read_npy_ids(path: Path) -> torch.Tensor:
-    """Integer ids of a `.npy` file (format versions 1-3, little-endian, C order), flattened; standard library only."""
-    data = path.read_bytes()
-    if data[:6] != b"\x93NUMPY":
-        raise ValueError(f"{path} is not a .npy file (bad magic bytes).")
-    header_size = 2 if data[6] == 1 else 4
-    start = 8 + header_size
-    header_len = int.from_bytes(data[8:start], "little")
-    header = ast.literal_eval(data[start : start + header_len].decode("latin1"))
-    descr, shape = header["descr"], tuple(header["shape"])
-    dtype = _NPY_INT_DTYPES.get(descr[1:]) if isinstance(descr, str) else None
-    if dtype is None or descr[0] == ">":
-        raise ValueError(f"{path}: expected a little-endian integer array, got dtype {descr!r}.")
-    if header["fortran_order"] and len(shape) > 1:
-        raise ValueError(f"{path}: Fortran-ordered arrays are not supported; save a C-ordered (or 1-D) array.")
-    count = math.prod(shape)
-    payload = bytearray(data[start + header_len :])
-    return torch.frombuffer(payload, dtype=dtype, count=count).to(device="cpu", dtype=torch.int64)
+    return read(source, length)

@@ -60,10 +60,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lightning_cqk.errors import ConfigError
+
 TMP_PATTERN = re.compile(r"^\..+\.\d+\.tmp$")
 
 
-class CorruptCheckpointError(ValueError):
+class CorruptCheckpointError(ConfigError):
     """A checkpoint file that cannot be read: truncated (a crash while writing) or damaged."""
 
 

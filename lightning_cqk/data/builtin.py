@@ -24,7 +24,9 @@ import sysconfig
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from lightning_cqk.data.sources import BUILTIN_PREFIX, Document
+from lightning_cqk.data.document import Document
+
+BUILTIN_PREFIX = "builtin:"
 
 # Folders that hold tests, tools, demos, vendored code or generated boilerplate rather than documented modules.
 _SKIP_DIRS = frozenset(
@@ -118,6 +120,11 @@ BUILTIN_CORPORA: dict[str, Callable[..., Iterator[Document]]] = {"python_docs": 
 ``fn()`` for the whole corpus or ``fn(part=i, num_parts=n)`` for the i-th of n contiguous slices."""
 
 _BUILTIN_FILES: dict[str, Callable[[], list[Path]]] = {"python_docs": python_docs_files}
+
+
+def is_builtin(spec: object) -> bool:
+    """Whether a source string names a built-in corpus (``builtin:<name>``)."""
+    return str(spec).startswith(BUILTIN_PREFIX)
 
 
 def builtin_name(source: object) -> str | None:

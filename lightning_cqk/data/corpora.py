@@ -275,8 +275,8 @@ def resolve_corpus(
     if source is None:
         if corpus.hf_name is None or download_dir is None:
             raise FileNotFoundError(
-                f"Corpus {name!r} needs a local source (data.source / --source): {corpus.description}.\n"
-                + corpus_options()
+                f"Corpus {name!r} needs a local source (fit: --data.source PATH; prepare: --source PATH): "
+                f"{corpus.description}.\n" + corpus_options()
             )
         source = [str(p) for p in download_corpus(corpus, download_dir, max_documents, overwrite)]
     try:
@@ -374,7 +374,8 @@ def download_corpus(
     except ImportError:
         raise ImportError(
             f"Downloading corpus {corpus.name!r} ({corpus.hf_name}) needs the Hugging Face `datasets` package "
-            "(`pip install datasets`), or give a local copy as data.source / --source.\n" + corpus_options()
+            "(`pip install datasets`), or give a local copy (fit: --data.source PATH; prepare: --source PATH).\n"
+            + corpus_options()
         ) from None
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -394,8 +395,8 @@ def download_corpus(
             raise ValueError(
                 f"{dest} holds a download of {done} but {asked} is asked now; it would be reused as it is. Use "
                 f"another data_dir (the download goes to <data_dir>/raw), or ask for max_documents="
-                f"{done.get('max_documents')}, or rebuild with overwrite=True (CLI: --overwrite true), which downloads "
-                "again."
+                f"{done.get('max_documents')}, or rebuild with overwrite=True (prepare: --overwrite true), "
+                "which downloads again."
             )
     else:
         record.write_text(json.dumps(asked) + "\n")

@@ -36,6 +36,7 @@ from lightning_cqk.data.request import (
 )
 from lightning_cqk.data.sources import as_source_list
 from lightning_cqk.data.tokenizers import eos_id_of, vocab_size_of
+from lightning_cqk.errors import ConfigError
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata pings PyPI on import otherwise
 
@@ -104,7 +105,7 @@ def _check_numbers(num_workers, prepare_workers, val_fraction, max_documents, va
     if val_seq_len is not None and not (isinstance(val_seq_len, int) and val_seq_len >= 1):
         problems.append(f"data.val_seq_len={val_seq_len!r} must be >= 1, or null for data.seq_len")
     if problems:
-        raise ValueError("; ".join(problems) + ".")
+        raise ConfigError("; ".join(problems) + ".")
 
 
 def _split_cache(cache_dir: str | None, split: str) -> str | None:

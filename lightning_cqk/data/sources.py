@@ -37,31 +37,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from lightning_cqk.data.builtin import BUILTIN_CORPORA, builtin_files, builtin_name, is_builtin
+from lightning_cqk.data.document import Document
+from lightning_cqk.errors import ConfigError, MissingInputError
+
 TEXT_SUFFIXES = (".txt", ".md", ".raw", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json")
 DOCUMENT_MODES = ("file", "paragraph", "line", "wikitext", "pubtator")
-BUILTIN_PREFIX = "builtin:"
 # A WikiText article heading: " = Title = " (one "=" each side; " = = Section = = " is a sub-heading).
 _WIKI_HEADING = re.compile(rb"^ = [^=].*[^=] = $|^ = [^=] = $")
 _PUBTATOR_TEXT = re.compile(rb"^\d+\|[ta]\|")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # left by json.loads only for unpaired escapes
-
-
-@dataclass(frozen=True)
-class Document:
-    """One document, where it came from (``path:line``), and what was replaced with U+FFFD while reading it.
-
-    Attributes:
-        text: the document.
-        source: ``path:line`` (or ``path[i]`` in a JSON array).
-        replaced: undecodable input bytes replaced.
-        surrogates: lone surrogate escapes of JSON text replaced.
-    """
-
-    text: str
-    source: str
-    replaced: int = 0
-    surrogates: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,11 +86,6 @@ def as_source_list(source: str | os.PathLike | list[str] | tuple[str, ...]) -> l
     return [str(s) for s in source]
 
 
-def is_builtin(spec: str) -> bool:
-    """Whether a source string names a built-in corpus (``builtin:<name>``)."""
-    return str(spec).startswith(BUILTIN_PREFIX)
-
-
 def list_source_files(source: str | list[str]) -> list[Path]:
     """Expand a file, directory (recursive), glob, or a list of them, into a sorted, de-duplicated file list.
 
@@ -117,30 +98,28 @@ def list_source_files(source: str | list[str]) -> list[Path]:
     files: list[Path] = []
     for spec in as_source_list(source):
         if is_builtin(spec):
-            from lightning_cqk.data.builtin import builtin_files, builtin_name
-
             files.extend(builtin_files(builtin_name(spec)))
             continue
         path = Path(spec).expanduser()
         if path.is_file():
             if not _supported(path):
-                raise ValueError(f"{path} has an unsupported suffix; {_accepted()}")
+                raise ConfigError(f"{path} has an unsupported suffix; {_accepted()}")
             files.append(path)
         elif path.is_dir():
             found = _walk(path)
             if not found:
-                raise ValueError(f"Directory {path} holds no text files; {_accepted()}")
+                raise ConfigError(f"Directory {path} holds no text files; {_accepted()}")
             files.extend(found)
         else:
             matches = sorted(glob.glob(os.path.expanduser(spec), recursive=True))
             found = [f for m in matches for f in (_walk(Path(m)) if Path(m).is_dir() else [Path(m)]) if _supported(f)]
             if not found:
                 what = "matches no supported file" if any(c in spec for c in "*?[") else "does not exist"
-                raise FileNotFoundError(f"Text source {spec!r} {what}. {_accepted()}")
+                raise MissingInputError(f"Text source {spec!r} {what}. {_accepted()}")
             files.extend(found)
     unique = list(dict.fromkeys(files))  # a file named twice (a folder and a glob inside it) is read once
     if not unique:
-        raise ValueError(f"Text source {source!r} is empty. {_accepted()}")
+        raise ConfigError(f"Text source {source!r} is empty. {_accepted()}")
     return unique
 
 
@@ -189,8 +168,6 @@ def iter_documents(
     check_documents_mode(documents)
     for spec in as_source_list(path_or_glob):
         if is_builtin(spec):
-            from lightning_cqk.data.builtin import BUILTIN_CORPORA, builtin_name
-
             yield from BUILTIN_CORPORA[builtin_name(spec)]()
             continue
         for path in list_source_files(spec):

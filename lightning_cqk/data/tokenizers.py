@@ -25,6 +25,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from lightning_cqk.errors import MissingInputError, UnavailableError
+
 GPT2_BPE_ENV = "LIGHTNING_CQK_GPT2_BPE"
 """Environment variable naming a local GPT-2 ``.tiktoken`` file (used when ``bpe_file`` is not given)."""
 
@@ -232,8 +234,11 @@ def _gpt2_pattern() -> str:
 
 def _offline_help() -> str:
     return (
-        "To work offline, give a local GPT-2 vocabulary file: pass bpe_file=/path/to/gpt2.tiktoken "
-        f"(CLI: --bpe_file, DataModule: bpe_file) or set {GPT2_BPE_ENV}=/path/to/gpt2.tiktoken. "
+        "To work offline, give a local GPT-2 vocabulary file (gpt2.tiktoken): "
+        f"`export {GPT2_BPE_ENV}=/path/to/gpt2.tiktoken` for every command, or per command "
+        "`lightning_cqk fit ... --data.bpe_file /path/to/gpt2.tiktoken`, "
+        "`lightning_cqk prepare ... --bpe_file /path/to/gpt2.tiktoken`, "
+        "`lightning_cqk mc-eval ... --bpe_file /path/to/gpt2.tiktoken` (Python: bpe_file=...). "
         "Alternatively point tiktoken's own cache at pre-downloaded files with TIKTOKEN_CACHE_DIR."
     )
 
@@ -245,14 +250,14 @@ def _load_gpt2_encoding(bpe_file: str | None):  # -> tiktoken.Encoding (imported
         try:
             return tiktoken.get_encoding("gpt2")
         except Exception as err:  # requests/OSError/hash errors all mean "could not fetch the vocabulary"
-            raise RuntimeError(
+            raise UnavailableError(
                 f"Could not load the GPT-2 vocabulary through tiktoken ({err}). {_offline_help()}"
             ) from err
 
     from tiktoken.load import load_tiktoken_bpe
 
     if not Path(bpe_file).is_file():
-        raise FileNotFoundError(f"GPT-2 vocabulary file {bpe_file} does not exist. {_offline_help()}")
+        raise MissingInputError(f"GPT-2 vocabulary file {bpe_file} does not exist. {_offline_help()}")
     ranks = load_tiktoken_bpe(bpe_file)
     if len(ranks) != GPT2Tokenizer.eos_id:
         raise ValueError(f"{bpe_file} has {len(ranks)} ranks; GPT-2's .tiktoken file has {GPT2Tokenizer.eos_id}.")

@@ -20,6 +20,7 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from lightning_cqk.errors import ConfigError
 from lightning_cqk.run_dir import RunDirectory, is_husk, is_rank_zero_process, next_free_name
 
 DOWNSTREAM_PREFIX = "lightning_cqk.downstream"
@@ -74,7 +75,7 @@ class GlueCLI(LightningCLI):
             trainer.precision = _auto_precision(trainer.get("accelerator"))
         checkpoint = config.model.init_args.get("checkpoint")
         if not checkpoint:
-            raise ValueError(
+            raise ConfigError(
                 "Give the pretrained LM checkpoint: --model.checkpoint runs/<experiment>/<run>/checkpoints/last.ckpt"
             )
         logger = trainer.get("logger")
@@ -86,12 +87,20 @@ class GlueCLI(LightningCLI):
             task = config.data.init_args.task
             args.version = next_free_name(root, f"{task}-{checkpoint_run_name(checkpoint)}-s{config.seed_everything}")
         elif self.subcommand == "fit" and (root / args.version).exists() and not is_husk(root / args.version):
-            raise ValueError(
+            raise ConfigError(
                 f"{root / args.version} already holds a run; a new fine-tuning run must not write into it. Choose "
                 "another --trainer.logger.init_args.version, or leave it unset for a fresh name."
             )
         if self.subcommand == "fit" and is_rank_zero_process():
             self.run_directory = RunDirectory.claim(root / args.version)  # one live process per run directory
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        from lightning_cqk.callbacks.progress import use_line_progress
+
+        trainer = super().instantiate_trainer(**kwargs)
+        sub = self.subcommand
+        use_line_progress(trainer, (self.config[sub] if sub else self.config).trainer.get("callbacks"))
+        return trainer
 
 
 def names_downstream_model(argv: list[str]) -> bool:

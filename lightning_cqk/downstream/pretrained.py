@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.config import ModelConfig, upgrade_config_dict
 from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.tokenizers import Tokenizer, get_tokenizer, vocab_size_of
 from lightning_cqk.model import GPT
@@ -85,7 +85,7 @@ def load_pretrained(
     """
     path = Path(path)
     checkpoint = read_checkpoint(path)
-    config = ModelConfig(**checkpoint["hyper_parameters"]["config"])
+    config = ModelConfig(**upgrade_config_dict(checkpoint["hyper_parameters"]["config"]))
     data_hparams = checkpoint.get("datamodule_hyper_parameters") or {}
     recorded = data_hparams.get("tokenizer")
     if tokenizer is not None and recorded is not None and tokenizer != recorded:
@@ -97,7 +97,8 @@ def load_pretrained(
     if name is None:
         raise ValueError(
             f"{path} does not record its tokenizer (no datamodule_hyper_parameters.tokenizer: it was not trained "
-            "through `lightning_cqk fit`). Name it: model.tokenizer (or --tokenizer) bytes | gpt2."
+            "through `lightning_cqk fit`). Name it: --model.tokenizer bytes|gpt2 (`lightning_cqk fit` with a GLUE "
+            "config), or `lightning_cqk mc-eval ... --tokenizer bytes|gpt2`."
         )
     if vocab_size_of(name) != config.vocab_size:
         raise ValueError(

@@ -55,4 +55,4 @@ MLPS: dict[str, type[nn.Module]] = {"gelu": GeluMLP, "swiglu": SwiGLUMLP}
 
 def make_mlp(config: ModelConfig) -> nn.Module:
     """The configured MLP."""
-    return MLPS[config.mlp](config)
+    return MLPS[config.ffn](config)

@@ -27,7 +27,7 @@ def _layer_backends(config: ModelConfig):
 
 
 def _mlp_flops(config: ModelConfig) -> int:
-    return MLP_MATRICES[config.mlp] * 2 * config.n_embd * config.mlp_hidden
+    return MLP_MATRICES[config.ffn] * 2 * config.n_embd * config.mlp_hidden
 
 
 def forward_flops_per_token(config: ModelConfig, seq_len: int | None = None) -> int:

@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from lightning_cqk.errors import ConfigError
+
 LOGIT_CONTROL_METHODS = ("none", "quack", "fixed", "qk_clip")
 OPTIMIZERS = ("adamw", "muon")
 ADJUST_LR_FNS = ("original", "match_rms_adamw", "spectral_unclamped")
@@ -162,7 +164,7 @@ class OptimConfig:
 
 
 def _refuse(name: str, value: Any, rule: str, fix: str = "") -> None:
-    raise ValueError(f"{name}={value!r} is not allowed: {rule}.{' ' + fix if fix else ''}")
+    raise ConfigError(f"{name}={value!r} is not allowed: {rule}.{' ' + fix if fix else ''}")
 
 
 def _finite(value: Any) -> bool:

@@ -229,6 +229,7 @@ class _Launch:
         self.resumed_from = str(ckpt) if ckpt else None
         cmd = fit_command(ledger.sweep, run, self.resumed_from)
         env = dict(os.environ)
+        env.setdefault("LIGHTNING_CQK_DEBUG", "1")  # the run's log keeps a user error's traceback (cli_errors.py)
         if threads is not None and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = str(threads)
         ledger.log_dir.mkdir(parents=True, exist_ok=True)

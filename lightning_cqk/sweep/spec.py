@@ -190,7 +190,10 @@ def load_spec(path: str | Path) -> dict[str, Any]:
         raise SpecError(f"{where}: every spec needs the profiles {PROFILES_REQUIRED}; missing {missing}.")
     for name, profile in spec["profiles"].items():
         if not isinstance(profile, dict) or not profile.get("configs"):
-            raise SpecError(f"{where}: profile {name!r} needs `configs:` (the base --config files, in order).")
+            raise SpecError(
+                f"{where}: profile {name!r} needs `configs:` (the base config "
+                "files of `lightning_cqk fit --config`, in order)."
+            )
         if "axes" in profile:
             unknown = sorted(set(profile["axes"]) - set(spec["axes"]))
             if unknown:

@@ -50,7 +50,7 @@ def test_untied_and_learned_positions_count_as_embedding():
 def test_forward_shape_and_causality(position, norm, mlp):
     torch.manual_seed(0)
     cfg = ModelConfig(
-        vocab_size=61, n_layer=2, n_embd=32, n_head=4, block_size=16, position=position, norm=norm, mlp=mlp
+        vocab_size=61, n_layer=2, n_embd=32, n_head=4, block_size=16, position=position, norm=norm, ffn=mlp
     )
     model = GPT(cfg).double().eval()
     idx = torch.randint(0, 61, (2, 16))
