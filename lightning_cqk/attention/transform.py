@@ -26,11 +26,12 @@ the nh half-heads (q1 with k1 and q2 with k2 of every differential head); `mla`:
 and rotary parts together). Grouped K/V heads (nkv < nh): query head h is paired with its key head g(h) = h // (nh /
 nkv) (the head `repeat_interleave` and SDPA's `enable_gqa` pair it with); the transform acts on each (q_h, k_g(h)),
 so it yields nh distinct keys: the transformed keys are per query head, and an inference cache holds nh of them (the
-GQA saving is kept for values only). Tied q and k (q_eq_k): both enter T equal and leave it different. `mla`: the stage acts
-on the up-projected per-head keys, so W_uk cannot be folded into the query; decoding caches the transformed per-head
-keys and c_kv (W_uv is still absorbed; `MultiHeadLatentAttention.absorbed_path_refusal` says why). The deconstructed variants (`static_emb_qk`,
-`rnd_emb_qk`, `fixed_seq_qk`, `approximate`, `non_approximate`) do not run this stage: their q and k come from fixed
-inputs or feed non-softmax mixers, and they state no Q/K weights to logit control either.
+GQA saving is kept for values only). Tied q and k (q_eq_k): both enter T equal and leave it different. `mla`: the
+stage acts on the up-projected per-head keys, so W_uk cannot be folded into the query; decoding caches the
+transformed per-head keys and c_kv (W_uv is still absorbed; `MultiHeadLatentAttention.absorbed_path_refusal` says
+why). The deconstructed variants (`static_emb_qk`, `rnd_emb_qk`, `fixed_seq_qk`, `approximate`, `non_approximate`)
+do not run this stage: their q and k come from fixed inputs or feed non-softmax mixers, and they state no Q/K
+weights to logit control either.
 
 Tests: `tests/attention/test_transform.py` (every composition: identity at init, inverse, log-det, causality, fused
 == reference and SDPA == math in fp64, parameter counts by hand, old checkpoints), `tests/optim/test_qk_seam.py`.
