@@ -234,8 +234,8 @@ def markdown() -> str:
         out += ["", "### Ready-made fragments (`configs/attention/*.yaml`, at the same size)", "", *fragments]
     out += ["", "### Options of each backend", ""]
     out.append(
-        "Set with `--model.config.attention_options '{name: value}'` or under `attention_options:` in a config "
-        "(`configs/attention/<backend>.yaml` lists each backend's defaults; a test keeps them equal to these)."
+        "Set with `lightning_cqk fit --model.config.attention_options '{name: value}'` or under `attention_options:` "
+        "in a config (`configs/attention/<backend>.yaml` lists each backend's defaults; a test keeps them equal to these)."
     )
     for name in names:
         cls = attention.get_attention(name)
@@ -256,13 +256,40 @@ def replace_section(text: str, section: str, begin: str = BEGIN, end: str = END)
     return head + section.rstrip("\n") + rest.split(end, 1)[1]
 
 
-def markdown_command(argv: list[str]) -> None:
-    """`lightning_cqk attention --markdown [--write FILE]`."""
-    if argv[:1] == ["--write"] and len(argv) == 2:
-        path = Path(argv[1])
-        path.write_text(replace_section(path.read_text(), markdown()))
-        print(f"wrote the generated backends section of {path}")
-    elif not argv:
-        sys.stdout.write(markdown())
+def attention_command(argv: list[str]) -> None:
+    """`lightning_cqk attention [--markdown [--write FILE]]`: the backends and their options, or the generated table."""
+    import argparse
+    import textwrap
+
+    parser = argparse.ArgumentParser(
+        prog="lightning_cqk attention", description="List the attention backends and their options."
+    )
+    parser.add_argument("--markdown", action="store_true", help="print the generated table of docs/backends.md")
+    parser.add_argument("--write", metavar="FILE", help="with --markdown: replace the generated section of FILE")
+    args = parser.parse_args(argv)
+    if args.write and not args.markdown:
+        parser.error("--write needs --markdown: lightning_cqk attention --markdown --write docs/backends.md")
+    if args.markdown:
+        write_or_print(args.write)
+        return
+
+    from lightning_cqk import attention
+
+    print("Attention backends (model.config.attention) and their options (model.config.attention_options):\n")
+    for name in attention.available():
+        cls = attention.get_attention(name)
+        doc = (cls.__doc__ or "").strip().splitlines()[0].replace(f"`{name}`: ", "")
+        print(f"{name:<16} {doc}")
+        options = [f"{key}={default!r}" for key, default in option_defaults(cls.Options).items()]
+        print(textwrap.fill(", ".join(options), width=116, initial_indent=" " * 17, subsequent_indent=" " * 17))
+
+
+
+def write_or_print(path: str | None) -> None:
+    """Replace the generated section of `path`, or print it when `path` is None."""
+    if path:
+        target = Path(path)
+        target.write_text(replace_section(target.read_text(), markdown()))
+        print(f"wrote the generated backends section of {target}")
     else:
-        sys.exit("usage: lightning_cqk attention --markdown [--write docs/backends.md]")
+        sys.stdout.write(markdown())

@@ -44,7 +44,6 @@ trainer subcommands import `trainer_cli.py` (CQKCLI) when they run.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from typing import Any
@@ -83,25 +82,9 @@ def _prepare_command(argv: list[str]) -> None:
 
 
 def _attention_command(argv: list[str]) -> None:
-    import textwrap
+    from lightning_cqk.backends_doc import attention_command
 
-    from lightning_cqk import attention
-
-    if argv[:1] == ["--markdown"]:  # the generated table of docs/backends.md
-        from lightning_cqk.backends_doc import markdown_command
-
-        return markdown_command(argv[1:])
-
-    print("Attention backends (model.config.attention) and their options (model.config.attention_options):\n")
-    for name in attention.available():
-        cls = attention.get_attention(name)
-        doc = (cls.__doc__ or "").strip().splitlines()[0].replace(f"`{name}`: ", "")
-        print(f"{name:<16} {doc}")
-        options = []
-        for f in dataclasses.fields(cls.Options):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            options.append(f"{f.name}={default!r}")
-        print(textwrap.fill(", ".join(options), width=116, initial_indent=" " * 17, subsequent_indent=" " * 17))
+    attention_command(argv)
 
 
 def _sweep_command(argv: list[str]) -> None:

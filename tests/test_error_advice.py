@@ -3,7 +3,8 @@
 The convention the messages follow (and this test enforces): a flag belongs to the command named last before it in
 the same string, as `lightning_cqk <command> ...` or `<command>: --flag` (e.g. "fit: --data.source PATH; prepare:
 --source PATH"); a string that names no command suggests flags of its module's command (`MODULE_COMMANDS`, else
-`fit`). Flags after a foreign tool (`tensorboard --logdir`, `#SBATCH --array`, `sbatch --parsable`) are not ours.
+`fit`). Flags after a foreign tool (`tensorboard --logdir`, `#SBATCH --array`, `sbatch --parsable`) or a module run as a
+script (`python -m lightning_cqk.sweep.claims_table --write`) are not the CLI's.
 Every string literal of the package is read (f-strings with their placeholders as `{}`), except documentation
 (docstrings and other bare string statements) and strings without a space (argv pieces such as "--output").
 `fit` is checked against both trainer CLIs (`CQKCLI` and the downstream `GlueCLI`: the config decides which runs).
@@ -32,6 +33,10 @@ MODULE_COMMANDS = {
     "downstream/run_glue.py": "glue",
     "downstream/multiple_choice.py": "mc-eval",
     "downstream/glue_table.py": "glue-table",
+    "backends_doc.py": "attention",
+    "inference/cli.py": "generate",
+    "evaluation/command.py": "eval",
+    "evaluation/lm.py": "eval",
 }
 GLOBAL_FLAGS = {"--debug"}  # taken by `main` before any command sees the arguments (cli_errors.py)
 COMMANDS = (*TRAINER_COMMANDS, *EXTRA_COMMANDS)
@@ -39,7 +44,7 @@ _FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9_.-]*[a-z0-9_])(\.\{\})?")
 _NAMED = "|".join(re.escape(c) for c in sorted(COMMANDS, key=len, reverse=True))
 _CONTEXT = re.compile(
     rf"\blightning_cqk (?P<cmd>{_NAMED})\b|(?<![\w-])(?P<short>{_NAMED}): (?=--)"
-    r"|#SBATCH|\b(?:tensorboard|sbatch|srun|torchrun|git|pip)\b"
+    r"|#SBATCH|\b(?:tensorboard|sbatch|srun|torchrun|git|pip)\b|\bpython -m lightning_cqk\.[\w.]+"
 )
 _UNKNOWN = ("Unrecognized arguments", "is not a known key", "does not accept option", "not accepted")
 

@@ -505,7 +505,7 @@ def test_fixed_input_flops_are_per_token_plus_one_stream_per_step(name, B):
     torch.manual_seed(0)
     cfg = config(name, block_size=32, n_embd=64, mlp_hidden=128)
     Cm, T_ = cfg.n_embd, 32
-    mlp = MLP_MATRICES[cfg.mlp] * 2 * Cm * cfg.mlp_hidden
+    mlp = MLP_MATRICES[cfg.ffn] * 2 * Cm * cfg.mlp_hidden
     sdpa_per_token = 2 * 2 * T_ * Cm  # per layer, invisible to FlopCounterMode on CPU
     per_token = training_flops_per_token(cfg, T_) - 3 * cfg.n_layer * sdpa_per_token
     stream = T_ * (4 * 2 * Cm * Cm + mlp) + cfg.n_layer * 2 * 2 * Cm * Cm * T_  # block 0 (no SDPA counted) + q/k
