@@ -235,7 +235,8 @@ def markdown() -> str:
     out += ["", "### Options of each backend", ""]
     out.append(
         "Set with `lightning_cqk fit --model.config.attention_options '{name: value}'` or under `attention_options:` "
-        "in a config (`configs/attention/<backend>.yaml` lists each backend's defaults; a test keeps them equal to these)."
+        "in a config (`configs/attention/<backend>.yaml` lists each backend's defaults; a test keeps them equal to "
+        "these)."
     )
     for name in names:
         cls = attention.get_attention(name)
