@@ -285,7 +285,6 @@ def attention_command(argv: list[str]) -> None:
         print(textwrap.fill(", ".join(options), width=116, initial_indent=" " * 17, subsequent_indent=" " * 17))
 
 
-
 def write_or_print(path: str | None) -> None:
     """Replace the generated section of `path`, or print it when `path` is None."""
     if path:
