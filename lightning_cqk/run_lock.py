@@ -66,6 +66,8 @@ class LockOwner:
             return False
         except PermissionError:
             pass  # exists, owned by another user
+        if process_state(self.pid) in ("Z", "X"):
+            return False  # exited, not yet reaped by its parent (e.g. a SIGKILLed run whose runner died too)
         start = process_start(self.pid)
         return self.start is None or start is None or start == self.start
 
@@ -90,6 +92,15 @@ def process_start(pid: int) -> str | None:
     except OSError:
         return None
     return stat.rsplit(")", 1)[-1].split()[19]  # field 22; the command name in () may contain spaces
+
+
+def process_state(pid: int) -> str | None:
+    """A process's state letter (Linux `/proc/<pid>/stat` field 3: R, S, D, Z zombie, X dead, ...), None elsewhere."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[0]
 
 
 def _parse(raw: bytes) -> LockOwner | None:

@@ -82,3 +82,26 @@ def test_exactly_one_of_many_processes_takes_a_fresh_and_a_stale_lock(tmp_path: 
         assert len(winners) == 1, outputs
         assert "TOOK" in winners[0] and f"pid {dead.stdout.strip()}" in winners[0], "the take-over is announced"
         assert sum(o.startswith("LOSE") for o in outputs) == RACERS - 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_an_exited_process_not_yet_reaped_holds_nothing():
+    """A zombie (exited, its parent has not waited for it yet; e.g. a SIGKILLed run whose sweep runner died with it
+    and which init has not reaped) answers `kill(pid, 0)` but writes nothing: it must not count as a live owner."""
+    import socket
+    import time
+
+    from lightning_cqk.run_lock import LockOwner, process_start, process_state
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        start = process_start(child.pid)
+        deadline = time.monotonic() + 30
+        while process_state(child.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert process_state(child.pid) == "Z"
+        owner = LockOwner(child.pid, socket.gethostname(), start, time.time(), ["fit"])
+        assert owner.alive() is False
+    finally:
+        child.wait()
+    assert LockOwner(os.getpid(), socket.gethostname(), process_start(os.getpid()), time.time(), []).alive() is True
