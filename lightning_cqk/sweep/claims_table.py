@@ -4,7 +4,9 @@
     python -m lightning_cqk.sweep.claims_table                       # print it
 
 Each `docs/results/<study>/claims.csv` is the `report/claims.csv` that `lightning_cqk report` wrote for a study
-(`verdict.py`); its rows become the table's rows in file order, studies in name order, the positive control first.
+(`verdict.py`); its rows become the table's rows in file order, studies in name order, the positive control first
+(the study's name links its report). The claim names say what is compared (`<group>-beats-<reference>`); the
+report of each study has the groups, expectations and tests behind them.
 The paper of a study comes from its spec (`configs/ablations/<study>.yaml`, `paper:`) when the spec is found.
 Nothing is computed here: every number and verdict is the report's. `tests/test_docs_generated.py` fails when the
 committed README differs from what this prints.
@@ -34,7 +36,7 @@ def _num(text: str | None) -> float:
 
 
 def _pct(x: float) -> str:
-    return "–" if math.isnan(x) else f"{x:+.2f}%"
+    return "–" if math.isnan(x) else f"{x:+.1f}%"
 
 
 def _paper(study: str) -> str:
@@ -54,7 +56,7 @@ def _ours(row: dict[str, str]) -> str:
         ratio, low, high = (_num(row.get(k)) for k in ("var_ratio", "var_ci_low", "var_ci_high"))
         return f"var x{ratio:.2f} [{low:.2f}, {high:.2f}]"
     delta, low, high = (_num(row.get(k)) for k in ("delta_pct", "ci_low_pct", "ci_high_pct"))
-    text = f"{_pct(delta)} [{low:+.2f}, {high:+.2f}]"
+    text = f"{_pct(delta)} [{low:+.1f}, {high:+.1f}]"
     mde = _num(row.get("mde_pct"))
     if row.get("verdict") == "inconclusive" and not math.isnan(mde):
         text += f", detectable {mde:.1f}%"
@@ -72,8 +74,8 @@ def claims_markdown(results: str | Path = "docs/results", link_root: str = "docs
     """The generated section (markers included) for every `<results>/<study>/claims.csv`."""
     results = Path(results)
     rows = [
-        "| study (paper) | claim | expect | published | ours: Δ val PPL [95% CI] | verdict | report |",
-        "|---|---|---|---|---|---|---|",
+        "| study (paper) | claim | paper | ours: Δ val PPL [95% CI] | verdict |",
+        "|---|---|---|---|---|",
     ]
     studies = sorted(p.parent for p in results.glob("*/claims.csv"))
     for folder in studies:
@@ -84,15 +86,12 @@ def claims_markdown(results: str | Path = "docs/results", link_root: str = "docs
         with open(folder / "claims.csv", newline="") as handle:
             claims = list(csv.DictReader(handle))
         claims.sort(key=lambda r: r.get("control") != "True")  # the positive control first: it validates the rest
-        for row in claims:
-            name = row["claim"] + (" (positive control)" if row.get("control") == "True" else "")
-            expect = f"{row.get('plus', '')} {row.get('expect', '')} vs {row.get('minus', '')}".strip()
-            rows.append(
-                f"| {study}{f' ({paper})' if paper else ''} | {name} | {expect} | {_published(row)} | {_ours(row)} "
-                f"| **{row.get('verdict', '')}** | {link} |"
-            )
+        for i, row in enumerate(claims):
+            first = f"{link}{f' ({paper})' if paper else ''}" if i == 0 else ""
+            name = f"positive control: {row.get('plus', '')}" if row.get("control") == "True" else row["claim"]
+            rows.append(f"| {first} | {name} | {_published(row)} | {_ours(row)} | **{row.get('verdict', '')}** |")
     if not studies:
-        rows.append("| – | no study results under docs/results/ yet | | | | | |")
+        rows.append("| – | no study results under docs/results/ yet | | | |")
     return "\n".join([BEGIN, *rows, END]) + "\n"
 
 
