@@ -17,8 +17,8 @@ The three request types of lm-eval's ``LM`` (lm_eval/api/model.py), with lm-eval
 * ``generate_until(context, gen_kwargs)``: `lightning_cqk.inference.generate` with the KV cache, batched (left
   padding; finished rows leave the batch), until a stop sequence of ``until`` appears in the decoded text, EOS is
   produced, or ``max_gen_toks`` tokens; the text is cut before the first stop sequence. Greedy unless
-  ``do_sample`` (then ``temperature``, ``top_k``, ``top_p``, seeded by ``seed``). The context keeps its last
-  ``block_size - max_gen_toks`` tokens.
+  ``do_sample`` (then ``temperature``, ``top_k``, ``top_p``, from one generator per call seeded by ``seed``). The
+  context keeps its last ``block_size - max_gen_toks`` tokens.
 
 Requests are batched ``batch_size`` at a time, longest first; the model runs in ``dtype`` on ``device``.
 """
@@ -41,6 +41,7 @@ from tqdm import tqdm
 from lightning_cqk.data.tokenizers import Tokenizer, get_tokenizer
 from lightning_cqk.evaluation.scoring import score_continuations
 from lightning_cqk.inference.generate import generate_all
+from lightning_cqk.inference.sampling import make_generator
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -207,6 +208,9 @@ class CQKLM(TemplateLM):
         for n, req in enumerate(requests):
             groups.setdefault(json.dumps(req.args[1], sort_keys=True, default=str), []).append(n)
         bar = tqdm(total=len(requests), disable=disable_tqdm, desc="lightning_cqk generate_until")
+        # One generator for the whole call: a fresh one per batch would give every batch the same draws (lm-eval's
+        # `repeats` send k identical requests, which then came back as copies of the first batch's samples).
+        generator = make_generator(self.seed, self._device)
         for members in groups.values():
             settings = self._generation_settings(requests[members[0]].args[1])
             budget = settings["max_gen_toks"]
@@ -216,7 +220,7 @@ class CQKLM(TemplateLM):
             order = sorted(members, key=lambda n: (-len(prompts[n]), n))
             for start in range(0, len(order), self.batch_size):
                 batch = order[start : start + self.batch_size]
-                texts = self.generate_texts([prompts[n] for n in batch], **settings)
+                texts = self.generate_texts([prompts[n] for n in batch], **settings, generator=generator)
                 for n, text in zip(batch, texts):
                     results[n] = text
                     self.cache_hook.add_partial("generate_until", requests[n].args, text)
@@ -264,8 +268,10 @@ class CQKLM(TemplateLM):
         temperature: float = 0.0,
         top_k: int | None = None,
         top_p: float | None = None,
+        generator: torch.Generator | None = None,
     ) -> list[str]:
-        """The text generated after each prompt (token ids), cut before the first stop sequence of ``until``."""
+        """The text generated after each prompt (token ids), cut before the first stop sequence of ``until``.
+        Sampling draws from ``generator`` (default: a fresh one seeded by ``seed``)."""
         eos = self.eot_token_id
         stops = [s for s in until if s]
 
@@ -280,6 +286,7 @@ class CQKLM(TemplateLM):
             top_k=top_k,
             top_p=top_p,
             seed=self.seed,
+            generator=generator,
             eos_id=eos,
             stop=stop if stops else None,
         )

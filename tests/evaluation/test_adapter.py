@@ -229,3 +229,12 @@ def test_batched_scoring_equals_one_request_at_a_time_for_every_backend(backend)
     alone = [score_continuations(model, [r], BLOCK, batch_size=1)[0] for r in requests]
     assert [b[0] for b in batched] == pytest.approx([a[0] for a in alone], rel=1e-12, abs=1e-12)
     assert [b[1] for b in batched] == [a[1] for a in alone]
+
+
+def test_sampled_repeats_in_different_batches_are_independent_draws(model, tokenizer):
+    """lm-eval repeats a sampled request (`repeats: k`, e.g. maj@k) as k identical requests: batches after the first
+    must not restart the generator, else every batch repeats the first one's samples."""
+    settings = {"do_sample": True, "temperature": 1.0, "max_gen_toks": 8, "until": []}
+    texts = _lm(model, tokenizer, batch_size=2).generate_until([_req("generate_until", "the cat", settings)] * 4)
+    assert texts[0] != texts[1]
+    assert texts[:2] != texts[2:], "the second batch drew the same samples as the first"
