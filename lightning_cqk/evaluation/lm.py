@@ -7,10 +7,11 @@ The three request types of lm-eval's ``LM`` (lm_eval/api/model.py), with lm-eval
 
 * ``loglikelihood(context, continuation)``: lm-eval's ``TemplateLM`` tokenises the pair (trailing whitespace of the
   context moves to the continuation; ``context + continuation`` is tokenised whole and split after the context's
-  tokens; an empty context becomes EOS) and `scoring.score_continuations` scores it in the last ``block_size + 1``
-  tokens. ``prefix_eos=True`` also puts EOS before every non-empty context (mc-eval's convention; the document
-  boundary these models saw before every pre-training document); the default, False, is lm-eval's convention for
-  GPT-2-style tokenizers, which add no BOS, so numbers compare with the harness's published ones.
+  tokens; an empty context, or one of whitespace alone, becomes EOS) and `scoring.score_continuations` scores it in
+  the last ``block_size + 1`` tokens. ``prefix_eos=True`` also puts EOS before every non-empty context (mc-eval's
+  convention; the document boundary these models saw before every pre-training document); the default, False, is
+  lm-eval's convention for GPT-2-style tokenizers, which add no BOS, so numbers compare with the harness's published
+  ones.
 * ``loglikelihood_rolling(text)``: lm-eval's rolling windows (``get_rolling_token_windows`` with context_len 1,
   ``make_disjoint_window``): EOS, then chunks of ``block_size`` tokens each predicted once; the last window reads a
   full ``block_size`` context and scores only its new tokens. The sum over the document.
@@ -160,7 +161,7 @@ class CQKLM(TemplateLM):
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         context_enc, continuation_enc = super()._encode_pair(context, continuation)
-        if self.prefix_eos:
+        if self.prefix_eos or not context_enc:  # a context of whitespace alone is empty once it moved: as lm-eval's ""
             context_enc = [self.eot_token_id, *context_enc]
         return context_enc, continuation_enc
 

@@ -238,3 +238,12 @@ def test_sampled_repeats_in_different_batches_are_independent_draws(model, token
     texts = _lm(model, tokenizer, batch_size=2).generate_until([_req("generate_until", "the cat", settings)] * 4)
     assert texts[0] != texts[1]
     assert texts[:2] != texts[2:], "the second batch drew the same samples as the first"
+
+
+def test_a_whitespace_only_context_is_scored_like_an_empty_one(model, tokenizer):
+    """lm-eval moves a context's trailing whitespace to the continuation; a context of whitespace alone is then empty
+    and, like lm-eval's empty context, starts from EOS (instead of failing the whole evaluation)."""
+    lm = _lm(model, tokenizer)
+    (got,) = lm.loglikelihood([_req("loglikelihood", "  ", "ab")])
+    (want,) = lm.loglikelihood([_req("loglikelihood", "", "  ab")])
+    assert got == pytest.approx(want, rel=1e-12)
