@@ -257,7 +257,7 @@ class CQKLM(TemplateLM):
             "until": until,
             "max_gen_toks": budget,
             "temperature": float(kwargs.get("temperature") or 0.0) if sample else 0.0,
-            "top_k": int(top_k) if sample and top_k is not None else None,
+            "top_k": int(top_k) if sample and top_k else None,  # HF's top_k=0: no top-k filtering
             "top_p": float(top_p) if sample and top_p is not None else None,
         }
 

@@ -247,3 +247,10 @@ def test_a_whitespace_only_context_is_scored_like_an_empty_one(model, tokenizer)
     (got,) = lm.loglikelihood([_req("loglikelihood", "  ", "ab")])
     (want,) = lm.loglikelihood([_req("loglikelihood", "", "  ab")])
     assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_top_k_zero_means_no_limit_as_in_hugging_face(model, tokenizer):
+    """Task YAMLs are written for HF's generate, where top_k=0 disables top-k filtering."""
+    lm = _lm(model, tokenizer)
+    assert lm._generation_settings({"do_sample": True, "temperature": 1.0, "top_k": 0})["top_k"] is None
+    assert lm._generation_settings({"do_sample": True, "temperature": 1.0, "top_k": 5})["top_k"] == 5
