@@ -83,6 +83,16 @@ class _Recorder(torch.nn.Module):
         return torch.zeros(*idx.shape, 257) + self.w
 
 
+def test_questions_whose_prompt_loses_its_start_are_counted():
+    from lightning_cqk.data.tokenizers import get_tokenizer
+
+    examples = [MCExample("ab", ("c", "d"), 0), MCExample("x" * 20, ("c", "d"), 0), MCExample("abcd", ("ef", "g"), 0)]
+    # block 8: EOS + "ab" + " c" reads 4 tokens; EOS + "abcd" + " ef" reads 7; EOS + 20 x + " c" needs 22
+    result = evaluate_mc(_Recorder(), get_tokenizer("bytes"), examples, 8)
+    assert result["truncated"] == 1
+    assert evaluate_mc(_Recorder(), get_tokenizer("bytes"), examples, 64)["truncated"] == 0
+
+
 def test_shots_never_include_the_question_and_are_seeded():
     from lightning_cqk.data.tokenizers import get_tokenizer
 
