@@ -102,7 +102,9 @@ def context_message(err: ContextTooLong, args: argparse.Namespace) -> str:
     eos = "" if args.no_prefix_eos else " (the end-of-document id before it included)"
     which = "the longest prompt" if err.several else "a prompt"
     head = f"{which} of {err.prompt_len} tokens{eos} and --max_new_tokens {args.max_new_tokens} need {err.needed} "
-    head += f"positions, more than the model's block_size {err.block_size}"
+    head += (
+        f"positions, more than the model's context_length {err.block_size} (its block_size, or a shorter fixed stream)"
+    )
     fix = f"pass --max_new_tokens {err.fit}" if err.fit else f"shorten the prompt to {err.block_size} tokens or less"
     return f"{head}: {fix}, or --context_policy slide to keep generating with a window of the most recent tokens."
 

@@ -100,6 +100,25 @@ def test_refuse_says_what_fits_and_that_works():
         generate_all(model, [list(range(30))], 1, temperature=0)
 
 
+def test_a_fixed_reference_stream_shorter_than_block_size_bounds_the_context():
+    """rnd_emb_qk with a stream of L = 12 < block_size 16 reads at most 12 positions: refuse counts against 12 and
+    says what fits; slide keeps windows of at most 12 tokens (cached == cache-free)."""
+    model = tiny_model(block_size=16, attention="rnd_emb_qk", attention_options={"length": 12})
+    assert model.context_length == 12
+    prompt = [[1, 2, 3, 4, 5]]
+    fit = max_new_tokens_that_fit(5, 12)
+    assert generate_all(model, prompt, fit, temperature=0) == generate_all(
+        model, prompt, fit, temperature=0, use_cache=False
+    )
+    with pytest.raises(ValueError, match=f"at most {fit} new tokens fit"):
+        generate_all(model, prompt, fit + 1, temperature=0)
+    slid = generate_all(model, prompt, 14, temperature=0, context_policy="slide", slide_shift=3)
+    assert slid == generate_all(
+        model, prompt, 14, temperature=0, context_policy="slide", slide_shift=3, use_cache=False
+    )
+    assert len(slid[0]) == 14
+
+
 @pytest.mark.parametrize("shift", [1, 5])
 def test_slide_cached_equals_oracle_past_block_size(shift):
     model = tiny_model(block_size=12)
