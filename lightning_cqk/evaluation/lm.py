@@ -67,7 +67,7 @@ class CQKLM(TemplateLM):
     Args:
         checkpoint: a ``.ckpt`` written by ``lightning_cqk fit`` (the model and its tokenizer are read from it by
             `lightning_cqk.downstream.pretrained.load_pretrained`).
-        model: instead of a checkpoint, a GPT (``config.block_size`` and ``config.vocab_size`` are read from it)...
+        model: instead of a checkpoint, a GPT (``context_length`` and ``config.vocab_size`` are read from it)...
         tokenizer: ...with its tokenizer (a `Tokenizer`, or a name); with a checkpoint, a name that must be the
             recorded one (default: read from the checkpoint).
         bpe_file: local vocabulary file of a BPE tokenizer.
@@ -132,7 +132,8 @@ class CQKLM(TemplateLM):
         self.dtype_name = dtype
         self.model = model.to(device=self._device, dtype=DTYPES[dtype]).eval()
         self.tok = tok
-        self.block_size = int(config.block_size)
+        # The window: block_size, or a shorter fixed reference stream (`GPT.context_length`).
+        self.block_size = int(getattr(model, "context_length", config.block_size))
         self.vocab_size = int(config.vocab_size)
         self.prefix_eos = _flag(prefix_eos)
         self.max_gen_toks = int(max_gen_toks) if max_gen_toks is not None else min(256, self.block_size // 2)

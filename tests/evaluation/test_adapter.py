@@ -254,3 +254,18 @@ def test_top_k_zero_means_no_limit_as_in_hugging_face(model, tokenizer):
     lm = _lm(model, tokenizer)
     assert lm._generation_settings({"do_sample": True, "temperature": 1.0, "top_k": 0})["top_k"] is None
     assert lm._generation_settings({"do_sample": True, "temperature": 1.0, "top_k": 5})["top_k"] == 5
+
+
+def test_a_fixed_reference_stream_shorter_than_block_size_is_the_window(tokenizer):
+    """rnd_emb_qk with a stream of 12 < block_size 16 reads at most 12 positions: requests are cut to that window
+    (scored like a model of block_size 12) instead of failing in the forward."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=257, n_layer=2, n_embd=32, n_head=4, mlp_hidden=64, block_size=BLOCK)
+    model = GPT(replace(config, attention="rnd_emb_qk", attention_options={"length": 12})).double().eval()
+    lm = _lm(model, tokenizer)
+    assert lm.max_length == 12
+    context, continuation = tokenizer.encode("a context longer than twelve"), tokenizer.encode(" ok")
+    (got,) = lm.loglikelihood([_req("loglikelihood", "a context longer than twelve", " ok")])
+    assert got[0] == pytest.approx(_reference(model, context, continuation, block=12)[0], rel=1e-10)
+    assert lm.loglikelihood_rolling([_req("loglikelihood_rolling", "a document of more than twelve bytes")])
+    assert lm.generate_until([_req("generate_until", "a context longer than twelve", {"max_gen_toks": 4})])
