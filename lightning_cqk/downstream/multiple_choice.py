@@ -218,7 +218,7 @@ def mc_eval(
             model,
             pretrained.tokenizer,
             examples,
-            pretrained.config.block_size,
+            model.context_length,
             num_fewshot,
             pool,
             seed,
@@ -230,8 +230,8 @@ def mc_eval(
     for name, r in results["tasks"].items():
         if r["truncated"]:
             print(
-                f"{name}: {r['truncated']} of {r['n']} prompts lost tokens from their start to fit block_size "
-                f"{pretrained.config.block_size} (fewer --num_fewshot shots keep more of each question)."
+                f"{name}: {r['truncated']} of {r['n']} prompts lost tokens from their start to fit the model's "
+                f"{model.context_length} positions (fewer --num_fewshot shots keep more of each question)."
             )
     if output:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
