@@ -167,3 +167,17 @@ def generate_reference_all(model, prompts, n, **kwargs):
 def test_bad_arguments_are_refused(prompts, kwargs, message):
     with pytest.raises(ValueError, match=message):
         generate_all(tiny_model(), prompts, 3, **kwargs)
+
+
+def test_padded_vocabulary_rows_are_never_generated():
+    """The head has padded_vocab_size rows; ids >= vocab_size are no token the tokenizer can decode, so generation
+    chooses among the real vocabulary only, even when a padded row has the largest logit."""
+    model = tiny_model(vocab_multiple=64)
+    V, P = model.config.vocab_size, model.config.padded_vocab_size  # 257, 320
+    assert P > V
+    pad = torch.arange(V, P)
+    hook = model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, pad, 1e4))
+    for kwargs in ({"temperature": 0}, {"temperature": 1.0, "top_p": 0.9}, {"temperature": 2.0, "top_k": 5}):
+        new = generate_all(model, PROMPTS, 6, **kwargs)
+        assert all(0 <= t < V for row in new for t in row), kwargs
+    hook.remove()
