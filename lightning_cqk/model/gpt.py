@@ -270,7 +270,10 @@ class GPT(nn.Module):
                 "call model.eval() first."
             )
         if B != cache.batch_size:
-            raise ValueError(f"idx has {B} rows but the decode cache was built for {cache.batch_size}.")
+            raise ValueError(
+                f"idx has {B} rows but the decode cache was built for {cache.batch_size}: build one for these rows, "
+                f"model.new_cache({B}, max_len), or drop finished rows from the cache with cache.select(rows)."
+            )
         ctx = cache.prepare(T, attention_mask)  # positions (B, T), key_valid (B, L), attn_mask
         x = self.wte(idx)  # (B, T, C)
         if self.wpe is not None:
