@@ -19,7 +19,7 @@ Ties go to the first choice (``argmax``). Few-shot (``num_fewshot`` = k): the pr
 (``context + delimiter + correct choice``), each followed by ``shot_separator``, then the question's context. The
 shots are drawn with a fixed seed, per question, from ``fewshot_file`` or else from the other questions of the same
 file (never the question itself). When a sequence is longer than the model's ``block_size``, the prompt loses tokens
-from its start; a choice that alone does not fit is an error.
+from its start (counted per task: ``truncated``); a choice that alone does not fit is an error.
 
 Tokenisation: prompt and ``delimiter + choice`` are tokenised separately and concatenated, so the scored tokens are
 exactly the choice's (with a BPE tokenizer the split at the boundary can differ from tokenising the whole string).
@@ -127,7 +127,8 @@ def evaluate_mc(
     delimiter: str = " ",
     shot_separator: str = "\n\n",
 ) -> dict[str, Any]:
-    """Score every question; returns ``acc``, ``acc_norm``, ``n`` and per-question predictions.
+    """Score every question; returns ``acc``, ``acc_norm``, ``n``, ``truncated`` (questions whose prompt lost tokens
+    from its start to fit ``block_size``) and per-question predictions.
 
     Args:
         model: a GPT (token ids (B, T) -> logits (B, T, vocab)), in eval mode.
@@ -145,7 +146,7 @@ def evaluate_mc(
     if num_fewshot < 0 or num_fewshot > available:
         raise ValueError(f"num_fewshot must lie in 0..{available} (the few-shot pool's size), got {num_fewshot}.")
     rng = random.Random(seed)
-    correct = correct_norm = 0
+    correct = correct_norm = truncated = 0
     records = []
     for i, example in enumerate(examples):
         shots = []
@@ -154,6 +155,8 @@ def evaluate_mc(
             shots = [pool[j] for j in drawn if fewshot_pool is not None or j != i][:num_fewshot]
         prompt = build_prompt(example, shots, delimiter, shot_separator)
         scores = choice_logprobs(model, tokenizer, prompt, [delimiter + c for c in example.choices], block_size)
+        longest = max(len(tokenizer.encode(delimiter + c)) for c in example.choices)
+        truncated += 1 + len(tokenizer.encode(prompt)) + longest - 1 > block_size  # EOS + prompt + choice, less 1
         norm = [s / max(1, len(c.encode("utf-8"))) for s, c in zip(scores, example.choices)]
         pred, pred_norm = max(range(len(scores)), key=scores.__getitem__), max(range(len(norm)), key=norm.__getitem__)
         correct += pred == example.label
@@ -162,7 +165,14 @@ def evaluate_mc(
             {"id": example.id, "label": example.label, "pred": pred, "pred_norm": pred_norm, "logprobs": scores}
         )
     n = len(examples)
-    return {"acc": correct / n, "acc_norm": correct_norm / n, "n": n, "num_fewshot": num_fewshot, "records": records}
+    return {
+        "acc": correct / n,
+        "acc_norm": correct_norm / n,
+        "n": n,
+        "num_fewshot": num_fewshot,
+        "truncated": truncated,
+        "records": records,
+    }
 
 
 def mc_eval(
@@ -208,7 +218,7 @@ def mc_eval(
             model,
             pretrained.tokenizer,
             examples,
-            pretrained.config.block_size,
+            model.context_length,
             num_fewshot,
             pool,
             seed,
@@ -217,6 +227,12 @@ def mc_eval(
         )
         results["tasks"][Path(path).stem] = r
         print(f"| {Path(path).stem} | {r['n']} | {100 * r['acc']:.1f} | {100 * r['acc_norm']:.1f} |")
+    for name, r in results["tasks"].items():
+        if r["truncated"]:
+            print(
+                f"{name}: {r['truncated']} of {r['n']} prompts lost tokens from their start to fit the model's "
+                f"{model.context_length} positions (fewer --num_fewshot shots keep more of each question)."
+            )
     if output:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         Path(output).write_text(json.dumps(results, indent=2) + "\n")

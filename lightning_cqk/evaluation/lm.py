@@ -7,18 +7,19 @@ The three request types of lm-eval's ``LM`` (lm_eval/api/model.py), with lm-eval
 
 * ``loglikelihood(context, continuation)``: lm-eval's ``TemplateLM`` tokenises the pair (trailing whitespace of the
   context moves to the continuation; ``context + continuation`` is tokenised whole and split after the context's
-  tokens; an empty context becomes EOS) and `scoring.score_continuations` scores it in the last ``block_size + 1``
-  tokens. ``prefix_eos=True`` also puts EOS before every non-empty context (mc-eval's convention; the document
-  boundary these models saw before every pre-training document); the default, False, is lm-eval's convention for
-  GPT-2-style tokenizers, which add no BOS, so numbers compare with the harness's published ones.
+  tokens; an empty context, or one of whitespace alone, becomes EOS) and `scoring.score_continuations` scores it in
+  the last ``block_size + 1`` tokens. ``prefix_eos=True`` also puts EOS before every non-empty context (mc-eval's
+  convention; the document boundary these models saw before every pre-training document); the default, False, is
+  lm-eval's convention for GPT-2-style tokenizers, which add no BOS, so numbers compare with the harness's published
+  ones.
 * ``loglikelihood_rolling(text)``: lm-eval's rolling windows (``get_rolling_token_windows`` with context_len 1,
   ``make_disjoint_window``): EOS, then chunks of ``block_size`` tokens each predicted once; the last window reads a
   full ``block_size`` context and scores only its new tokens. The sum over the document.
 * ``generate_until(context, gen_kwargs)``: `lightning_cqk.inference.generate` with the KV cache, batched (left
   padding; finished rows leave the batch), until a stop sequence of ``until`` appears in the decoded text, EOS is
   produced, or ``max_gen_toks`` tokens; the text is cut before the first stop sequence. Greedy unless
-  ``do_sample`` (then ``temperature``, ``top_k``, ``top_p``, seeded by ``seed``). The context keeps its last
-  ``block_size - max_gen_toks`` tokens.
+  ``do_sample`` (then ``temperature``, ``top_k``, ``top_p``, from one generator per call seeded by ``seed``). The
+  context keeps its last ``block_size - max_gen_toks`` tokens.
 
 Requests are batched ``batch_size`` at a time, longest first; the model runs in ``dtype`` on ``device``.
 """
@@ -41,6 +42,7 @@ from tqdm import tqdm
 from lightning_cqk.data.tokenizers import Tokenizer, get_tokenizer
 from lightning_cqk.evaluation.scoring import score_continuations
 from lightning_cqk.inference.generate import generate_all
+from lightning_cqk.inference.sampling import make_generator
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -65,7 +67,7 @@ class CQKLM(TemplateLM):
     Args:
         checkpoint: a ``.ckpt`` written by ``lightning_cqk fit`` (the model and its tokenizer are read from it by
             `lightning_cqk.downstream.pretrained.load_pretrained`).
-        model: instead of a checkpoint, a GPT (``config.block_size`` and ``config.vocab_size`` are read from it)...
+        model: instead of a checkpoint, a GPT (``context_length`` and ``config.vocab_size`` are read from it)...
         tokenizer: ...with its tokenizer (a `Tokenizer`, or a name); with a checkpoint, a name that must be the
             recorded one (default: read from the checkpoint).
         bpe_file: local vocabulary file of a BPE tokenizer.
@@ -130,7 +132,8 @@ class CQKLM(TemplateLM):
         self.dtype_name = dtype
         self.model = model.to(device=self._device, dtype=DTYPES[dtype]).eval()
         self.tok = tok
-        self.block_size = int(config.block_size)
+        # The window: block_size, or a shorter fixed reference stream (`GPT.context_length`).
+        self.block_size = int(getattr(model, "context_length", config.block_size))
         self.vocab_size = int(config.vocab_size)
         self.prefix_eos = _flag(prefix_eos)
         self.max_gen_toks = int(max_gen_toks) if max_gen_toks is not None else min(256, self.block_size // 2)
@@ -159,7 +162,7 @@ class CQKLM(TemplateLM):
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         context_enc, continuation_enc = super()._encode_pair(context, continuation)
-        if self.prefix_eos:
+        if self.prefix_eos or not context_enc:  # a context of whitespace alone is empty once it moved: as lm-eval's ""
             context_enc = [self.eot_token_id, *context_enc]
         return context_enc, continuation_enc
 
@@ -207,6 +210,9 @@ class CQKLM(TemplateLM):
         for n, req in enumerate(requests):
             groups.setdefault(json.dumps(req.args[1], sort_keys=True, default=str), []).append(n)
         bar = tqdm(total=len(requests), disable=disable_tqdm, desc="lightning_cqk generate_until")
+        # One generator for the whole call: a fresh one per batch would give every batch the same draws (lm-eval's
+        # `repeats` send k identical requests, which then came back as copies of the first batch's samples).
+        generator = make_generator(self.seed, self._device)
         for members in groups.values():
             settings = self._generation_settings(requests[members[0]].args[1])
             budget = settings["max_gen_toks"]
@@ -216,7 +222,7 @@ class CQKLM(TemplateLM):
             order = sorted(members, key=lambda n: (-len(prompts[n]), n))
             for start in range(0, len(order), self.batch_size):
                 batch = order[start : start + self.batch_size]
-                texts = self.generate_texts([prompts[n] for n in batch], **settings)
+                texts = self.generate_texts([prompts[n] for n in batch], **settings, generator=generator)
                 for n, text in zip(batch, texts):
                     results[n] = text
                     self.cache_hook.add_partial("generate_until", requests[n].args, text)
@@ -252,7 +258,7 @@ class CQKLM(TemplateLM):
             "until": until,
             "max_gen_toks": budget,
             "temperature": float(kwargs.get("temperature") or 0.0) if sample else 0.0,
-            "top_k": int(top_k) if sample and top_k is not None else None,
+            "top_k": int(top_k) if sample and top_k else None,  # HF's top_k=0: no top-k filtering
             "top_p": float(top_p) if sample and top_p is not None else None,
         }
 
@@ -264,8 +270,10 @@ class CQKLM(TemplateLM):
         temperature: float = 0.0,
         top_k: int | None = None,
         top_p: float | None = None,
+        generator: torch.Generator | None = None,
     ) -> list[str]:
-        """The text generated after each prompt (token ids), cut before the first stop sequence of ``until``."""
+        """The text generated after each prompt (token ids), cut before the first stop sequence of ``until``.
+        Sampling draws from ``generator`` (default: a fresh one seeded by ``seed``)."""
         eos = self.eot_token_id
         stops = [s for s in until if s]
 
@@ -280,6 +288,7 @@ class CQKLM(TemplateLM):
             top_k=top_k,
             top_p=top_p,
             seed=self.seed,
+            generator=generator,
             eos_id=eos,
             stop=stop if stops else None,
         )

@@ -102,7 +102,9 @@ def context_message(err: ContextTooLong, args: argparse.Namespace) -> str:
     eos = "" if args.no_prefix_eos else " (the end-of-document id before it included)"
     which = "the longest prompt" if err.several else "a prompt"
     head = f"{which} of {err.prompt_len} tokens{eos} and --max_new_tokens {args.max_new_tokens} need {err.needed} "
-    head += f"positions, more than the model's block_size {err.block_size}"
+    head += (
+        f"positions, more than the model's context_length {err.block_size} (its block_size, or a shorter fixed stream)"
+    )
     fix = f"pass --max_new_tokens {err.fit}" if err.fit else f"shorten the prompt to {err.block_size} tokens or less"
     return f"{head}: {fix}, or --context_policy slide to keep generating with a window of the most recent tokens."
 
@@ -112,6 +114,10 @@ def run(args: argparse.Namespace) -> None:
     for name in ("max_new_tokens", "num_samples", "batch_size"):
         if getattr(args, name) < (0 if name == "max_new_tokens" else 1):
             raise ValueError(f"--{name} must be >= {0 if name == 'max_new_tokens' else 1}, got {getattr(args, name)}.")
+    if args.top_k is not None and args.top_k < 1:  # the library's message offers None, which a flag cannot take
+        raise ValueError(f"--top_k must be >= 1 (1 is greedy); leave --top_k out for no limit, got {args.top_k}.")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ValueError(f"--top_p must be in (0, 1]; leave --top_p out (or pass 1) for no limit, got {args.top_p}.")
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)  # checks the values before loading anything
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     pretrained = load(args.checkpoint, args.tokenizer, args.bpe_file)

@@ -11,7 +11,8 @@ step and no cache: the oracle of the tests and the "cache-free" baseline of the 
 Positions: a left-padded row's first real token is at position 0 (the decode contract, docs/inference.md), so a
 prompt gives the same tokens alone or batched with longer ones.
 
-Past `block_size` (`context_policy`):
+Past `block_size` (`context_policy`; here block_size is `GPT.context_length`: a model whose attention reads a fixed
+reference stream shorter than block_size has only that many positions):
     refuse (default)  the prompt and the new tokens must fit: prompt + max_new_tokens - 1 <= block_size (the last
                       token is never fed back). Otherwise a ValueError says how many new tokens fit.
     slide             keep generating with a window of the most recent tokens: when a row's context would exceed
@@ -61,8 +62,8 @@ class ContextTooLong(ValueError):
         )
         super().__init__(
             f"{which} of {prompt_len} tokens plus max_new_tokens={max_new_tokens} needs {self.needed} positions, more "
-            f"than the model's block_size {block_size}: {what}, or keep generating with a window of the last "
-            "block_size tokens: context_policy='slide'."
+            f"than the model's context_length {block_size} (its block_size, or a shorter fixed reference stream): "
+            f"{what}, or keep generating with a window of the last {block_size} tokens: context_policy='slide'."
         )
 
 
@@ -121,8 +122,7 @@ def generate(
         anything is computed.
     """
     sampling = SamplingConfig(temperature, top_k, top_p)
-    config = model.config
-    block_size, vocab_size = config.block_size, config.vocab_size
+    block_size, vocab_size = _context_length(model), model.config.vocab_size
     prompts = [list(map(int, p)) for p in prompts]
     _check_prompts(prompts, vocab_size)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -149,7 +149,7 @@ def _generate(
     device: torch.device,
 ) -> Iterator[Step]:
     """The decoding loop of `generate` (arguments checked)."""
-    block_size, vocab_size = model.config.block_size, model.config.vocab_size
+    block_size, vocab_size = _context_length(model), model.config.vocab_size
     starts = [_slide(len(p), 0, block_size, shift) for p in prompts]  # each row's window: history[start:]
     longest = max(len(p) - s for p, s in zip(prompts, starts))
     max_len = min(block_size, longest + max_new_tokens - 1)
@@ -206,6 +206,11 @@ def max_new_tokens_that_fit(prompt_len: int, block_size: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------- checks
+def _context_length(model: nn.Module) -> int:
+    """The positions a sequence may have (`GPT.context_length`: block_size, or a shorter fixed reference stream)."""
+    return int(getattr(model, "context_length", model.config.block_size))
+
+
 def _check_prompts(prompts: list[list[int]], vocab_size: int) -> None:
     for i, p in enumerate(prompts):
         if not p:

@@ -55,13 +55,18 @@ class SamplingConfig:
 
 
 def filter_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
-    """Logits (B, V) -> float32 logits (B, V) scaled by 1 / temperature, with -inf outside the top-k and the nucleus.
+    """Logits (B, V) -> float32 logits (B, V) minus each row's max (the softmax is unchanged), scaled by
+    1 / temperature, with -inf outside the top-k and the nucleus.
 
-    Not for temperature 0 (greedy needs no filtering: `sample` takes the argmax).
+    Not for temperature 0 (greedy needs no filtering: `sample` takes the argmax). Subtracting the max first keeps a
+    tiny temperature from overflowing to inf (softmax NaN): it tends to greedy, as it should.
     """
     if config.greedy:
         raise ValueError("filter_logits is for sampling; temperature 0 is greedy decoding (argmax).")
-    logits = logits.float() / config.temperature  # (B, V)
+    logits = logits.float()  # (B, V)
+    shifted = logits - logits.amax(dim=-1, keepdim=True)  # (B, V), <= 0, the row's max at 0
+    # 0 / temperature is NaN where the temperature rounds to 0 in fp32 (< 1.4e-45): the max stays at 0 there.
+    logits = torch.where(shifted == 0, shifted, shifted / config.temperature)  # (B, V)
     V = logits.size(-1)
     if config.top_k is not None and config.top_k < V:
         kth = torch.topk(logits, config.top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest logit

@@ -109,6 +109,15 @@ class GPT(nn.Module):
             )
         return layers
 
+    @property
+    def context_length(self) -> int:
+        """The most positions one sequence may have: block_size, or the length L of the fixed reference stream when
+        layers take q and k from one (`uses_reference_stream`) and L is shorter (their maps exist for L positions)."""
+        if not self.reference_layers:
+            return self.config.block_size
+        attn = self.blocks[self.reference_layers[0]].attn
+        return min(self.config.block_size, type(attn).reference_length(self.config, attn.options))
+
     def reset_parameters(self) -> None:
         """GPT-2 initialisation, then each backend's own init for its special parameters (each module's draws from a
         generator seeded by the seed and its name: `paired_init`)."""
@@ -261,7 +270,10 @@ class GPT(nn.Module):
                 "call model.eval() first."
             )
         if B != cache.batch_size:
-            raise ValueError(f"idx has {B} rows but the decode cache was built for {cache.batch_size}.")
+            raise ValueError(
+                f"idx has {B} rows but the decode cache was built for {cache.batch_size}: build one for these rows, "
+                f"model.new_cache({B}, max_len), or drop finished rows from the cache with cache.select(rows)."
+            )
         ctx = cache.prepare(T, attention_mask)  # positions (B, T), key_valid (B, L), attn_mask
         x = self.wte(idx)  # (B, T, C)
         if self.wpe is not None:

@@ -83,6 +83,16 @@ class _Recorder(torch.nn.Module):
         return torch.zeros(*idx.shape, 257) + self.w
 
 
+def test_questions_whose_prompt_loses_its_start_are_counted():
+    from lightning_cqk.data.tokenizers import get_tokenizer
+
+    examples = [MCExample("ab", ("c", "d"), 0), MCExample("x" * 20, ("c", "d"), 0), MCExample("abcd", ("ef", "g"), 0)]
+    # block 8: EOS + "ab" + " c" reads 4 tokens; EOS + "abcd" + " ef" reads 7; EOS + 20 x + " c" needs 22
+    result = evaluate_mc(_Recorder(), get_tokenizer("bytes"), examples, 8)
+    assert result["truncated"] == 1
+    assert evaluate_mc(_Recorder(), get_tokenizer("bytes"), examples, 64)["truncated"] == 0
+
+
 def test_shots_never_include_the_question_and_are_seeded():
     from lightning_cqk.data.tokenizers import get_tokenizer
 
@@ -118,3 +128,31 @@ def test_tiny_task_is_solved_by_a_trained_lm(tmp_path: Path):
     main(["mc-eval", f"--checkpoint={ckpt}", f"--tasks=[{task}]", "--num_fewshot=2", f"--output={out}"])
     result = json.loads(out.read_text())["tasks"]["toy"]
     assert result["n"] == 12 and result["acc"] == 1.0 and result["acc_norm"] == 1.0
+
+
+def test_mc_eval_reads_the_window_of_a_fixed_reference_stream(tmp_path: Path):
+    """rnd_emb_qk with a stream of 12 < block_size 16 has 12 positions: mc-eval cuts prompts to that (it failed in
+    the forward) and counts the truncation."""
+    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.downstream.multiple_choice import mc_eval
+    from lightning_cqk.model import GPT
+
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=257, n_layer=1, n_embd=32, n_head=4, mlp_hidden=64, block_size=16, attention="rnd_emb_qk",
+        attention_options={"length": 12},
+    )  # fmt: skip
+    model = GPT(config)
+    ckpt = tmp_path / "lm.ckpt"
+    torch.save(
+        {
+            "hyper_parameters": {"config": config.to_dict()},
+            "datamodule_hyper_parameters": {"tokenizer": "bytes"},
+            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        },
+        ckpt,
+    )
+    task = tmp_path / "task.jsonl"
+    task.write_text(json.dumps({"context": "a context of more than twelve bytes", "choices": ["a", "b"], "label": 0}))
+    result = mc_eval(str(ckpt), [str(task)])
+    assert result["tasks"]["task"]["truncated"] == 1

@@ -229,3 +229,43 @@ def test_batched_scoring_equals_one_request_at_a_time_for_every_backend(backend)
     alone = [score_continuations(model, [r], BLOCK, batch_size=1)[0] for r in requests]
     assert [b[0] for b in batched] == pytest.approx([a[0] for a in alone], rel=1e-12, abs=1e-12)
     assert [b[1] for b in batched] == [a[1] for a in alone]
+
+
+def test_sampled_repeats_in_different_batches_are_independent_draws(model, tokenizer):
+    """lm-eval repeats a sampled request (`repeats: k`, e.g. maj@k) as k identical requests: batches after the first
+    must not restart the generator, else every batch repeats the first one's samples."""
+    settings = {"do_sample": True, "temperature": 1.0, "max_gen_toks": 8, "until": []}
+    texts = _lm(model, tokenizer, batch_size=2).generate_until([_req("generate_until", "the cat", settings)] * 4)
+    assert texts[0] != texts[1]
+    assert texts[:2] != texts[2:], "the second batch drew the same samples as the first"
+
+
+def test_a_whitespace_only_context_is_scored_like_an_empty_one(model, tokenizer):
+    """lm-eval moves a context's trailing whitespace to the continuation; a context of whitespace alone is then empty
+    and, like lm-eval's empty context, starts from EOS (instead of failing the whole evaluation)."""
+    lm = _lm(model, tokenizer)
+    (got,) = lm.loglikelihood([_req("loglikelihood", "  ", "ab")])
+    (want,) = lm.loglikelihood([_req("loglikelihood", "", "  ab")])
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_top_k_zero_means_no_limit_as_in_hugging_face(model, tokenizer):
+    """Task YAMLs are written for HF's generate, where top_k=0 disables top-k filtering."""
+    lm = _lm(model, tokenizer)
+    assert lm._generation_settings({"do_sample": True, "temperature": 1.0, "top_k": 0})["top_k"] is None
+    assert lm._generation_settings({"do_sample": True, "temperature": 1.0, "top_k": 5})["top_k"] == 5
+
+
+def test_a_fixed_reference_stream_shorter_than_block_size_is_the_window(tokenizer):
+    """rnd_emb_qk with a stream of 12 < block_size 16 reads at most 12 positions: requests are cut to that window
+    (scored like a model of block_size 12) instead of failing in the forward."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=257, n_layer=2, n_embd=32, n_head=4, mlp_hidden=64, block_size=BLOCK)
+    model = GPT(replace(config, attention="rnd_emb_qk", attention_options={"length": 12})).double().eval()
+    lm = _lm(model, tokenizer)
+    assert lm.max_length == 12
+    context, continuation = tokenizer.encode("a context longer than twelve"), tokenizer.encode(" ok")
+    (got,) = lm.loglikelihood([_req("loglikelihood", "a context longer than twelve", " ok")])
+    assert got[0] == pytest.approx(_reference(model, context, continuation, block=12)[0], rel=1e-10)
+    assert lm.loglikelihood_rolling([_req("loglikelihood_rolling", "a document of more than twelve bytes")])
+    assert lm.generate_until([_req("generate_until", "a context longer than twelve", {"max_gen_toks": 4})])

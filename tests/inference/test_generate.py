@@ -100,6 +100,25 @@ def test_refuse_says_what_fits_and_that_works():
         generate_all(model, [list(range(30))], 1, temperature=0)
 
 
+def test_a_fixed_reference_stream_shorter_than_block_size_bounds_the_context():
+    """rnd_emb_qk with a stream of L = 12 < block_size 16 reads at most 12 positions: refuse counts against 12 and
+    says what fits; slide keeps windows of at most 12 tokens (cached == cache-free)."""
+    model = tiny_model(block_size=16, attention="rnd_emb_qk", attention_options={"length": 12})
+    assert model.context_length == 12
+    prompt = [[1, 2, 3, 4, 5]]
+    fit = max_new_tokens_that_fit(5, 12)
+    assert generate_all(model, prompt, fit, temperature=0) == generate_all(
+        model, prompt, fit, temperature=0, use_cache=False
+    )
+    with pytest.raises(ValueError, match=f"at most {fit} new tokens fit"):
+        generate_all(model, prompt, fit + 1, temperature=0)
+    slid = generate_all(model, prompt, 14, temperature=0, context_policy="slide", slide_shift=3)
+    assert slid == generate_all(
+        model, prompt, 14, temperature=0, context_policy="slide", slide_shift=3, use_cache=False
+    )
+    assert len(slid[0]) == 14
+
+
 @pytest.mark.parametrize("shift", [1, 5])
 def test_slide_cached_equals_oracle_past_block_size(shift):
     model = tiny_model(block_size=12)
@@ -148,3 +167,17 @@ def generate_reference_all(model, prompts, n, **kwargs):
 def test_bad_arguments_are_refused(prompts, kwargs, message):
     with pytest.raises(ValueError, match=message):
         generate_all(tiny_model(), prompts, 3, **kwargs)
+
+
+def test_padded_vocabulary_rows_are_never_generated():
+    """The head has padded_vocab_size rows; ids >= vocab_size are no token the tokenizer can decode, so generation
+    chooses among the real vocabulary only, even when a padded row has the largest logit."""
+    model = tiny_model(vocab_multiple=64)
+    V, P = model.config.vocab_size, model.config.padded_vocab_size  # 257, 320
+    assert P > V
+    pad = torch.arange(V, P)
+    hook = model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, pad, 1e4))
+    for kwargs in ({"temperature": 0}, {"temperature": 1.0, "top_p": 0.9}, {"temperature": 2.0, "top_k": 5}):
+        new = generate_all(model, PROMPTS, 6, **kwargs)
+        assert all(0 <= t < V for row in new for t in row), kwargs
+    hook.remove()

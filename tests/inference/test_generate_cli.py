@@ -128,3 +128,15 @@ def test_the_real_command_line(checkpoint):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("hello") and "[sample 1: 5 tokens, ended by length" in out.stderr
+
+
+def test_sampling_flags_out_of_range_say_a_fix_that_can_be_typed(tmp_path):
+    """`--top_k 0` cannot be fixed by passing "None" (what the library's message says): the command says to leave
+    the flag out. Checked before the checkpoint is read."""
+    ckpt = str(tmp_path / "never-read.ckpt")
+    with pytest.raises(SystemExit, match=r"--top_k must be >= 1 .*leave --top_k out") as err:
+        generate_command(["--checkpoint", ckpt, "--prompt", "a", "--top_k", "0"])
+    assert "None" not in str(err.value)
+    with pytest.raises(SystemExit, match=r"--top_p must be in \(0, 1\]") as err:
+        generate_command(["--checkpoint", ckpt, "--prompt", "a", "--top_p", "0"])
+    assert "None" not in str(err.value)

@@ -22,6 +22,14 @@ def test_temperature_zero_is_argmax_and_needs_no_generator():
     assert torch.equal(sample(logits, SamplingConfig(temperature=0, top_k=3, top_p=0.1)), logits.argmax(-1))
 
 
+@pytest.mark.parametrize("temperature", [1e-30, 1e-38, 1e-45, 1e-300])
+def test_a_tiny_positive_temperature_is_greedy_not_an_overflow(temperature):
+    """Any temperature > 0 is accepted, so logits / temperature must not overflow to inf (softmax -> NaN)."""
+    logits = _logits()
+    drawn = sample(logits, SamplingConfig(temperature=temperature, top_p=0.9), make_generator(0))
+    assert torch.equal(drawn, logits.argmax(-1))
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_top_k_one_is_greedy(seed):
     logits = _logits(seed=seed)
