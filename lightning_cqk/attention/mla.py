@@ -23,8 +23,8 @@ by all heads (hence the max over heads in the QuacK rule).
 
 KV cache and decoding (DeepSeek-V2 §2.1.3, "low-rank key-value joint compression"; `new_cache`, `decode`). The
 cache holds per token and layer the latent c_kv and the rotated shared rope key, d_ckv + d_rope values, as ONE
-buffer "latent" = [c_kv; RoPE(k_rope)] (B, 1, max_len, d_ckv + d_rope). Decoding never up-projects a cached token:
-W_uk^h is absorbed into the query and W_uv^h into the output side::
+buffer "latent" = [c_kv; RoPE(k_rope)] (B, 1, max_len, d_ckv + d_rope). A single-token decode step never up-projects
+a cached token: W_uk^h is absorbed into the query and W_uv^h into the output side::
 
     q^h . k^h_j = (W_uk^h^T q_nope^h) . c_kv_j + q_rope^h . RoPE(k_rope_j)  (+ q_nope^h . b_uk^h: the same for every
                   key j, so the softmax drops it; only with bias)
@@ -47,6 +47,19 @@ Options under which the plain absorption is not exact decode exactly with what t
         (B, nh, max_len, d_nope + d_rope)) and c_kv ("c_kv", (B, 1, max_len, d_ckv)) for the values, whose W_uv^h
         is still absorbed: nh (d_nope + d_rope) + d_ckv values per token.
 `kv_cache_values_per_token` gives these counts; the measured bytes equal them (`tests/inference`).
+Prefill (a decode-mode chunk of T > 1 new tokens; option `prefill`, default "materialised"): as DeepSeek-V2 (§2.1.3:
+the absorption serves inference steps), the chunk's queries attend with the training-time materialised keys and values:
+the L = (held + T) cached latents are up-projected, k^h_j = [W_uk^h c_kv_j + b_uk^h; RoPE(k_rope_j)] (times the
+cached 1 / rms(k^h_j) and the k gain with qk_norm; the cached transformed keys with a qk_transform) and
+v^h_j = W_uv^h c_kv_j + b_uv^h, each head's output is mapped by W_O; the cache still receives only what is listed
+above. Both forms are the same function (exact), they differ in cost. Per held token and chunk, materialised spends
+nh d_ckv (d_nope + d_v) multiply-adds on the up-projection plus T nh (d_nope + d_rope + d_v) on scores and values
+(the fast path pads q/k/v to equal head sizes, as training: `sdpa_equal_head_sizes`); absorbed spends
+T nh (2 d_ckv + d_rope) (its queries and values are d_ckv wide). Materialised is therefore cheaper for
+T > d_ckv (d_nope + d_v) / (2 d_ckv - d_nope - d_v) (always when 2 d_ckv <= d_nope + d_v): hs nh / (nh - 4) at the
+defaults (nh > 4), e.g. T > 21 at C = 256, nh = 16. A whole prompt (L = T) is usually far above that; a short chunk
+after a long context is cheaper absorbed ("absorbed" keeps the absorbed form for every chunk). A single token (T = 1)
+always decodes absorbed.
 
 Options (`MLAOptions`; defaults: docs/backends.md); every default dimension is a function of the config, chosen when the
 option is None:
@@ -67,6 +80,9 @@ option is None:
         no W_dq and no query latent norm, the query is a plain projection of x (`uq_proj`, `qr_proj`: C -> nh d),
         i.e. the latent form with W_dq = I (tested). QuacK's MLA rule then takes |W_dq| = 1 (`optim/quack.py`).
     d_ckv (None: n_embd // 4): key/value latent width.
+    prefill ("materialised"): how a decode-mode chunk of T > 1 tokens attends ("KV cache" above): "materialised"
+        up-projects the held latents to per-head keys and values (DeepSeek-V2 prefill); "absorbed" decodes it like a
+        single token. Same outputs, same cache; only the cost differs.
 
 Choice of defaults [NS in arXiv 2511.21377 beyond its one 1B config]. Its §3.4 setting (d_model 2048, 32 heads, MHA
 head 64) uses d_nope = d_rope = 64 (= the MHA head size hs, so the q/k head is 2 hs = 128), d_cq = 512 = C/4,
@@ -97,7 +113,8 @@ defaults); impossible options are refused; both paths compile with fullgraph=Tru
 (`tests/inference`): in fp64 the absorbed decode equals the materialised forward to 1e-10 (token by token, chunked,
 after a left-padded prefill; with bias, qk_norm, odd widths, no query latent, learned positions, q/k transforms);
 the cache holds only the latent (and the key scales with qk_norm), its bytes equal `kv_cache_values_per_token`; no
-cached token is ever up-projected.
+cached token is ever up-projected in a single-token step, and a prefill chunk up-projects the held latents once
+("materialised"); both `prefill` values give the same outputs to 1e-10.
 """
 
 from __future__ import annotations
@@ -136,6 +153,10 @@ class MLAOptions(AttentionOptions):
         qk_transform: learned q/k transform on each head's materialised (q^h, k^h), `transform.py`; None. It makes
             k^h a nonlinear function of (c_kv, k_rope, the token's q^h), so W_uk cannot be absorbed
             (`absorbed_path_refusal`): decoding caches the transformed per-head keys (and c_kv for the values).
+        prefill: "materialised" (default): a decode-mode chunk of T > 1 tokens attends with per-head keys and values
+            up-projected from the held latents, as DeepSeek-V2 prefills (cheaper for long chunks); "absorbed": with
+            the absorbed queries like a single token (cheaper for a short chunk after a long context). Exact either
+            way; single tokens always decode absorbed; the cache is the same.
     """
 
     qk_norm: bool = False
@@ -146,6 +167,7 @@ class MLAOptions(AttentionOptions):
     d_nope: int | None = None
     d_v: int | None = None
     qk_transform: dict | None = None
+    prefill: str = "materialised"
 
 
 class MLADims(NamedTuple):
@@ -341,14 +363,19 @@ class MultiHeadLatentAttention(AttentionBackend):
         """Decode mode: the next T tokens x (B, T, C) against the latent cache `ctx.cache` -> (B, T, C).
 
         Absorbed form (module docstring): attention of the absorbed queries over the cached latents, giving each
-        head's attention-weighted latent (B, nh, T, d_ckv), then W_uv^h and W_O.
+        head's attention-weighted latent (B, nh, T, d_ckv), then W_uv^h and W_O. A chunk of T > 1 tokens with
+        prefill "materialised" attends with the up-projected keys and values of the L held tokens instead (module
+        docstring, "Prefill"); the cache receives the same entries either way.
         """
         B, T, _ = x.shape
         nh, d = self.n_head, self.dims
+        materialise = T > 1 and self.options.prefill == "materialised"
         c_q, c_kv = self.latents(x)  # (B, T, d_cq), (B, T, d_ckv)
         if self.qk_transform is not None:
             q, k = self.query_key(x, c_q, c_kv, ctx)  # (B, nh, T, d_nope + d_rope) each, transformed and rotated
             held = ctx.cache.append(k=k, c_kv=c_kv.unsqueeze(1))  # k (B, nh, L, d_qk); c_kv (B, 1, L, d_ckv)
+            if materialise:
+                return self.materialised_attention(q, held["k"], held["c_kv"], ctx)  # (B, T, C)
             y = masked_attention(q, held["k"], held["c_kv"], ctx.attn_mask, self.options.impl, self.scale)
             return self.absorbed_output(y)  # (B, T, C); y (B, nh, T, d_ckv)
         cos, sin = self.rope_tables(ctx)  # (B, 1, T, d_rope/2) each, or None
@@ -356,6 +383,13 @@ class MultiHeadLatentAttention(AttentionBackend):
         q_rope = self.qr_proj(c_q).view(B, T, nh, d.d_rope).transpose(1, 2)  # (B, nh, T, d_rope)
         k_rope = self.kr_proj(x).unsqueeze(1)  # (B, 1, T, d_rope)
         w_uk = self.uk_proj.weight.view(nh, d.d_nope, d.d_ckv)  # (nh, d_nope, d_ckv)
+        if self.k_norm is None and materialise:
+            new = torch.cat((c_kv.unsqueeze(1), apply_rope(k_rope, cos, sin)), dim=-1)  # (B, 1, T, d_ckv + d_rope)
+            latent = ctx.cache.append(latent=new)["latent"]  # (B, 1, L, d_ckv + d_rope)
+            q = torch.cat((q_nope, apply_rope(q_rope, cos, sin)), dim=-1)  # (B, nh, T, d_nope + d_rope)
+            c_held, rope_held = latent.to(q.dtype).split((d.d_ckv, d.d_rope), dim=-1)  # (B,1,L,d_ckv), (B,1,L,d_r)
+            k = self.materialised_keys(c_held, rope_held)  # (B, nh, L, d_nope + d_rope)
+            return self.materialised_attention(q, k, c_held, ctx)  # (B, T, C)
         if self.k_norm is None:
             q_latent = torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)  # (B, nh, T, d_ckv): W_uk^h absorbed
             q = torch.cat((q_latent, apply_rope(q_rope, cos, sin)), dim=-1)  # (B, nh, T, d_ckv + d_rope)
@@ -372,12 +406,18 @@ class MultiHeadLatentAttention(AttentionBackend):
         g_nope, g_rope = self.k_norm.weight.split((d.d_nope, d.d_rope))  # (d_nope,), (d_rope,)
         q = self.q_norm(torch.cat((q_nope, q_rope), dim=-1))  # (B, nh, T, d_nope + d_rope)
         q_nope, q_rope = q.split((d.d_nope, d.d_rope), dim=-1)
-        q_nope = q_nope * g_nope  # (B, nh, T, d_nope): k's no-position gain, moved to the query
-        q_latent = torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)  # (B, nh, T, d_ckv)
-        q = torch.cat((q_latent, apply_rope(q_rope, cos, sin)), dim=-1)  # (B, nh, T, d_ckv + d_rope)
         new = torch.cat((c_kv.unsqueeze(1), apply_rope(k_rope * g_rope, cos, sin)), dim=-1)  # (B, 1, T, d_ckv + d_r)
         held = ctx.cache.append(latent=new, k_scale=k_scale)  # (B, 1, L, d_ckv + d_rope), (B, nh, L, 1)
         latent, scales = held["latent"], held["k_scale"]
+        if materialise:
+            # RMSNorm(k^h_j) = (1 / rms(k^h_j)) [g_nope * (W_uk^h c_kv_j + b_uk^h); RoPE(g_rope * k_rope_j)].
+            q = torch.cat((q_nope, apply_rope(q_rope, cos, sin)), dim=-1)  # (B, nh, T, d_nope + d_rope)
+            c_held, rope_held = latent.to(q.dtype).split((d.d_ckv, d.d_rope), dim=-1)  # (B,1,L,d_ckv), (B,1,L,d_r)
+            k = self.materialised_keys(c_held, rope_held, g_nope) * scales.to(q.dtype)  # (B, nh, L, d_nope + d_rope)
+            return self.materialised_attention(q, k, c_held, ctx)  # (B, T, C)
+        q_nope = q_nope * g_nope  # (B, nh, T, d_nope): k's no-position gain, moved to the query
+        q_latent = torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)  # (B, nh, T, d_ckv)
+        q = torch.cat((q_latent, apply_rope(q_rope, cos, sin)), dim=-1)  # (B, nh, T, d_ckv + d_rope)
         compute = torch.promote_types(q.dtype, torch.float32)
         scores = q.to(compute) @ latent.to(compute).transpose(-1, -2)  # (B, nh, T, L)
         if self.uk_proj.bias is not None:
@@ -388,6 +428,35 @@ class MultiHeadLatentAttention(AttentionBackend):
             scores = scores.masked_fill(~ctx.attn_mask, float("-inf"))
         y = (scores.softmax(-1) @ latent[..., : d.d_ckv].to(compute)).to(q.dtype)  # (B, nh, T, d_ckv)
         return self.absorbed_output(y)  # (B, T, C)
+
+    def materialised_keys(
+        self, c_kv: torch.Tensor, k_rope: torch.Tensor, g_nope: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Per-head keys [g_nope * (W_uk^h c_kv_j + b_uk^h); k_rope_j] (B, nh, L, d_nope + d_rope) of the held latents
+        c_kv (B, 1, L, d_ckv) and their (rotated) shared rope keys k_rope (B, 1, L, d_rope); g_nope: qk_norm's gain."""
+        B, _, L, _ = c_kv.shape
+        nh, d = self.n_head, self.dims
+        k_nope = self.uk_proj(c_kv.squeeze(1)).view(B, L, nh, d.d_nope).transpose(1, 2)  # (B, nh, L, d_nope)
+        if g_nope is not None:
+            k_nope = k_nope * g_nope
+        return torch.cat((k_nope, k_rope.to(k_nope.dtype).expand(B, nh, L, d.d_rope)), dim=-1)  # (B, nh, L, d_qk)
+
+    def materialised_attention(
+        self, q: torch.Tensor, k: torch.Tensor, c_kv: torch.Tensor, ctx: AttentionContext
+    ) -> torch.Tensor:
+        """Prefill: queries q (B, nh, T, d_qk) over per-head keys k (B, nh, L, d_qk) and the values W_uv^h c_kv_j +
+        b_uv^h up-projected from the held latents c_kv (B, 1, L, d_ckv), masked by `ctx.attn_mask`, then W_O ->
+        (B, T, C)."""
+        B, nh, T, _ = q.shape
+        L, d = c_kv.size(2), self.dims
+        v = self.uv_proj(c_kv.squeeze(1).to(q.dtype)).view(B, L, nh, d.d_v).transpose(1, 2)  # (B, nh, L, d_v)
+        k, e = k.to(q.dtype), max(q.size(-1), d.d_v)
+        if self.options.impl == "sdpa":
+            # Equal head sizes, as `sdpa_equal_head_sizes`: else SDPA's masked CPU flash kernel falls back to math.
+            q, k, v = (F.pad(t, (0, e - t.size(-1))) for t in (q, k, v))  # (B, nh, T or L, e) each
+        y = masked_attention(q, k, v, ctx.attn_mask, self.options.impl, self.scale)[..., : d.d_v]  # (B, nh, T, d_v)
+        y = y.transpose(1, 2).reshape(B, T, nh * d.d_v)  # (B, T, nh d_v)
+        return self.resid_dropout(self.out_proj(y))  # (B, T, C)
 
     def absorbed_output(self, y: torch.Tensor) -> torch.Tensor:
         """Each head's attention-weighted latent (B, nh, T, d_ckv) -> W_uv^h (and b_uv^h: the weights sum to 1), then
@@ -448,6 +517,11 @@ class MultiHeadLatentAttention(AttentionBackend):
     def check_config(cls, config: ModelConfig, layer_idx: int, options: MLAOptions) -> None:
         if options.impl not in ("sdpa", "math"):
             raise ValueError(f"impl={options.impl!r} is not available for mla; choose 'sdpa' or 'math'.")
+        if options.prefill not in ("materialised", "absorbed"):
+            raise ValueError(
+                f"mla option prefill={options.prefill!r} is not known; choose 'materialised' (a multi-token chunk "
+                "attends with up-projected keys and values, the default) or 'absorbed' (every chunk decodes absorbed)."
+            )
         for key in MLADims._fields:
             value = getattr(options, key)
             low = 0 if key == "d_cq" else 1  # d_cq 0: no query latent

@@ -266,6 +266,8 @@ def test_check_config_refuses_impossible_options():
         make_config(d_v=2.5)
     with pytest.raises(ValueError, match="impl"):
         make_config(impl="flash")
+    with pytest.raises(ValueError, match="prefill='materialized' is not known; choose 'materialised'"):
+        make_config(prefill="materialized")
 
 
 def test_flops_and_kv_cache():

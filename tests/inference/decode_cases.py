@@ -81,6 +81,8 @@ CASES: list[Case] = [
     Case("mla", {"qk_norm": True}, {"position": "learned"}, name="mla-qk_norm-learned"),
     Case("mla", {"qk_transform": _INVERTIBLE}),
     Case("mla", {"qk_norm": True, "qk_transform": {**_COUPLED, "rope_order": "post"}}),
+    Case("mla", {"prefill": "absorbed"}),  # multi-token chunks in the absorbed form too
+    Case("mla", {"prefill": "absorbed", "qk_norm": True}, {"bias": True}, name="mla-absorbed-qk_norm-bias"),
     # the deconstructed variants (arXiv 2510.11602) and a hybrid
     Case("mlp", {}),
     Case("approximate", {}),

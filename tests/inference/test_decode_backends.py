@@ -55,8 +55,9 @@ def test_left_padded_prefill_then_chunk_then_tokens(case):
 
 
 def test_mla_caches_only_the_latent_and_decodes_absorbed():
-    """Without a q/k transform the cache is [c_kv; RoPE(k_rope)] (plus one scale per head with qk_norm): no
-    per-head key or value is ever materialised for a cached token, and W_uk / W_uv act on the query / output."""
+    """Without a q/k transform the cache is [c_kv; RoPE(k_rope)] (plus one scale per head with qk_norm): a
+    single-token step materialises no per-head key or value of a cached token, W_uk / W_uv act on the query / output
+    (a multi-token prefill chunk materialises them: `test_mla_prefill_materialises_and_steps_stay_absorbed`)."""
     d_ckv, d_rope, hs = C // 4, C // NH, C // NH
     layer = build("mla").new_cache(2, 6).layers[0]
     assert {k: tuple(v.shape) for k, v in layer.buffers.items()} == {"latent": (2, 1, 6, d_ckv + d_rope)}
@@ -80,6 +81,59 @@ def test_mla_caches_only_the_latent_and_decodes_absorbed():
         model(torch.randint(0, VOCAB, (1, 1)), cache=cache)
     # qk_norm computes the new token's key scale from its own k^h (one token), never the 6 held ones.
     assert all(shape[-2] == 1 for shape in calls), calls
+
+
+@pytest.mark.parametrize(
+    "options, config",
+    [
+        ({}, {}),
+        ({"qk_norm": True, "latent_norm": False}, {"bias": True}),
+        ({"d_rope": 6, "d_nope": 5, "d_v": 7, "d_ckv": 9, "d_cq": 0}, {}),
+        ({"qk_transform": {"kind": "invertible"}}, {}),
+    ],
+    ids=["plain", "qk_norm-bias", "odd-widths-no-q-latent", "qk_transform"],
+)
+@torch.no_grad()
+def test_mla_prefill_materialises_and_steps_stay_absorbed(options, config):
+    """prefill "materialised" (default): a chunk of T > 1 tokens up-projects the L held latents once through W_uk
+    (keys; with a qk_transform the cache holds the keys) and W_uv (values); a single token calls neither on more than
+    its own row (qk_norm's key scale). prefill "absorbed" never up-projects held latents. Both give the same outputs
+    to 1e-10 (left-padded prompt of 6, a 3-token chunk, 2 single tokens), and the same cache contents."""
+    models = {p: build("mla", {**options, "prefill": p}, config) for p in ("materialised", "absorbed")}
+    models["absorbed"].load_state_dict(models["materialised"].state_dict())
+    idx = torch.randint(0, VOCAB, (2, 11))
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1, :2] = False  # row 1: 4 prompt tokens after 2 pads
+    rows = {}  # {(prefill, name): rows seen per call}
+    outs, caches = {}, {}
+    for prefill, model in models.items():
+        for name in ("uk_proj", "uv_proj"):
+            rows[prefill, name] = seen = []
+            for block in model.blocks:
+                getattr(block.attn, name).register_forward_hook(lambda m, i, o, seen=seen: seen.append(i[0].shape[-2]))
+        caches[prefill] = cache = model.new_cache(2, 11)
+        steps = [model(idx[:, :6], cache=cache, attention_mask=mask), model(idx[:, 6:9], cache=cache)]
+        steps += [model(idx[:, t : t + 1], cache=cache) for t in (9, 10)]
+        outs[prefill] = torch.cat(steps, dim=1)  # (2, 11, V)
+    assert_close(outs["absorbed"], outs["materialised"], "prefill absorbed vs materialised")
+    for a, b in zip(caches["absorbed"].layers, caches["materialised"].layers, strict=True):
+        assert a.buffers.keys() == b.buffers.keys()
+        for key in a.buffers:
+            assert_close(a.buffers[key], b.buffers[key], f"cache {key!r}")
+    # Rows each hooked call sees, layer by layer: the prompt (6), the chunk (3; 9 held), then single tokens (1).
+    new_rows = [n for n in (6, 3, 1, 1) for _ in range(LAYERS)]  # W_uk on the new tokens (key scale / transform)
+    held_rows = [n for n in (6, 9) for _ in range(LAYERS)]  # W_uv (and W_uk) on every held latent, chunks only
+    assert rows["materialised", "uv_proj"] == held_rows, rows["materialised", "uv_proj"]
+    assert rows["absorbed", "uv_proj"] == []
+    uk = rows["materialised", "uk_proj"]
+    if "qk_transform" in options:  # the transformed keys come from the cache: W_uk only on each call's new rows
+        assert uk == new_rows, uk
+    elif options.get("qk_norm"):  # per layer: new rows (key scale), then in a chunk the held rows (keys)
+        assert uk == [n for pair in ((6, 6), (3, 9), (1,), (1,)) for _ in range(LAYERS) for n in pair], uk
+    else:  # no W_uk call in a single-token step
+        assert uk == held_rows, uk
+    plain = "qk_transform" not in options and not options.get("qk_norm")
+    assert rows["absorbed", "uk_proj"] == ([] if plain else new_rows), rows["absorbed", "uk_proj"]
 
 
 @pytest.mark.parametrize("attention", ["approximate", "non_approximate"])
