@@ -360,6 +360,34 @@ def _claim_lines(judgements: list[Judgement], spec: dict[str, Any]) -> list[str]
     return lines
 
 
+def code_line(manifest: dict[str, Any]) -> str:
+    """Which code made the runs: one revision, or each revision with its runs when they differ (a sweep resumed
+    after the code changed). Runs record their attempts' revisions (`revisions` in the manifest); a sweep written
+    before they did gives the revision of its last invocation, said as such."""
+    per_run = [tuple(r.get("revisions") or ()) for r in manifest.get("runs", []) if r.get("status") == "done"]
+    recorded = [revs for revs in per_run if revs]
+
+    def short(rev: str) -> str:
+        return rev[:12] + (" (dirty)" if rev.endswith("-dirty") else "")
+
+    if not recorded:
+        git = manifest.get("git") or {}
+        if not git.get("revision"):
+            return ""
+        dirty = " (dirty)" if git.get("dirty") else ""
+        return f"Code: git {git['revision'][:12]}{dirty} (the sweep's last invocation; its runs record no revision)."
+    counts: dict[tuple[str, ...], int] = {}
+    for revs in per_run:
+        counts[revs] = counts.get(revs, 0) + 1
+    if len(counts) == 1 and len(recorded[0]) == 1:
+        return f"Code: git {short(recorded[0][0])}."
+    parts = []
+    for revs, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        what = " then ".join(short(r) for r in revs) if revs else "not recorded"
+        parts.append(f"{what}: {n} run{'s' if n != 1 else ''}")
+    return "Code: **runs from more than one revision** (" + "; ".join(parts) + ")."
+
+
 def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[Judgement]) -> str:
     """The study's Markdown report (header, verdicts, group table, notes)."""
     manifest = data["manifest"]
@@ -369,9 +397,9 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
     lines = [f"## {spec.get('title', manifest['study'])} ({manifest['study']}, {manifest['profile']} profile)", ""]
     if spec.get("paper") or spec.get("claim"):
         lines += [f"{spec.get('paper', '')}: {spec.get('claim', '')}".strip(": "), ""]
-    git = manifest.get("git") or {}
-    if git.get("revision"):
-        lines += [f"Code: git {git['revision'][:12]}{' (dirty)' if git.get('dirty') else ''}.", ""]
+    code = code_line(manifest)
+    if code:
+        lines += [code, ""]
     lines += ["### Verdicts", ""] + _claim_lines(judgements, spec)
     lines += ["### Groups", ""]
     lines.append(

@@ -6,7 +6,8 @@
 
 Layout of a sweep directory (default `runs/<study>-<profile>/`):
     manifest.json       the plan and the state: study, profile, spec, git revision, package versions, and per run its
-                        levels, seed, overrides, command, config hash and status (pending / running / done / failed)
+                        levels, seed, overrides, command, config hash, status (pending / running / done / failed) and
+                        `revisions`: the code revision of each attempt (a run resumed after a `git pull` lists both)
     status/<run>.json   one file per run, written by whichever process runs it (so SLURM array tasks never write the
                         same file); manifest.json is rebuilt from them
     logs/<run>.log      the run's stdout and stderr (appended across attempts)
@@ -118,6 +119,33 @@ class Ledger:
         self.dir = sweep.sweep_dir
         self.status_dir = self.dir / "status"
         self.log_dir = self.dir / "logs"
+        self._revision: str | None = None
+
+    def code_revision(self) -> str:
+        """The code this sweep invocation runs, as recorded per attempt: the commit, '-dirty' when tracked files
+        have uncommitted changes, 'unknown' outside a git checkout (the package version is in the manifest)."""
+        if self._revision is None:
+            git = git_revision()
+            rev = git.get("revision")
+            self._revision = "unknown" if not rev else rev + ("-dirty" if git.get("dirty") else "")
+        return self._revision
+
+    def mixed_revisions(self, runs: list[Run]) -> str | None:
+        """A note when finished runs were made by other code than this invocation runs, else None."""
+        now = self.code_revision()
+        other: dict[str, int] = {}
+        for run in runs:
+            for rev in self.status(run).get("revisions", []):
+                if rev != now:
+                    other[rev] = other.get(rev, 0) + 1
+        if not other:
+            return None
+        listed = ", ".join(f"{rev[:12]} ({n} runs)" for rev, n in sorted(other.items()))
+        return (
+            f"runs done before were made by other code ({listed}) than this invocation runs ({now[:12]}). They are "
+            "kept: the report lists each run's revision. For one revision throughout, sweep into a new directory "
+            "with --output."
+        )
 
     def status(self, run: Run) -> dict[str, Any]:
         path = self.status_dir / f"{run.name}.json"
@@ -237,10 +265,14 @@ class _Launch:
         self.log.write(f"\n# {_now()} {shlex.join(cmd)}\n")
         self.log.flush()
         attempts = ledger.status(run).get("attempts", 0) + 1
+        revisions = list(ledger.status(run).get("revisions", []))
+        if ledger.code_revision() not in revisions:
+            revisions.append(ledger.code_revision())
         ledger.set_status(
             run,
             status=RUNNING,
             attempts=attempts,
+            revisions=revisions,
             config_hash=run.config_hash(),
             started=_now(),
             resumed_from=self.resumed_from,
@@ -353,6 +385,9 @@ def _run_owned(ledger: Ledger, jobs: int, only: list[str] | None, restart_change
         blocked = [(n, p) for n, p in blocked if "--restart-changed" not in p]
     if blocked:
         raise SpecError("nothing was started:\n" + "\n".join(f"  {name}: {problem}" for name, problem in blocked))
+    mixed = ledger.mixed_revisions(runs) if todo else None
+    if mixed:
+        print(f"[sweep] warning: {mixed}", flush=True)
     ledger.write_manifest()
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     finished = {r.name for r in sweep.runs if ledger.is_done(r)}

@@ -20,6 +20,7 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
         needs: ["{shared_data}/wikitext"] # paths that must exist (checked before anything runs)
         overrides: {trainer.max_steps: 120}          # CLI overrides of every run of this profile
         axes: {attention: {...}}          # optional: replaces an axis's levels for this profile only
+        exclude: [{size: d64, attention: differential}]   # optional: combinations left out of this profile's grid
         slurm: ["#SBATCH --gpus-per-node=1"]          # optional: lines added to the SLURM array script
     published:                            # optional: the paper's numbers, per group (only their changes are shown)
       source: arXiv 2604.01683 v1 abstract
@@ -305,10 +306,14 @@ def expand(
     configs = [_config_path(c, where) for c in _as_list(prof["configs"])]
     placeholders = {"shared_data": shared_data_dir(), "sweep_dir": str(sweep_dir)}
 
+    exclude = _exclusions(prof.get("exclude"), axes, f"{where} (profile {profile})")
+
     runs: list[Run] = []
     names = list(axes)
     for combo in itertools.product(*(list(axes[a]) for a in names)):
         levels = dict(zip(names, combo, strict=True))
+        if any(all(levels[a] == level for a, level in partial.items()) for partial in exclude):
+            continue
         group = "-".join(combo)
         for seed in seeds:
             run_configs = list(configs)
@@ -438,6 +443,24 @@ def _control_runs(
     return runs
 
 
+def _exclusions(value: Any, axes: dict[str, dict], where: str) -> list[dict[str, str]]:
+    """A profile's `exclude`: combinations of levels left out of its grid, each a partial {axis: level} mapping."""
+    if value is None:
+        return []
+    example = "exclude: [{size: d64, attention: differential}]"
+    if not isinstance(value, list) or not all(isinstance(p, dict) and p for p in value):
+        raise SpecError(f"{where}: exclude is a list of {{axis: level}} mappings, e.g. `{example}`; got {value!r}.")
+    for partial in value:
+        for axis, level in partial.items():
+            if axis not in axes:
+                raise SpecError(f"{where}: exclude names unknown axis {axis!r}; axes: {list(axes)}.")
+            if level not in axes[axis]:
+                raise SpecError(
+                    f"{where}: exclude names {axis}={level!r}, not a level of the axis ({list(axes[axis])})."
+                )
+    return [{str(a): str(v) for a, v in p.items()} for p in value]
+
+
 def _as_list(value: Any) -> list[str]:
     if value is None:
         return []
@@ -495,6 +518,10 @@ def _order(runs: list[Run], where: str) -> list[Run]:
     by_name = {r.name: r for r in runs}
     if len(by_name) != len(runs):
         raise SpecError(f"{where}: two grid points give the same run name; make the level names distinct.")
+    for run in runs:
+        absent = [d for d in run.depends_on if d not in by_name]
+        if absent:
+            raise SpecError(f"{where}: run {run.name} waits for {absent}, which the grid leaves out (exclude).")
     done: set[str] = set()
     ordered: list[Run] = []
     pending = list(runs)

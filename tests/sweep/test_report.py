@@ -16,7 +16,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from lightning_cqk.cli import main
 from lightning_cqk.downstream.glue_table import FORMAT
-from lightning_cqk.sweep.report import read_scalars, report_command, unfinished_reason, write_report
+from lightning_cqk.sweep.report import code_line, read_scalars, report_command, unfinished_reason, write_report
 
 # final val/ppl per seed (the last of three validations); the curve before it is arbitrary
 FINAL = {"base": [20.5, 21.25, 19.75], "var": [18.0, 18.5, 19.75], "half": [26.0, 27.5, 26.5]}
@@ -232,3 +232,18 @@ def test_csv_numbers_are_plain_numbers_even_from_numpy(tmp_path: Path):
     assert _cell(np.float64(0.625)) == "0.625" and _cell(math.nan) == "nan" and _cell("x") == "x"
     text = to_csv([{CSV_FIELDS[0]: np.float64(1.5)}])
     assert next(csv.DictReader(text.splitlines()))[CSV_FIELDS[0]] == "1.5"
+
+
+def test_the_code_line_names_every_revision_the_runs_were_made_by():
+    a, b = "a" * 40, "b" * 40
+    done = lambda *revs: {"status": "done", "revisions": list(revs)}  # noqa: E731
+    assert code_line({"runs": [done(a), done(a)]}) == f"Code: git {a[:12]}."
+    assert code_line({"runs": [done(a + "-dirty")]}) == f"Code: git {a[:12]} (dirty)."
+    mixed = code_line({"runs": [done(a), done(a), done(b), done(a, b), {"status": "done"}]})
+    assert "more than one revision" in mixed
+    assert f"{a[:12]}: 2 runs" in mixed and f"{b[:12]}: 1 run;" in mixed
+    assert f"{a[:12]} then {b[:12]}: 1 run" in mixed and "not recorded: 1 run" in mixed
+    # a sweep written before runs recorded their revision: the manifest's, said as such
+    old = code_line({"git": {"revision": a, "dirty": False}, "runs": [{"status": "done"}]})
+    assert old.startswith(f"Code: git {a[:12]}") and "record no revision" in old
+    assert code_line({"runs": []}) == ""

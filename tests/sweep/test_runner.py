@@ -120,6 +120,9 @@ def test_killed_sweep_restarts_skips_done_runs_and_resumes_from_last_checkpoint(
     assert runs["matched-s1"]["resumed_from"].endswith("last.ckpt")
     assert runs["matched-s1"]["depends_on"] == ["ref-s1"]
     assert manifest["git"]["revision"] and len(runs["ref-s1"]["config_hash"]) == 16
+    # each run records the code of its attempts: the same checkout ran both invocations, so one revision each
+    revision = manifest["git"]["revision"] + ("-dirty" if manifest["git"]["dirty"] else "")
+    assert {tuple(r["revisions"]) for r in runs.values()} == {(revision,)}
     ref = json.loads((out / "ref-s1" / "budget.json").read_text())
     matched = json.loads((out / "matched-s1" / "budget.json").read_text())
     assert ref["steps"] == 6 and ref["tokens"] == 6 * TOKENS_PER_STEP
@@ -185,3 +188,15 @@ def test_missing_shared_data_fails_before_anything_runs(tmp_path: Path, monkeypa
     with pytest.raises(SystemExit, match="needs .*nowhere"):
         main(["sweep", "configs/ablations/corpus.yaml", "--output", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_runs_made_by_other_code_are_named_before_the_sweep_goes_on(tmp_path: Path):
+    spec = _write_spec(tmp_path)
+    sweep = expand(spec, "cpu", tmp_path / "out")
+    ledger = Ledger(sweep)
+    ref, matched = sweep.runs[0], sweep.runs[1]
+    ledger.set_status(ref, status="done", config_hash=ref.config_hash(), revisions=[ledger.code_revision()])
+    assert ledger.mixed_revisions(sweep.runs) is None
+    ledger.set_status(matched, status="running", revisions=["0123456789abcdef-old"])
+    note = ledger.mixed_revisions(sweep.runs)
+    assert note is not None and "0123456789ab (1 runs)" in note and "--output" in note

@@ -24,9 +24,9 @@ COUNTS = {  # groups (grid + the positive control) x seeds
     "steps": ((4 + 1) * 3, (5 + 1) * 3),
     "compute_matched": ((3 + 1) * 3, (4 + 1) * 3),
     "corpus": ((3 * 2 + 1) * 3, (3 * 2 + 1) * 3),
-    "scale": ((3 * 3 + 1) * 3, (3 * 3 + 1) * 3),
+    "scale": ((3 * 2 + 1 + 1) * 3, (3 * 3 + 1) * 3),  # cpu: differential only at the largest width
     "sharing": ((8 + 1) * 3, 8 + 1),
-    "deconstruction": ((6 + 1) * 3, 19 + 1),
+    "deconstruction": ((8 + 1) * 3, 19 + 1),
     "logit_control": ((2 * 1 * 4 + 1) * 3, 2 * 3 * 8 + 1),  # paper: 4 methods x AdamW, Muon
     "composition": ((4 * 3 + 1) * 3, (4 * 3 + 1) * 3),
 }
@@ -276,6 +276,16 @@ def test_one_run_of_each_spec_trains(spec: Path, tmp_path: Path, request):
         (lambda s: s.update(control={"name": "half", "expect": "higher"}), "control needs a name and overrides"),
         (lambda s: s.update(control={"name": "b", "overrides": {}, "expect": "higher"}), "already a level"),
         (lambda s: s["profiles"]["cpu"].update(data_order="random"), "data_order"),
+        (lambda s: s["profiles"]["cpu"].update(exclude={"arm": "b"}), "exclude is a list"),
+        (lambda s: s["profiles"]["cpu"].update(exclude=[{"size": "b"}]), "exclude names unknown axis 'size'"),
+        (lambda s: s["profiles"]["cpu"].update(exclude=[{"arm": "c"}]), "exclude names arm='c', not a level"),
+        (
+            lambda s: (
+                s["axes"]["arm"]["b"].update({"budget.match_to": "{run:a}"}),
+                s["profiles"]["cpu"].update(exclude=[{"arm": "a"}]),
+            ),
+            "waits for .*a-s1.*leaves out",
+        ),
     ],
 )
 def test_malformed_specs_fail_clearly(tmp_path: Path, edit, message: str):
@@ -312,3 +322,11 @@ def test_cycles_and_unknown_specs_and_profiles(tmp_path: Path):
         expand("configs/ablations/nope.yaml", "cpu")
     with pytest.raises(SystemExit, match="no profile 'gpu'"):
         main(["sweep", str(path), "--profile", "gpu", "--dry-run"])
+
+
+def test_exclude_leaves_combinations_out_of_one_profile_only():
+    spec = REPO / "configs" / "ablations" / "scale.yaml"
+    cpu = {r.group for r in expand(spec, "cpu").runs}
+    assert {"d128-differential", "d96-coupled", "d64-standard"} <= cpu
+    assert not {"d64-differential", "d96-differential"} & cpu
+    assert {"60m-differential", "150m-differential"} <= {r.group for r in expand(spec, "paper").runs}
