@@ -4,9 +4,10 @@
     python -m lightning_cqk.sweep.claims_table                       # print it
 
 Each `docs/results/<study>/claims.csv` is the `report/claims.csv` that `lightning_cqk report` wrote for a study
-(`verdict.py`); its rows become the table's rows in file order, studies in name order, the positive control first
-(the study's name links its report). The claim names say what is compared (`<group>-beats-<reference>`); the
-report of each study has the groups, expectations and tests behind them.
+(`verdict.py`); its claims become the table's rows in file order, studies in name order. The positive control
+stands in the study's cell (the study's name links its report): its change, and whether the report detected it
+(when it did not, the report voids every verdict of the study, and the rows say `void`). The claim names say what
+is compared (`<group>-beats-<reference>`); the report of each study has the groups, expectations and tests behind them.
 The paper of a study comes from its spec (`configs/ablations/<study>.yaml`, `paper:`) when the spec is found.
 Nothing is computed here: every number and verdict is the report's. `tests/test_docs_generated.py` fails when the
 committed README differs from what this prints.
@@ -85,11 +86,19 @@ def claims_markdown(results: str | Path = "docs/results", link_root: str = "docs
         link = f"[{study}]({link_root}/{study}/{report})" if report else study
         with open(folder / "claims.csv", newline="") as handle:
             claims = list(csv.DictReader(handle))
-        claims.sort(key=lambda r: r.get("control") != "True")  # the positive control first: it validates the rest
+        controls = [r for r in claims if r.get("control") == "True"]
+        claims = [r for r in claims if r.get("control") != "True"]
+        cell = f"{link}{f' ({paper})' if paper else ''}"
+        for row in controls:  # the positive control validates the rest: said first, in the study's cell
+            delta = _num(row.get("delta_pct"))
+            found = "detected" if row.get("verdict") == "supports" else "**not detected: verdicts void**"
+            cell += f"<br>control {row.get('plus', '')}: {_pct(delta)}, {found}"
+        if not claims:
+            rows.append(f"| {cell} | no claim judged at this profile | – | – | – |")
         for i, row in enumerate(claims):
-            first = f"{link}{f' ({paper})' if paper else ''}" if i == 0 else ""
-            name = f"positive control: {row.get('plus', '')}" if row.get("control") == "True" else row["claim"]
-            rows.append(f"| {first} | {name} | {_published(row)} | {_ours(row)} | **{row.get('verdict', '')}** |")
+            first = cell if i == 0 else ""
+            verdict = f"**{row.get('verdict', '')}**"
+            rows.append(f"| {first} | {row['claim']} | {_published(row)} | {_ours(row)} | {verdict} |")
     if not studies:
         rows.append("| – | no study results under docs/results/ yet | | | |")
     return "\n".join([BEGIN, *rows, END]) + "\n"
