@@ -313,9 +313,10 @@ def _claim_lines(judgements: list[Judgement], spec: dict[str, Any]) -> list[str]
     ]
     for j in judgements:
         label = f"**control** {j.name}" if j.is_control else j.name
-        what = (
-            " − ".join([" + ".join(j.plus), " + ".join(j.minus)]) if len(j.plus) > 1 else f"{j.plus[0]} vs {j.minus[0]}"
-        )
+        if len(j.plus) > 1:  # a contrast: the log-metric of the plus groups minus that of the minus groups
+            what = f"({' + '.join(j.plus)}) − ({' + '.join(j.minus)})"
+        else:
+            what = f"{j.plus[0]} vs {j.minus[0]}"
         expects = j.expect + (f" (±{j.margin_pct:g}%)" if j.expect == "same" else "")
         if j.variance is not None:
             v = j.variance

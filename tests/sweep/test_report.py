@@ -247,3 +247,12 @@ def test_the_code_line_names_every_revision_the_runs_were_made_by():
     old = code_line({"git": {"revision": a, "dirty": False}, "runs": [{"status": "done"}]})
     assert old.startswith(f"Code: git {a[:12]}") and "record no revision" in old
     assert code_line({"runs": []}) == ""
+
+
+def test_a_contrast_claim_is_labelled_with_its_groups_in_brackets(sweep_dir: Path):
+    manifest = json.loads((sweep_dir / "manifest.json").read_text())
+    contrast = {"name": "gap", "plus": ["var", "base"], "minus": ["half", "base"], "expect": "lower"}
+    manifest["spec"]["claims"].append(contrast)
+    (sweep_dir / "manifest.json").write_text(json.dumps(manifest))
+    text = write_report(sweep_dir)["markdown"].read_text()
+    assert "| gap: (var + base) − (half + base) |" in text
