@@ -26,9 +26,9 @@ unfinished run starts again from scratch (its partial directory is removed first
 of a killed runner) is never deleted or started twice: the sweep refuses, naming its pid.
 
 With `--jobs N > 1` runs go N at a time (each child gets OMP_NUM_THREADS = cores / N unless it is set); the first
-run of each distinct data setting runs alone first, because a run prepares missing token shards itself and two
-runs must not write the same shards at once. Runs that wait for another (`{run:<level>}` in a spec) start when it
-is done, and are marked failed without running if it failed.
+run of each distinct data setting runs alone first (unless its data_dir already holds finished shards), because
+a run prepares missing token shards itself and two runs must not write the same shards at once. Runs that wait for
+another (`{run:<level>}` in a spec) start when it is done, and are marked failed without running if it failed.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from lightning_cqk.run_dir import config_files, resumable_checkpoint
 from lightning_cqk.run_lock import RunDirectoryInUse, acquire, holder
@@ -308,9 +310,41 @@ class _Launch:
         return ok
 
 
+# data settings that order and batch the windows but do not change the token shards a run prepares
+_NOT_SHARDS = frozenset({"data.seed", "data.batch_size", "data.val_batch_size", "data.num_workers"})
+
+
+def _config_data(config: str) -> dict[str, Any] | None:
+    """The `data:` section of a --config file ({} when it has none; None when unreadable)."""
+    try:
+        loaded = yaml.safe_load(Path(config).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(loaded, dict):
+        return None
+    data = loaded.get("data")
+    return data if isinstance(data, dict) else {}
+
+
 def _data_key(run: Run) -> str:
-    data = {k: v for k, v in run.overrides.items() if k.startswith("data.")}
-    return json.dumps({"configs": run.configs, "data": data}, sort_keys=True)
+    """What decides the shards a run prepares: the config files with a `data:` section (or unreadable ones) and the
+    data overrides, except the seed and batch sizes. Runs of one key never prepare shards at the same time."""
+    configs = [c for c in run.configs if _config_data(c) != {}]
+    data = {k: v for k, v in run.overrides.items() if k.startswith("data.") and k not in _NOT_SHARDS}
+    return json.dumps({"configs": configs, "data": data}, sort_keys=True)
+
+
+def _shards_ready(run: Run) -> bool:
+    """The run's local data_dir holds finished shards (prepare writes manifest.json last), so it prepares nothing."""
+    data_dir = None
+    for config in run.configs:
+        section = _config_data(config) or {}
+        data_dir = (section.get("init_args") or {}).get("data_dir", section.get("data_dir", data_dir))
+    for key in ("data.data_dir", "data.init_args.data_dir"):
+        data_dir = run.overrides.get(key, data_dir)
+    if not isinstance(data_dir, str) or "://" in data_dir:
+        return False
+    return (Path(data_dir) / "manifest.json").is_file()
 
 
 def _names(todo: list[Run], running: list[_Launch]) -> set[str]:
@@ -464,6 +498,8 @@ def _schedule(
             if not all(d in finished for d in run.depends_on):
                 continue
             key = _data_key(run)
+            if jobs > 1 and key not in data_ready and _shards_ready(run):
+                data_ready.add(key)
             if jobs > 1 and key not in data_ready:
                 if preparing is not None:
                     continue  # one run at a time may prepare token shards

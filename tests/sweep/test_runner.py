@@ -200,3 +200,25 @@ def test_runs_made_by_other_code_are_named_before_the_sweep_goes_on(tmp_path: Pa
     ledger.set_status(matched, status="running", revisions=["0123456789abcdef-old"])
     note = ledger.mixed_revisions(sweep.runs)
     assert note is not None and "0123456789ab (1 runs)" in note and "--output" in note
+
+
+def test_runs_that_share_shards_share_a_data_key_and_finished_shards_are_ready(tmp_path: Path, monkeypatch):
+    from lightning_cqk.sweep.runner import _data_key, _shards_ready
+
+    monkeypatch.chdir(REPO)
+    runs = {r.name: r for r in expand(REPO / "configs" / "ablations" / "deconstruction.yaml", "cpu").runs}
+    # the seed orders the windows and a level's attention config holds no data: one shard setting for all of them
+    assert _data_key(runs["standard-s1"]) == _data_key(runs["standard-s3"]) == _data_key(runs["mlp-hybrid-s2"])
+    corpus = {r.name: r for r in expand(REPO / "configs" / "ablations" / "corpus.yaml", "cpu").runs}
+    assert _data_key(corpus["wikitext-standard-s1"]) != _data_key(corpus["pubmed-standard-s1"])
+    run = corpus["pubmed-coupled-s2"]
+    shards = tmp_path / "shards"
+    run.overrides["data.data_dir"] = str(shards)
+    assert not _shards_ready(run)
+    shards.mkdir()
+    (shards / "train").mkdir()
+    assert not _shards_ready(run)  # an unfinished prepare: no manifest.json yet
+    (shards / "manifest.json").write_text("{}")
+    assert _shards_ready(run)
+    run.overrides["data.data_dir"] = "s3://bucket/shards"
+    assert not _shards_ready(run)
