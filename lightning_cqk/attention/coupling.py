@@ -3,7 +3,7 @@
 Paper: B. Gahtan and A. M. Bronstein, "Invertible Query-Key Coupling Composes with Attention Mechanisms", the later
 version of arXiv 2604.01683. Public: an identity-initialised transform that "jointly transforms each token's query and
 key before attention scoring", about 0.3% extra parameters, RealNVP-style alternating affine maps stacked on existing
-attention mechanisms (`shared/papers_update.md`). Not public: the conditioner, the number of layers, the sharing; every
+attention mechanisms (docs/papers.md §7). Not public: the conditioner, the number of layers, the sharing; every
 such choice below is an option, [NS] marks them.
 
 Per pair (q, k) of a token (d features each; what a pair is per backend: `transform.py`), `layers` affine coupling

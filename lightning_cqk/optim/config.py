@@ -61,7 +61,7 @@ class LogitControl:
 class MuonSettings:
     """Settings of Muon (`torch.optim.Muon`) for the hidden matrices when `optim.name` is "muon".
 
-    arXiv 2511.21377 (QuacK) trains with Muon but states none of these [NS] (shared/papers_update.md), apart from
+    arXiv 2511.21377 (QuacK) trains with Muon but states none of these [NS] (docs/papers.md §3), apart from
     one base learning rate eta "for all parameters", swept over 3e-4, 3e-3, 3e-2. The defaults therefore follow
     Moonlight (J. Liu et al. 2025, "Muon is Scalable for LLM Training", arXiv 2502.16982), whose update-RMS matching
     makes one learning rate and weight decay serve Muon and AdamW alike, with torch's / K. Jordan's values for the

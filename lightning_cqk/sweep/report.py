@@ -334,14 +334,17 @@ def _claim_lines(judgements: list[Judgement], spec: dict[str, Any]) -> list[str]
             f"| {label}: {what} | {expects} | {paper} | {ours} | {test} | {_fmt(j.p_holm, '.3g')} | {mde} | {verdict} |"
         )
     lines.append("")
-    notes = {j.published_note for j in judgements if j.published_note}
+    noted = [(j.name, j.published_note) for j in judgements if j.published_note]
+    one_note = len({note for _, note in noted}) == 1  # one setting for every claim: said once, inline
     lines.append(
         "Δ % is the change of the geometric mean of the metric over seeds (paired by seed: every level of a seed sees "
         "the same batches and starts from the same shared weights). The paper's Δ % comes from another scale and "
-        "corpus" + (f" ({'; '.join(sorted(notes))})" if notes else "") + ": compare direction and size, not the "
+        "corpus" + (f" ({noted[0][1]})" if one_note else "") + ": compare direction and size, not the "
         "absolute numbers. Verdicts are computed (lightning_cqk/sweep/verdict.py): supports / contradicts need Holm p "
         "< 0.05 in the paper's / the opposite direction; `same` needs the 95% CI inside the margin."
     )
+    if noted and not one_note:
+        lines.append("The paper's side, per claim: " + "; ".join(f"{name}: {note}" for name, note in noted) + ".")
     skipped = spec.get("claims_not_in_profile") or []
     if skipped:
         lines.append(f"Not tested at this profile (a group it leaves out): {', '.join(skipped)}.")

@@ -256,3 +256,18 @@ def test_a_contrast_claim_is_labelled_with_its_groups_in_brackets(sweep_dir: Pat
     (sweep_dir / "manifest.json").write_text(json.dumps(manifest))
     text = write_report(sweep_dir)["markdown"].read_text()
     assert "| gap: (var + base) − (half + base) |" in text
+
+
+def test_the_papers_notes_are_said_once_or_per_claim(sweep_dir: Path):
+    manifest = json.loads((sweep_dir / "manifest.json").read_text())
+    claims = manifest["spec"]["claims"]
+    claims[0]["published_note"] = "60M, WikiText-103"
+    (sweep_dir / "manifest.json").write_text(json.dumps(manifest))
+    text = write_report(sweep_dir)["markdown"].read_text()
+    assert "comes from another scale and corpus (60M, WikiText-103): compare" in text
+    claims.append({"name": "var-same", "group": "var", "vs": "base", "expect": "same", "margin_pct": 50.0})
+    claims[-1]["published_note"] = "direction only"
+    (sweep_dir / "manifest.json").write_text(json.dumps(manifest))
+    text = write_report(sweep_dir)["markdown"].read_text()
+    assert "another scale and corpus: compare" in text
+    assert "The paper's side, per claim: var-helps: 60M, WikiText-103; var-same: direction only." in text
