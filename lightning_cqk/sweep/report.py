@@ -372,6 +372,8 @@ def code_line(manifest: dict[str, Any]) -> str:
     recorded = [revs for revs in per_run if revs]
 
     def short(rev: str) -> str:
+        if rev == "unknown":  # Ledger.code_revision outside a git checkout
+            return "unknown (not a git checkout; the package version is in manifest.json)"
         return rev[:12] + (" (dirty)" if rev.endswith("-dirty") else "")
 
     if not recorded:
@@ -384,7 +386,7 @@ def code_line(manifest: dict[str, Any]) -> str:
     for revs in per_run:
         counts[revs] = counts.get(revs, 0) + 1
     if len(counts) == 1 and len(recorded[0]) == 1:
-        return f"Code: git {short(recorded[0][0])}."
+        return f"Code: {'' if recorded[0][0] == 'unknown' else 'git '}{short(recorded[0][0])}."
     parts = []
     for revs, n in sorted(counts.items(), key=lambda kv: -kv[1]):
         what = " then ".join(short(r) for r in revs) if revs else "not recorded"

@@ -343,8 +343,10 @@ def _shards_ready(run: Run) -> bool:
     for key in ("data.data_dir", "data.init_args.data_dir"):
         data_dir = run.overrides.get(key, data_dir)
     if not isinstance(data_dir, str) or "://" in data_dir:
-        return False
-    return (Path(data_dir) / "manifest.json").is_file()
+        return False  # remote shards: their run checks them (no object-store calls in the scheduling loop)
+    from lightning_cqk.data.manifest import Manifest
+
+    return Manifest.exists(data_dir)  # the same test as TokenDataModule.prepare_data
 
 
 def _names(todo: list[Run], running: list[_Launch]) -> set[str]:

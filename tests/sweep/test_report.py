@@ -247,6 +247,8 @@ def test_the_code_line_names_every_revision_the_runs_were_made_by():
     old = code_line({"git": {"revision": a, "dirty": False}, "runs": [{"status": "done"}]})
     assert old.startswith(f"Code: git {a[:12]}") and "record no revision" in old
     assert code_line({"runs": []}) == ""
+    # outside a git checkout the runs say so, never a made-up "git unknown"
+    assert code_line({"runs": [done("unknown")]}).startswith("Code: unknown (not a git checkout")
 
 
 def test_a_contrast_claim_is_labelled_with_its_groups_in_brackets(sweep_dir: Path):

@@ -222,3 +222,46 @@ def test_runs_that_share_shards_share_a_data_key_and_finished_shards_are_ready(t
     assert _shards_ready(run)
     run.overrides["data.data_dir"] = "s3://bucket/shards"
     assert not _shards_ready(run)
+
+
+@pytest.mark.parametrize("shards_exist, second_starts_with", [(False, 1), (True, 2)])
+def test_seeds_of_one_data_setting_run_two_at_a_time(tmp_path: Path, monkeypatch, shards_exist, second_starts_with):
+    """The scheduler itself, with stand-in runs: one run prepares the shards alone, then the other seeds go in
+    parallel; with finished shards already there, nobody waits. (The seed once made every run wait alone.)"""
+    from lightning_cqk.sweep import runner
+
+    spec = _write_spec(tmp_path)
+    sweep = expand(spec, "cpu", tmp_path / "out")
+    base = sweep.runs[0]
+    shards = tmp_path / "shards"
+    if shards_exist:
+        shards.mkdir()
+        (shards / "manifest.json").write_text("{}")
+    todo = [
+        runner.Run(f"ref-s{seed}", "ref", seed, base.levels, base.configs, {**base.overrides, "data.seed": seed}, [])
+        for seed in (1, 2, 3)
+    ]
+    concurrency: list[int] = []
+
+    class StandIn:
+        def __init__(self, ledger, run, threads, restart_changed=False):
+            self.run, self.polls = run, 0
+            self.proc = self
+            concurrency.append(len(running) + 1)
+
+        def poll(self):
+            self.polls += 1
+            return 0 if self.polls > 1 else None
+
+        def finish(self):
+            return True
+
+    monkeypatch.setattr(runner, "_Launch", StandIn)
+    monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+    running: list = []
+    result = {"skipped": [], "done": [], "failed": []}
+    runner._schedule(Ledger(sweep), todo, running, set(), set(), result, jobs=2, threads=1)
+    assert sorted(result["done"]) == ["ref-s1", "ref-s2", "ref-s3"]
+    # runs in flight as each started: the second waits for the first only while the shards are being prepared
+    assert concurrency[0] == 1 and concurrency[1] == second_starts_with
+    assert max(concurrency) == 2  # the seeds share the shards: never one at a time throughout
