@@ -12,6 +12,7 @@ CONFIG ?= configs/quickstart.yaml
 STUDY ?= coupling
 PROFILE ?= cpu
 BIN := $(VENV)/bin
+TORCH ?= 2.13.0
 export LITDATA_DISABLE_VERSION_CHECK := 1
 # Folder of the small real corpora that `{shared_data}` names in the studies' specs (the corpus study's cpu profile);
 # the package has no default for it. Override: make ablations STUDY=corpus LIGHTNING_CQK_SHARED_DATA=/path/to/data
@@ -24,23 +25,53 @@ export LIGHTNING_CQK_SHARED_DATA
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
-$(BIN)/.installed: pyproject.toml
+# Every install is the locked environment: requirements.lock pins every package of every extra (made by `make lock`,
+# universal over Python >= 3.10 and platforms), given to pip as constraints so that pip installs exactly those versions.
+LOCK := requirements.lock
+# litdata requires torchvision but uses it only for image and video serializers (this project stores tokens), and
+# torchmetrics imports it whenever it is installed: PyPI's torchvision is a CUDA build that fails to load beside a
+# CPU build of torch ("operator torchvision::nms does not exist"). The lock leaves it out and the install removes it.
+UNINSTALL_TORCHVISION = $(1)python -m pip uninstall --quiet --yes torchvision
+EXTRAS := test,dev,eval,data
+$(BIN)/.installed: pyproject.toml $(LOCK)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "lightning_cqk needs Python >= 3.10; set PYTHON=python3.x")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -e '.[test,dev,eval]'
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -c $(LOCK) -e '.[$(EXTRAS)]'
+	$(call UNINSTALL_TORCHVISION,$(BIN)/)
 	@touch $@
 
-install: $(BIN)/.installed ## create $(VENV) and install the package with its test tools and lm-eval (extras test,dev,eval)
+install: $(BIN)/.installed ## create $(VENV) and install the package, its extras (test,dev,eval,data), at the locked versions
+
+.PHONY: lock test-latest
+lock: ## regenerate requirements.lock from pyproject.toml (newest releases in range; torch pinned by TORCH=)
+	$(PYTHON) -m venv .venv-lock && .venv-lock/bin/python -m pip install --quiet uv
+	echo 'torch==$(TORCH)' > .venv-lock/pins.txt
+	echo "torchvision ; python_version < '0'" > .venv-lock/drop.txt
+	.venv-lock/bin/uv pip compile pyproject.toml --all-extras --universal --python-version 3.10 \
+		--constraint .venv-lock/pins.txt --override .venv-lock/drop.txt --no-header --annotation-style line \
+		-o $(LOCK).new
+	{ echo '# The locked environment of lightning_cqk: `make install` gives this file to pip as constraints.'; \
+	  echo '# Regenerate with `make lock [TORCH=x.y.z]` (uv pip compile --universal, Python >= 3.10); the suite was run'; \
+	  echo '# with these versions. `make test-latest` runs it against the newest releases instead.'; \
+	  cat $(LOCK).new; } > $(LOCK) && rm $(LOCK).new
+
+test-latest: ## run the suite against the newest releases pyproject.toml allows (in .venv-latest; not the lock)
+	test -x .venv-latest/bin/python || $(PYTHON) -m venv .venv-latest
+	.venv-latest/bin/python -m pip install --quiet --upgrade pip
+	.venv-latest/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager $(PIP_ARGS) -e '.[$(EXTRAS)]'
+	$(call UNINSTALL_TORCHVISION,.venv-latest/bin/)
+	LIGHTNING_CQK_UNLOCKED=1 .venv-latest/bin/python -m pytest -m "not gpu" -q -n $(TEST_JOBS)
 
 quickstart: install ## train configs/quickstart.yaml (tiny model on the built-in corpus; < 3 min on 2 CPU cores)
 	$(BIN)/lightning_cqk fit --config configs/quickstart.yaml
 
-test: install ## run every CPU test, the multi-process DDP tests included (what CI runs; ~3 min on 2 cores)
-	$(BIN)/python -m pytest -m "not gpu" -q
+TEST_JOBS ?= 2
+test: install ## run every CPU test, the multi-process tests included, in TEST_JOBS processes (what CI runs; ~9 min on 2 cores)
+	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_JOBS)
 
 test-fast: install ## the test suite without the slow multi-process tests
-	$(BIN)/python -m pytest -m "not slow and not gpu" -q
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q -n $(TEST_JOBS)
 
 test-slow: install ## only the slow multi-process tests
 	$(BIN)/python -m pytest -m "slow and not gpu" -q
@@ -58,7 +89,7 @@ print-config: install ## print the resolved config: make print-config CONFIG=...
 	$(BIN)/lightning_cqk fit --config $(CONFIG) --print_config
 
 ALL_STUDIES := $(sort $(basename $(notdir $(wildcard configs/ablations/*.yaml))))
-ablations: install ## run a study and print its report: make ablations [STUDY=coupling|all] [PROFILE=cpu] (resumable)
+ablations: install ## run a study and its report: make ablations [STUDY=coupling|all] [PROFILE=cpu] (coupling ~38 min; resumable)
 ifeq ($(STUDY),all)
 	@failed=''; for s in $(ALL_STUDIES); do \
 		echo "== $$s"; $(BIN)/lightning_cqk sweep configs/ablations/$$s.yaml --profile $(PROFILE) || failed="$$failed $$s"; \
@@ -72,7 +103,7 @@ BENCH_ARGS ?=
 bench: install ## speed table, side by side: Lightning vs plain loop, backends vs standard, loader, prepare, inference (BENCH_ARGS=...)
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
-tensorboard: install ## serve the curves of every run under runs/
+tensorboard: install ## serve the curves of every run under runs/ (Custom Scalars tab: loss, val/ppl, grad norms first)
 	$(BIN)/tensorboard --logdir runs
 
 clean: ## remove caches (keeps runs/, data/ and the virtualenv)

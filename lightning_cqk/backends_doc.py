@@ -258,13 +258,15 @@ def replace_section(text: str, section: str, begin: str = BEGIN, end: str = END)
 
 
 def attention_command(argv: list[str]) -> None:
-    """`lightning_cqk attention [--markdown [--write FILE]]`: the backends and their options, or the generated table."""
+    """`lightning_cqk attention [NAME ...] [--markdown [--write FILE]]`: the backends and their options (NAME: only
+    those backends, each option with its default and meaning), or the generated table."""
     import argparse
     import textwrap
 
     parser = argparse.ArgumentParser(
         prog="lightning_cqk attention", description="List the attention backends and their options."
     )
+    parser.add_argument("names", nargs="*", metavar="NAME", help="show these backends' options in full")
     parser.add_argument("--markdown", action="store_true", help="print the generated table of docs/backends.md")
     parser.add_argument("--write", metavar="FILE", help="with --markdown: replace the generated section of FILE")
     args = parser.parse_args(argv)
@@ -276,6 +278,12 @@ def attention_command(argv: list[str]) -> None:
 
     from lightning_cqk import attention
 
+    if args.names:
+        for name in args.names:
+            check_backend_name(name)
+        for name in args.names:
+            print_backend(name)
+        return
     print("Attention backends (model.config.attention) and their options (model.config.attention_options):\n")
     for name in attention.available():
         cls = attention.get_attention(name)
@@ -283,6 +291,64 @@ def attention_command(argv: list[str]) -> None:
         print(f"{name:<16} {doc}")
         options = [f"{key}={default!r}" for key, default in option_defaults(cls.Options).items()]
         print(textwrap.fill(", ".join(options), width=116, initial_indent=" " * 17, subsequent_indent=" " * 17))
+    print(
+        "\nOne backend's options in full: lightning_cqk attention <name>. Recipes (a backend with its options set): "
+        "configs/attention/*.yaml, used as lightning_cqk fit --config configs/attention/<recipe>.yaml."
+    )
+
+
+def print_backend(name: str) -> None:
+    """One backend: its summary, its papers, and every option with its default and meaning."""
+    import textwrap
+
+    from lightning_cqk import attention
+
+    cls = attention.get_attention(name)
+    doc = (cls.__doc__ or "").strip().splitlines()[0].replace(f"`{name}`: ", "")
+    print(f"{name}: {doc}")
+    papers = _papers(cls)
+    if papers:
+        print(f"  papers: {papers}")
+    docs = option_docs(cls, cls.Options)
+    print("  options (lightning_cqk fit --model.config.attention_options '{key: value, ...}'):")
+    for key, default in option_defaults(cls.Options).items():
+        text = f"{key} = {_yaml(default)}: {docs.get(key, '')}".rstrip(": ")
+        print(textwrap.fill(text, width=116, initial_indent="    ", subsequent_indent="      "))
+    print()
+
+
+def check_backend_name(name: str) -> None:
+    """A ConfigError for a name that is no registered backend, pointing at the recipe of that name when one ships
+    (`gqa` is configs/attention/gqa.yaml, standard attention with n_kv_groups set)."""
+    from lightning_cqk import attention
+    from lightning_cqk.errors import ConfigError
+
+    if name in attention.ATTENTION_BACKENDS:
+        return
+    hint = recipe_hint(name)
+    if hint is None:
+        attention.get_attention(name)  # the registry's own message: did-you-mean and the list
+    raise ConfigError(f"Unknown attention backend {name!r}: {hint}")
+
+
+def recipe_hint(name: str) -> str | None:
+    """When `configs/attention/<name>.yaml` exists (here or shipped): what it sets, and how to use it; else None."""
+    import yaml
+
+    from lightning_cqk.resources import ConfigNotFound, find_config
+
+    recipe = f"configs/attention/{name}.yaml"
+    try:
+        loaded = yaml.safe_load(find_config(recipe).read_text()) or {}
+    except (ConfigNotFound, OSError, yaml.YAMLError):
+        return None
+    config = ((loaded.get("model") or {}).get("config") or {}) if isinstance(loaded, dict) else {}
+    backend = config.get("attention", "standard")
+    return (
+        f"{name} is a recipe, not a backend: {recipe} sets attention: {backend} with its options. Use it as a "
+        f"config file after your main one, e.g. lightning_cqk fit --config configs/quickstart.yaml --config {recipe} "
+        f"(lightning_cqk attention {backend} lists the options it sets)."
+    )
 
 
 def write_or_print(path: str | None) -> None:

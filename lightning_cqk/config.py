@@ -6,6 +6,7 @@ names resolved by the model code. Size presets fill the shape fields that were l
 
     ModelConfig(preset="60m")                      # 10 layers, d=512, 8 heads, d_ff=2048
     ModelConfig(preset="60m", n_layer=6)           # any field you set wins over the preset
+    ModelConfig(preset="tiny", n_embd=256)         # mlp_hidden follows n_embd: 1024 (4x), unless set
     ModelConfig.from_preset("tiny", attention="coupled", attention_options={"steps": 2})
 
 Parameter counts of the presets (GPT-2 vocabulary, 50,257 tokens, tied embeddings, RoPE, LayerNorm, GELU MLP,
@@ -60,22 +61,36 @@ _LABELS = {"n_layer": "L", "n_head": "H", "n_embd": "d", "mlp_hidden": "ff"}
 def preset_shape(preset: str, **given: int | None) -> dict[str, int]:
     """The shape a preset gives, with every field in `given` that is not None winning over the preset's value.
 
+    `mlp_hidden` follows `n_embd` unless set: it keeps the preset's ratio (4 x n_embd in every preset), so
+    `tiny` with `n_embd=256` has a 1024-wide MLP, not the preset's absolute 512.
+
     The single rule used by `ModelConfig` and by the CLI (the resolved config it prints and saves, the run name), so
     what is shown is what is built.
     """
     if preset not in PRESETS:
-        raise ValueError(_unknown("preset", preset, PRESETS))
-    return {key: value if given.get(key) is None else int(given[key]) for key, value in PRESETS[preset].items()}
+        raise ConfigError(_unknown("preset", preset, PRESETS))
+    shape = {key: value if given.get(key) is None else int(given[key]) for key, value in PRESETS[preset].items()}
+    if given.get("mlp_hidden") is None:
+        shape["mlp_hidden"] = mlp_hidden_for(preset, shape["n_embd"])
+    return shape
+
+
+def mlp_hidden_for(preset: str, n_embd: int) -> int:
+    """The MLP width a preset gives a model of width `n_embd`: the preset's mlp_hidden / n_embd ratio times it."""
+    ratio = PRESETS[preset]["mlp_hidden"] / PRESETS[preset]["n_embd"]
+    return max(1, round(ratio * n_embd))
 
 
 def size_label(preset: str, **given: int | None) -> str:
     """A run-name label of the model's size: the preset, plus every shape field that differs from it.
 
     `size_label("60m")` is `60m`; `size_label("60m", n_layer=6)` is `60m-L6`; `size_label("tiny", n_layer=2,
-    n_embd=64)` is `tiny-L2-d64`. `block_size` is left out (it follows data.seq_len).
+    n_embd=64)` is `tiny-L2-d64`. `block_size` is left out (it follows data.seq_len); `mlp_hidden` is named only
+    when it is not the width that follows `n_embd` (`tiny-d64-ff512`).
     """
     shape = preset_shape(preset, **given)
-    changed = [f"{tag}{shape[key]}" for key, tag in _LABELS.items() if shape[key] != PRESETS[preset][key]]
+    follows = dict(PRESETS[preset], mlp_hidden=mlp_hidden_for(preset, shape["n_embd"]))
+    changed = [f"{tag}{shape[key]}" for key, tag in _LABELS.items() if shape[key] != follows[key]]
     return "-".join([preset, *changed])
 
 
@@ -114,7 +129,8 @@ class ModelConfig:
     """A GPT-style decoder: shape, components by name, and the attention backend by name.
 
     Attributes:
-        preset: size preset that fills `n_layer`, `n_head`, `n_embd`, `mlp_hidden` and `block_size` when unset.
+        preset: size preset that fills `n_layer`, `n_head`, `n_embd`, `mlp_hidden` and `block_size` when unset
+            (an unset `mlp_hidden` follows `n_embd`: the preset's ratio, 4x, times n_embd; `preset_shape`).
         n_layer: number of transformer blocks.
         n_head: number of attention heads (backends may reinterpret, e.g. differential uses n_head/2 pairs).
         n_embd: model width C.

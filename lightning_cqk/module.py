@@ -5,7 +5,7 @@ This is the only Lightning-aware model file; the network itself is `lightning_cq
 
 Metrics (TensorBoard names):
     train/loss         next-token cross-entropy of the current batch (nats/token)
-    train/tokens_seen  target tokens trained on so far, all ranks together
+    train/tokens_seen  target tokens trained on so far, all ranks together (logged on logging steps only)
     optim/quack/...    with model.optim.logit_control.method quack: mean per-head factor per role and layer
                        (`optim/quack/q/layer_03`, ...) and their min/max, every `log_every_n_steps`
     optim/qk_clip/...  with qk_clip: per layer the max logit measured at the last step and the heads clipped
@@ -47,8 +47,11 @@ from lightning_cqk.data.token_bytes import token_byte_lengths
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import training_flops_per_batch
+from lightning_cqk.model.loss import chunked_cross_entropy
+from lightning_cqk.model.sharding import clip_grad_norm_, shard_gpt
 from lightning_cqk.optim import OptimConfig, build_logit_control, build_optimizer, warmup_cosine
 from lightning_cqk.optim.config import check_schedule, check_trainer_numbers
+from lightning_cqk.versions import check_torch_features, require_torch
 
 
 class LitLM(L.LightningModule):
@@ -62,6 +65,20 @@ class LitLM(L.LightningModule):
         eval_contexts: context lengths (each at most block_size) at which validation also reports perplexity,
             e.g. [128, 256, 512, 1024] (arXiv 2510.11602 Table 4); None: only the plain val/loss.
         eval_stride: sliding-window stride for `eval_contexts` (tokens newly scored per window); None: the context.
+        activation_checkpointing: keep only each block's input in the forward and recompute its activations in
+            backward (`torch.utils.checkpoint` per block, every strategy; the same numbers, about 1/3 more compute).
+            Default off.
+        meta_init: build the network on the meta device (no memory) and materialise it in `configure_model` on the
+            trainer's device, with exactly the weights a CPU build with the same seed has (`GPT.materialize`). For
+            large models under several processes (each rank would otherwise hold the full fp32 model on the host).
+            Default off: the model is built at construction, usable without a Trainer.
+        loss_chunk: tokens per chunk of the output head + cross-entropy (`chunked_cross_entropy`): the B x T x vocab
+            logits are never held at once, nor in fp32. 0: the plain head and `F.cross_entropy` on fp32 logits.
+
+    Sharding: under Lightning's `ModelParallelStrategy` (FSDP2; `--trainer.strategy ModelParallelStrategy` with
+    `data_parallel_size` = the number of processes and `tensor_parallel_size: 1`) `configure_model` applies
+    `model.sharding.shard_gpt` (one unit per block, bf16 parameters with fp32 gradient reduction under a bf16
+    precision) and gradient clipping by norm works on the sharded gradients (`configure_gradient_clipping`).
     """
 
     def __init__(
@@ -71,6 +88,9 @@ class LitLM(L.LightningModule):
         compile: bool = False,
         eval_contexts: list[int] | None = None,
         eval_stride: int | None = None,
+        activation_checkpointing: bool = False,
+        meta_init: bool = False,
+        loss_chunk: int = 0,
     ) -> None:
         super().__init__()
         # Accept plain dicts too: that is how checkpoints store hyper-parameters (weights_only-loadable).
@@ -78,9 +98,21 @@ class LitLM(L.LightningModule):
         optim = OptimConfig(**optim) if isinstance(optim, dict) else optim
         self.save_hyperparameters({"config": config.to_dict(), "optim": asdict(optim), "compile": compile})
         self.config, self.optim, self.compile_blocks = config, optim, compile
-        self.model = GPT(config)
-        # QuacK / fixed factor / QK-clip (None when off, so nothing changes): built on the initial weights.
-        self.logit_control = build_logit_control(self.model, optim.logit_control)
+        self.activation_checkpointing, self.loss_chunk = activation_checkpointing, loss_chunk
+        check_torch_features(config, optim)
+        if isinstance(loss_chunk, bool) or not isinstance(loss_chunk, int) or loss_chunk < 0:
+            raise ValueError(
+                f"loss_chunk={loss_chunk!r}; use 0 (no chunking) or a positive number of tokens, e.g. 4096."
+            )
+        if meta_init:
+            with torch.device("meta"):
+                self.model = GPT(config)
+        else:
+            self.model = GPT(config)
+        # QuacK / fixed factor / QK-clip (None when off, so nothing changes): built on the initial weights, so after
+        # materialisation with meta_init (in configure_model).
+        self.logit_control = None if meta_init else build_logit_control(self.model, optim.logit_control)
+        self._sharded = False
         # nan_strategy="disable": a NaN is summed like any value (the default drops it and biases the loss low).
         self.val_nll = SumMetric(nan_strategy="disable")
         self.val_tokens = SumMetric(nan_strategy="disable")
@@ -104,10 +136,51 @@ class LitLM(L.LightningModule):
 
     # ----------------------------------------------------------------------------------------------- model
     def configure_model(self) -> None:
+        """Materialise (meta_init), build the logit control, activation checkpointing, compile, then FSDP2 under
+        `ModelParallelStrategy`, in that order (torchtitan's). Idempotent: Lightning calls it on every entry."""
+        device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
+        if any(p.is_meta for p in self.model.parameters()):
+            self.model.materialize(device)
+        if self.logit_control is None and self.optim.logit_control.method != "none":
+            self.logit_control = build_logit_control(self.model, self.optim.logit_control).to(device)
+        self.model.activation_checkpointing = self.activation_checkpointing
         if self.compile_blocks:
             for block in self.model.blocks:
                 if not hasattr(block, "_compiled_call_impl") or block._compiled_call_impl is None:
                     block.compile()
+        mesh = self.device_mesh
+        if mesh is not None and not self._sharded:
+            self._shard(mesh)
+
+    def _shard(self, mesh: Any) -> None:
+        """FSDP2 over the data-parallel ranks of Lightning's mesh (`model.sharding.shard_gpt`)."""
+        require_torch("fsdp2")
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        tensor_parallel = mesh["tensor_parallel"].size() if "tensor_parallel" in (mesh.mesh_dim_names or ()) else 1
+        if tensor_parallel != 1:
+            raise ConfigError(
+                f"ModelParallelStrategy with tensor_parallel_size={tensor_parallel}: this framework shards the model "
+                "with FSDP2 only (no tensor parallelism). Use --trainer.strategy.tensor_parallel_size 1 "
+                "--trainer.strategy.data_parallel_size <number of processes>."
+            )
+        precision = str(getattr(self.trainer, "precision", "32-true")) if self._trainer is not None else "32-true"
+        bf16 = precision.startswith("bf16")
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+        dp_mesh = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
+        self.model.to(self.trainer.strategy.root_device if self._trainer is not None else dp_mesh.device_type)
+        shard_gpt(self.model, dp_mesh, policy)
+        self._sharded = True
+
+    def configure_gradient_clipping(
+        self, optimizer: Any, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
+    ) -> None:
+        """Lightning's clipping; by norm on sharded (FSDP2) gradients with `model.sharding.clip_grad_norm_` (the
+        global norm over all ranks, as on the unsharded model)."""
+        if gradient_clip_val and (gradient_clip_algorithm or "norm") == "norm" and self._sharded:
+            clip_grad_norm_(self.model.parameters(), float(gradient_clip_val))
+            return
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)  # (B, T, vocab)
@@ -115,6 +188,10 @@ class LitLM(L.LightningModule):
     def loss(self, batch: torch.Tensor, reduction: str = "mean") -> tuple[torch.Tensor, int]:
         """Next-token cross-entropy of a (B, T + 1) token window batch, and the number of target tokens."""
         x, y = batch[:, :-1], batch[:, 1:]  # (B, T) each
+        if self.loss_chunk:
+            hidden = self.model(x, head=False)  # (B, T, C)
+            loss = chunked_cross_entropy(hidden, self.model.lm_head.weight, y, self.loss_chunk, reduction=reduction)
+            return loss, y.numel()
         logits = self.model(x)  # (B, T, vocab)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction=reduction)
         return loss, y.numel()
@@ -122,10 +199,13 @@ class LitLM(L.LightningModule):
     # -------------------------------------------------------------------------------------------- training
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss, n_tokens = self.loss(batch)
-        self.tokens_seen += n_tokens * self.trainer.world_size
+        self.tokens_seen += n_tokens * self.trainer.world_size  # Python ints: exact, and no device work at all
         self.flops_seen += self.flops_per_batch(batch.size(0), batch.size(1) - 1) * self.trainer.world_size
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/tokens_seen", float(self.tokens_seen))
+        # Not prog_bar: Lightning converts progress-bar values to Python numbers after every batch (a host read);
+        # the bars show train/loss on their own refresh (callbacks/progress.py), every log_every_n_steps.
+        self.log("train/loss", loss)
+        if self.trainer._logger_connector.should_update_logs:  # a new tensor (host-to-device copy) on log steps only
+            self.log("train/tokens_seen", float(self.tokens_seen))
         return loss
 
     def flops_per_batch(self, batch_size: int, seq_len: int) -> int:

@@ -1,8 +1,12 @@
 """One owner for run directories: how a run is named, locked, recorded and resumed.
 
-Every command that trains into `runs/<experiment>/<run>/` goes through this module: `lightning_cqk fit` (cli.py), the
-downstream CLI and `lightning_cqk glue` (downstream/), the sweep runner (sweep/runner.py) and the callbacks that write
-beside the logs (callbacks/common.py `run_dir`).
+Every command that trains into `runs/<experiment>/<run>/` goes through this module: `lightning_cqk fit`
+(cli/trainer.py), the downstream CLI and `lightning_cqk glue` (cli/glue.py, cli/glue_command.py), the sweep runner
+(sweep/runner.py) and the callbacks that write beside the logs (callbacks/common.py `run_dir`). It is also the one
+answer to "which run does this checkpoint belong to" (`checkpoint_run`: `<run>/checkpoints/<file>` of a directory
+with a run record; `fit --ckpt_path` resumes into it, `validate` logs beside it, `glue` fine-tunes under it) and the
+package's one JSON writer (`write_json_atomically`: run.json, budgets, summaries, manifests, sweep status, results).
+Standard library only at import.
 
 Naming. A run is `{attention}-{size}-s{seed}` (`config.size_label`: the preset plus any shape field set against
 it, e.g. `60m-L6`); a new run never writes into an earlier run's directory: it gets the
@@ -14,7 +18,8 @@ mistaken for a run later.
 Locking. `run_lock.py`: one live process per directory, by an OS file lock held for the process's life.
 
 Records. `run.json` lists the run's attempts: when each started (pid, host, command, the checkpoint and step it
-resumed from, the settings it changed) and how it ended (`finished`, `interrupted` by SIGTERM/SIGINT with a saved
+resumed from, the settings it changed, the versions of Python and of every direct dependency it ran with:
+`packages`, package_versions.py) and how it ended (`finished`, `interrupted` by SIGTERM/SIGINT with a saved
 checkpoint, `failed` with the error); an attempt still `running` whose process is gone was killed (SIGKILL, power
 loss). The resolved configuration of the first attempt is `config.yaml`; every resume adds `config.resume-<n>.yaml`,
 so each earlier configuration is kept. Nothing is recorded before training has really started: a refused resume
@@ -51,16 +56,19 @@ import shlex
 import shutil
 import socket
 import sys
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.checkpoint_files import checkpoint_problem
+from lightning_cqk.errors import ConfigError
+from lightning_cqk.package_versions import package_versions
 from lightning_cqk.run_lock import (
     LOCK_NAME,
     RunDirectoryInUse,
     acquire,
     holder,
-    is_rank_zero_process,
     process_start,
 )
 
@@ -69,7 +77,6 @@ __all__ = [
     "ResumeRefused",
     "acquire",
     "holder",
-    "is_rank_zero_process",
     "resolve_fit",
     "resumable_checkpoint",
     "classify_changes",
@@ -85,19 +92,86 @@ class ResumeRefused(ValueError):
     """A resume (or a new run) that would mix two experiments or lose a checkpoint; the message says what to do."""
 
 
+class UnsafeRunName(ConfigError):
+    """A logger name or version that is not one plain directory name (`..`, `/`): the run would leave save_dir."""
+
+
+_UNSAFE = re.compile(r"[/\\\x00-\x1f\x7f]")
+
+
+def check_run_name_part(value: Any, flag: str) -> None:
+    """Refuse a run directory name part (the logger's `name` or `version`) that is not one plain directory name.
+
+    `..`, `.`, a path separator or a control character would put the run directory, and the clean-up of a failed
+    launch, outside `save_dir` (issue 25 class 7). Checked before anything is created. None and "" pass (defaults).
+    """
+    if value is None or value == "":
+        return
+    text = str(value)
+    if text in (".", "..") or _UNSAFE.search(text) or (os.altsep and os.altsep in text):
+        safe = _UNSAFE.sub("-", text).replace("..", "-").strip(".-") or "run"
+        raise UnsafeRunName(
+            f"{flag} {text!r} is not a plain directory name (it is '.' or '..', or holds a path separator or a control "
+            "character), so the run directory, and the clean-up of a launch that fails, would leave save_dir. Give "
+            f"one name, e.g. {flag} {shlex.quote(safe)}; to write elsewhere, set --trainer.logger.init_args.save_dir."
+        )
+
+
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def write_json_atomically(path: Path, data: Any) -> None:
-    """Write JSON so that a reader never sees half a file."""
+def write_json_atomically(
+    path: str | Path, data: Any, *, sort_keys: bool = False, default: Any = None, ensure_ascii: bool = True
+) -> Path:
+    """Write `data` as indented JSON so that a reader never sees half a file: the one JSON writer of the package.
+
+    The text goes to a hidden temporary file beside `path` (a name no other writer, process or thread, uses), which
+    is then renamed over `path` (atomic on POSIX): a reader sees the old file or the new one, concurrent writers
+    leave one whole version, and a crash or a full disk leaves the old file and no temporary one. Creates the folder.
+    """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=2, sort_keys=sort_keys, default=default, ensure_ascii=ensure_ascii) + "\n"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 # --------------------------------------------------------------------------------------------------- naming
+def _run_of_path(checkpoint: Any) -> Path | None:
+    """`<run>` of a path `<run>/checkpoints/<file>` (by its shape alone), else None."""
+    path = Path(str(checkpoint))
+    return path.parent.parent if path.parent.name == "checkpoints" and path.parent.parent.name else None
+
+
+def checkpoint_run(checkpoint: Any) -> Path | None:
+    """The run directory a checkpoint belongs to, or None: the one answer every command uses.
+
+    A checkpoint belongs to `<run>` when it is `<run>/checkpoints/<file>` and `<run>` holds a run's record
+    (`run.json`, or the `config.yaml` of a run older than run.json). `fit --ckpt_path FILE` resumes into that run,
+    `validate`/`test`/`predict` log beside its curves, `glue` logs its fine-tuning runs under `<run>/glue/`.
+    """
+    run = _run_of_path(checkpoint) if checkpoint else None
+    if run is None:
+        return None
+    return run if (run / RECORD_NAME).is_file() or (run / CONFIG_NAME).is_file() else None
+
+
+def checkpoint_run_name(checkpoint: str | Path) -> str:
+    """A short name for a checkpoint: its run's name, else the file's stem.
+
+    Also for a path recorded earlier (a glue.json's checkpoint) whose run is gone or elsewhere now: the name comes
+    from the path's shape (`<run>/checkpoints/<file>`), as `checkpoint_run` reads it.
+    """
+    run = _run_of_path(checkpoint)
+    return run.name if run is not None else Path(checkpoint).stem
+
+
 def base_run_name(attention: Any, size: Any, seed: Any) -> str:
     """The run name of a language-model run: `{attention}-{size}-s{seed}`.
 
@@ -219,8 +293,6 @@ def resumable_checkpoint(run_dir: Path) -> tuple[Path | None, str]:
     last.ckpt when it reads back intact; else the newest intact `*step=<N>*.ckpt` in the same folder (highest step,
     then newest file; `nonfinite-*` files, the NaN guard's pre-divergence states, are never picked automatically).
     """
-    from lightning_cqk.callbacks.checkpoint import checkpoint_problem
-
     folder = Path(run_dir) / "checkpoints"
     last = folder / "last.ckpt"
     if last.is_file():
@@ -246,27 +318,69 @@ def resumable_checkpoint(run_dir: Path) -> tuple[Path | None, str]:
 
 
 # ---------------------------------------------------------------------------------------------- what changed
-# A resume may change these (and they are applied); every other difference is refused. Keys are the resolved
-# configuration's dotted keys with `init_args` dropped (data.seq_len, not data.init_args.seq_len).
-MAY_CHANGE = (
-    "trainer.*",
-    "budget.*",
-    "model.optim.lr",
-    "model.optim.betas",
-    "model.optim.eps",
-    "model.optim.weight_decay",
-    "model.optim.warmup_steps",
-    "model.optim.min_lr_ratio",
-    "model.optim.decay_steps",
-    "model.optim.fused",
-    "model.compile",
-    "model.eval_contexts",
-    "model.eval_stride",
-    "model.config.dropout",
+# What a resume may change, and how each change is applied; every other difference is refused. Keys are the resolved
+# configuration's dotted keys with `init_args` dropped (data.seq_len, not data.init_args.seq_len), fnmatch patterns.
+# The check (`classify_changes`), the refusal's table (`policy_table`) and docs/reliability.md's table
+# (`policy_markdown`, checked by tests/reliability/test_resume_policy.py) are all made from this one list.
+RESUME_POLICY: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        (
+            "model.optim.lr",
+            "model.optim.betas",
+            "model.optim.eps",
+            "model.optim.weight_decay",
+            "model.optim.warmup_steps",
+            "model.optim.min_lr_ratio",
+            "model.optim.decay_steps",
+            "model.optim.fused",
+        ),
+        "applied to the restored optimizer and schedule (RunSession; moments and step counts stay restored)",
+    ),
+    (
+        ("trainer.*",),
+        "the trainer is built from the new values (max_steps, validation and logging cadence, clipping, "
+        "precision, devices, callbacks)",
+    ),
+    (("budget.*",), "the budget is built from the new values"),
+    (
+        ("model.config.dropout", "model.compile", "model.eval_contexts", "model.eval_stride"),
+        "the module is built from the new values",
+    ),
 )
-IGNORED = ("ckpt_path", "on_unfinished", "trainer.logger", "trainer.logger.*", "config", "__path__")
+REFUSED_NOTE = (
+    "everything else (the architecture model.config.*, the tokenizer and data data.*, seed_everything, "
+    "model.optim.logit_control, ...): refused, a resumed run must stay the same experiment"
+)
+MAY_CHANGE = tuple(pattern for patterns, _ in RESUME_POLICY for pattern in patterns)
+IGNORED = ("ckpt_path", "on_unfinished", "memory_check", "trainer.logger", "trainer.logger.*", "config", "__path__")
 # Changing these is applied to the restored optimizer and schedule by RunSession (Lightning restores the saved ones).
 OPTIMIZER_KEYS = tuple(k for k in MAY_CHANGE if k.startswith("model.optim."))
+
+
+def _short_patterns(patterns: tuple[str, ...]) -> str:
+    """`model.optim.lr, betas, eps` rather than the prefix again on every name."""
+    first, *rest = patterns
+    prefix = first.rsplit(".", 1)[0] + "."
+    return ", ".join([first] + [p.removeprefix(prefix) if p.startswith(prefix) else p for p in rest])
+
+
+def policy_table() -> str:
+    """What a resume may change and how, as the refusal prints it (from RESUME_POLICY, the list the check uses)."""
+    lines = ["What a resume may change (run_dir.RESUME_POLICY):"]
+    lines += [f"  - {_short_patterns(patterns)}: {how}" for patterns, how in RESUME_POLICY]
+    lines.append(f"  - {REFUSED_NOTE}.")
+    return "\n".join(lines)
+
+
+def policy_markdown() -> str:
+    """The same table in Markdown, for docs/reliability.md."""
+    lines = ["| setting | on resume |", "|---|---|"]
+    lines += [f"| `{'`, `'.join(patterns)}` | allowed: {how} |" for patterns, how in RESUME_POLICY]
+    lines.append(
+        f"| {REFUSED_NOTE.split(':')[0]} | refused, naming each setting, its old and new value, and the "
+        "command that resumes the run as it was |"
+    )
+    return "\n".join(lines)
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -329,7 +443,7 @@ class FitPlan:
         return files[-1] if files else None
 
 
-def _command(argv: list[str], drop: tuple[str, ...] = (), add: tuple[str, ...] = ()) -> str:
+def command_line(argv: list[str], drop: tuple[str, ...] = (), add: tuple[str, ...] = ()) -> str:
     """The command line of this process with some flags dropped (with their values) and others added."""
     out, skip = [], False
     for arg in argv:
@@ -406,8 +520,8 @@ def resolve_fit(
         new_plan.notes.append(f"{newest.path} {why}{detail}; this is a new run, {name}.")
         return new_plan
     # Unfinished and resumable.
-    resume_cmd = _command(argv, drop=("--ckpt_path", "--on_unfinished"), add=("--ckpt_path", "last"))
-    new_cmd = _command(argv, drop=("--on_unfinished",), add=("--on_unfinished", "new"))
+    resume_cmd = command_line(argv, drop=("--ckpt_path", "--on_unfinished"), add=("--ckpt_path", "last"))
+    new_cmd = command_line(argv, drop=("--on_unfinished",), add=("--on_unfinished", "new"))
     if on_unfinished == "new":
         new_plan.notes.append(f"{newest.path} is unfinished ({describe_end(newest.path)}); starting a new run, {name}.")
         return new_plan
@@ -451,11 +565,11 @@ def _resolve_named(run_dir: Path, ckpt_request: str | None, on_unfinished: str, 
 def _resolve_file(root: Path, base: str, version: str | None, ckpt: Path) -> FitPlan:
     if not ckpt.is_file():
         raise ResumeRefused(f"--ckpt_path {ckpt}: no such file.")
-    owner_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
     if version is not None:
         return FitPlan(root / version, str(ckpt), True)
-    if owner_dir is not None and (read_record(owner_dir) is not None or config_files(owner_dir)):
-        return FitPlan(owner_dir, str(ckpt), True)
+    owner = checkpoint_run(ckpt)
+    if owner is not None:
+        return FitPlan(owner, str(ckpt), True)
     name = next_free_name(root, base)
     return FitPlan(root / name, str(ckpt), True, notes=[f"{ckpt} is not inside a run directory; this run is {name}."])
 
@@ -471,9 +585,13 @@ class RunDirectory:
 
     @staticmethod
     def claim(path: Path, log=print) -> RunDirectory:
-        """Lock `path` (creating it); remember whether it existed."""
+        """Lock `path` (creating it); remember whether it existed.
+
+        Only a directory this launch creates, or the husk of an earlier launch (nothing but its unheld `.lock`), is
+        removed after a failed launch: an existing empty directory is someone else's and stays.
+        """
         path = Path(path)
-        created = not path.exists() or is_husk(path)
+        created = not path.exists() or (is_husk(path) and (path / LOCK_NAME).is_file())
         lock = acquire(path, log=log)
         return RunDirectory(path, created, lock)
 
@@ -488,6 +606,7 @@ class RunDirectory:
             "host": socket.gethostname(),
             "process_start": process_start(os.getpid()),
             "argv": list(sys.argv),
+            "packages": package_versions(),
             **fields,
         }
         record["attempts"].append(attempt)

@@ -80,11 +80,6 @@ class LockOwner:
         return f"pid {self.pid} on host {self.host}, since {when}, command: {command}"
 
 
-def is_rank_zero_process() -> bool:
-    """False in the extra processes of a multi-process launch (they share rank zero's run directory)."""
-    return all(os.environ.get(var, "0") == "0" for var in ("RANK", "LOCAL_RANK", "NODE_RANK"))
-
-
 def process_start(pid: int) -> str | None:
     """A process's start time in clock ticks since boot (Linux), None elsewhere or when it is gone."""
     try:

@@ -14,12 +14,16 @@ torch.set_num_threads(1)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The specs' {shared_data} placeholder has no default in the package: the tests read the corpora beside the repo.
-os.environ.setdefault("LIGHTNING_CQK_SHARED_DATA", str(REPO_ROOT.parent / "shared" / "data"))
+# Absolute, for this process and every command a test starts in another folder (the Makefile exports "../shared/data").
+os.environ["LIGHTNING_CQK_SHARED_DATA"] = str(
+    Path(os.environ.get("LIGHTNING_CQK_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
+)
 
 
 def shared_data_dir() -> Path:
-    """`../shared/data` beside the repo (or $LIGHTNING_CQK_SHARED_DATA)."""
-    return Path(os.environ.get("LIGHTNING_CQK_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+    """`../shared/data` beside the repo (or $LIGHTNING_CQK_SHARED_DATA), absolute: tests run commands in other folders
+    (the Makefile exports the relative `../shared/data`)."""
+    return Path(os.environ.get("LIGHTNING_CQK_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
 
 
 @pytest.fixture(autouse=True)

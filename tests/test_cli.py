@@ -12,7 +12,8 @@ import torch
 import yaml
 
 from lightning_cqk import attention
-from lightning_cqk.cli import CQKCLI, main
+from lightning_cqk.cli import main
+from lightning_cqk.cli.trainer import CQKCLI
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"

@@ -11,8 +11,9 @@ import pytest
 import torch
 import yaml
 
-from lightning_cqk.cli import CQKCLI, main
-from lightning_cqk.cli_presets import resolve_shape_in
+from lightning_cqk.cli import main
+from lightning_cqk.cli.presets import resolve_shape_in
+from lightning_cqk.cli.trainer import CQKCLI
 from lightning_cqk.config import PRESETS, preset_shape
 from lightning_cqk.sweep.spec import expand
 
@@ -99,3 +100,23 @@ def _explicit_shape(args: list[str]) -> dict[str, int | None]:
             if key in SHAPE:
                 given[key] = int(value)
     return given
+
+
+def test_mlp_hidden_follows_n_embd_unless_set(capsys):
+    """Issue 26: `tiny` at n_embd 256 gets a 4x MLP (1024), not the preset's absolute 512; an explicit width wins."""
+    from lightning_cqk.config import ModelConfig, size_label
+
+    assert ModelConfig(preset="tiny", n_embd=256).mlp_hidden == 1024
+    assert ModelConfig(preset="60m", n_embd=256, n_head=4).mlp_hidden == 1024
+    assert ModelConfig(preset="tiny", n_embd=256, mlp_hidden=512).mlp_hidden == 512
+    assert ModelConfig(preset="tiny").mlp_hidden == PRESETS["tiny"]["mlp_hidden"]
+    for preset, shape in PRESETS.items():  # the rule keeps every preset's own width
+        assert preset_shape(preset) == shape
+    printed = printed_model(
+        capsys, "--config", str(PUBMED), "--model.config.n_embd", "256", "--model.config.n_head", "4"
+    )
+    assert (printed["n_embd"], printed["mlp_hidden"]) == (256, 1024)
+    # the run name says a width only when it is not the one that follows n_embd
+    assert size_label("tiny", n_embd=256) == "tiny-d256"
+    assert size_label("tiny", n_embd=256, mlp_hidden=512) == "tiny-d256-ff512"
+    assert size_label("tiny", mlp_hidden=1024) == "tiny-ff1024"

@@ -30,7 +30,7 @@ MODULE_COMMANDS = {
     "sweep/spec.py": "sweep",
     "sweep/report.py": "report",
     "data/prepare.py": "prepare",
-    "downstream/run_glue.py": "glue",
+    "cli/glue_command.py": "glue",
     "downstream/multiple_choice.py": "mc-eval",
     "downstream/glue_table.py": "glue-table",
     "backends_doc.py": "attention",
@@ -38,7 +38,7 @@ MODULE_COMMANDS = {
     "evaluation/command.py": "eval",
     "evaluation/lm.py": "eval",
 }
-GLOBAL_FLAGS = {"--debug"}  # taken by `main` before any command sees the arguments (cli_errors.py)
+GLOBAL_FLAGS = {"--debug"}  # taken by `main` before any command sees the arguments (cli/errors.py)
 COMMANDS = (*TRAINER_COMMANDS, *EXTRA_COMMANDS)
 _FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9_.-]*[a-z0-9_])(\.\{\})?")
 _NAMED = "|".join(re.escape(c) for c in sorted(COMMANDS, key=len, reverse=True))
@@ -98,8 +98,8 @@ class _Parser(Exception):
 @cache
 def _trainer_parsers():
     """The `fit` parsers of both trainer CLIs, built without parsing anything."""
-    from lightning_cqk.downstream.cli import GlueCLI
-    from lightning_cqk.trainer_cli import CQKCLI
+    from lightning_cqk.cli.glue import GlueCLI
+    from lightning_cqk.cli.trainer import CQKCLI
 
     parsers = []
     for cls in (CQKCLI, GlueCLI):

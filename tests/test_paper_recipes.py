@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from lightning_cqk.cli import CQKCLI
+from lightning_cqk.cli.trainer import CQKCLI
 from lightning_cqk.optim import MuonAdamW, build_optimizer
 
 REPO = Path(__file__).resolve().parents[1]

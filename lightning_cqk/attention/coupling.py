@@ -171,9 +171,13 @@ class InvertibleCouplingFunction(torch.autograd.Function):
     backward recomputes them from the saved q, k (two small GEMMs and a few elementwise passes per layer) and applies
     `coupling_step_backward` in reverse order. Memory beyond the base backend: q and k (2 x (N, P d)) per attention
     layer. Weights are the full banks (L, G, ...).
+
+    Under CUDA autocast the backward runs in the forward's autocast state (`torch.amp.custom_fwd/custom_bwd`), so its
+    matmuls take the dtypes of the forward's and of the compiled reference path's (bf16 parity: tests/gpu).
     """
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, q, k, w1, b1, w2, b2, clamp: float | None, additive: bool):
         ctx.save_for_backward(q, k, w1, b1, w2, b2)
         ctx.conf = (clamp, additive)
@@ -186,6 +190,7 @@ class InvertibleCouplingFunction(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, g_q, g_k):
         q, k, w1, b1, w2, b2 = ctx.saved_tensors
         clamp, additive = ctx.conf

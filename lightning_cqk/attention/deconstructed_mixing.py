@@ -105,6 +105,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
 from lightning_cqk.attention.cache import LayerCache
@@ -431,11 +432,15 @@ class ApproximateOptions(DeconstructedOptions):
             Appendix I as extracted; unstable in training, see the module docstring).
         chunk_size: block length of the chunked linear-time fast path; None picks the cheaper of T and 64.
         eps: keeps the signed first-order denominator of "separate" at least eps away from zero.
+        recompute: backward keeps only q, k, v and recomputes the mixing (`torch.utils.checkpoint`): no (c, c)
+            kernels (c = T below T ~ hs^2, 2.6 T^2 fp32 bytes per sequence and head) and no hs^2 feature maps are
+            saved, for one more mixing forward (not credited by the analytic FLOPs). Default true; false keeps them.
     """
 
     normalization: Literal["separate", "joint"] = "joint"
     chunk_size: int | None = None
     eps: float = 1e-6
+    recompute: bool = True
 
 
 class ApproximateAttention(ProjectedAttention):
@@ -457,7 +462,13 @@ class ApproximateAttention(ProjectedAttention):
             y = taylor_attention_quadratic(q, k, v, o.normalization, o.eps)  # (B, nh, T, hs)
         else:
             chunk = taylor_chunk_size(q.size(2), self.head_size, o.chunk_size, o.normalization)
-            y = taylor_attention_chunked(q, k, v, o.normalization, o.eps, chunk)  # (B, nh, T, hs)
+            if o.recompute and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+                # Backward keeps q, k, v only and recomputes the mixing (option `recompute`; the same numbers).
+                y = checkpoint(
+                    taylor_attention_chunked, q, k, v, o.normalization, o.eps, chunk, use_reentrant=False
+                )  # (B, nh, T, hs)
+            else:
+                y = taylor_attention_chunked(q, k, v, o.normalization, o.eps, chunk)  # (B, nh, T, hs)
         return self.output(y)  # (B, T, C)
 
     def new_cache(

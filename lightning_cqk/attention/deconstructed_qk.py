@@ -428,6 +428,10 @@ class FixedSeqQKAttention(FixedInputQKAttention):
         # Persistent: the checkpoint keeps the exact sequence even if the file changes later.
         self.register_buffer("reference_tokens", tokens.unsqueeze(0).to(self.q_proj.weight.device))  # (1, L)
 
+    def reset_backend_parameters(self) -> None:
+        with torch.no_grad():  # the same sequence again (a model materialised from the meta device needs it)
+            self.reference_tokens.copy_(fixed_sequence(self.config, self.options).unsqueeze(0))
+
     def reference_input(self, embed: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         return embed(self.reference_tokens)  # (1, L, C)
 

@@ -250,7 +250,7 @@ class _Dynamics(QKTransform):
 
     Attributes:
         dynamics: the MLP bank(s) (shared across layers with share_dynamics="model").
-        dt_raw: () or (P,) raw step-size parameter.
+        dt_raw: (1,) or (P,) raw step-size parameter (dt_scope "layer" or "head").
     """
 
     Options = DynamicsOptions
@@ -260,9 +260,17 @@ class _Dynamics(QKTransform):
         self.hidden = options.hidden or dim
         self.recompute = options.recompute
         self.dynamics = self.build_dynamics()
-        dt_shape = (n_pairs,) if options.dt_scope == "head" else ()
+        # (1,) rather than () for one step per layer: FSDP2 shards no 0-dim parameter; `effective_dt` returns ().
+        dt_shape = (n_pairs,) if options.dt_scope == "head" else (1,)
         self.dt_raw = nn.Parameter(torch.empty(dt_shape))  # fp32 like every parameter; cast at use
         self._reset_dt()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors) -> None:
+        # Checkpoints written before dt_raw became (1,) hold a 0-dim dt_raw for dt_scope "layer": same value, reshaped.
+        old = state_dict.get(prefix + "dt_raw")
+        if isinstance(old, torch.Tensor) and old.dim() == 0:
+            state_dict[prefix + "dt_raw"] = old.reshape(1)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
 
     def build_dynamics(self) -> nn.Module:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -285,11 +293,12 @@ class _Dynamics(QKTransform):
 
     def effective_dt(self) -> torch.Tensor:
         """The step size: () for dt_scope "layer", (P,) for "head"."""
+        raw = self.dt_raw if self.options.dt_scope == "head" else self.dt_raw.squeeze(0)  # (P,) or ()
         if self.options.dt_param == "softplus":
-            return F.softplus(self.dt_raw)
+            return F.softplus(raw)
         if self.options.dt_param == "exp":
-            return self.dt_raw.exp()
-        return self.dt_raw
+            return raw.exp()
+        return raw
 
     def stats(self) -> dict[str, torch.Tensor]:
         return {"dt": self.effective_dt().detach()}

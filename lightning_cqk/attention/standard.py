@@ -56,14 +56,15 @@ KV-cache values per token and layer: none 2 nkv hs, k_eq_v nkv hs, q_eq_k 2 nkv 
 paper's 16 heads that reproduces its table: Q-K=V 50%, GQA-4 75%, MQA 93.75%, Q-GQA-4 87.5%, Q-MQA 96.875% less
 than MHA.
 
-This backend is the baseline every other backend is compared with and, in its `impl="math"` form, the reference
-they are tested against. Tests (`tests/attention/test_standard.py`, `tests/attention/test_shared_projections.py`):
-SDPA == math in fp64, forward and backward, for every sharing x grouping setting; causality (future tokens never
-change past outputs) for every setting; parameter count 4 C^2 (+ 4 C biases, + 2 hs norm gains with qk_norm) and the
-exact drops of every setting, including the paper's 300M attention totals 83.97M / 62.98M / 41.98M; exact
-degenerate cases (q_eq_k == standard with W_Q := W_K, k_eq_v == standard with W_V := W_K, GQA with nkv = nh ==
-standard, GQA-g == standard with each K/V head's rows repeated for its group); tied roles are one parameter; q_eq_k's
-pre-mask scores are symmetric; KV-cache reductions match the paper's table; analytic FLOPs match a FLOP counter.
+This backend is the baseline every other backend is compared with and, in its `impl="math"` form, the reference they are
+tested against. Tests (`tests/attention/test_contract.py`, the harness every backend passes, for every sharing x
+grouping setting: SDPA == math in fp64, forward and backward; causality (future tokens never change past outputs);
+`tests/attention/test_standard.py`, `tests/attention/test_shared_projections.py`): parameter count 4 C^2 (+ 4 C biases,
++ 2 hs norm gains with qk_norm) and the exact drops of every setting, including the paper's 300M attention totals 83.97M
+/ 62.98M / 41.98M; exact degenerate cases (q_eq_k == standard with W_Q := W_K, k_eq_v == standard with W_V := W_K, GQA
+with nkv = nh == standard, GQA-g == standard with each K/V head's rows repeated for its group); tied roles are one
+parameter; q_eq_k's pre-mask scores are symmetric; KV-cache reductions match the paper's table; analytic FLOPs match a
+FLOP counter.
 
 Subclasses reuse the three stages of `forward`: `project` (x -> q (B, nh, T, hs), k and v (B, nkv, T, hs)),
 `transform_qk` (the q/k transform stage of `transform.py`: QK-norm, the optional learned transform `qk_transform`,

@@ -5,7 +5,7 @@ Ready-made stacks of them for configs live in the top-level `callbacks/` folder 
 
 from lightning_cqk.callbacks.attention_stats import AttentionStats
 from lightning_cqk.callbacks.budget import TokenBudget
-from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO, BestCheckpoint, CorruptCheckpointError, RunCheckpoint
+from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO, BestCheckpoint, RunCheckpoint
 from lightning_cqk.callbacks.clock import TrainingClock
 from lightning_cqk.callbacks.grad_norm import GradNormMonitor
 from lightning_cqk.callbacks.loss_spike import LossSpikeMonitor
@@ -18,7 +18,6 @@ __all__ = [
     "AtomicCheckpointIO",
     "AttentionStats",
     "BestCheckpoint",
-    "CorruptCheckpointError",
     "GradNormMonitor",
     "LossSpikeMonitor",
     "NonFiniteGuard",

@@ -29,7 +29,18 @@ seconds of the `TrainingClock`: validation and checkpoints excluded; resumed run
 tokens_per_step / flops_per_step.
 
 `budget.json` (written by this callback at the end of fit, or by RunSummary when no TokenBudget is present) records
-what the run used: {"tokens", "flops", "wallclock", "steps", "tokens_per_step", "flops_per_step", "budget": {...}}.
+what the run used: {"tokens", "flops", "wallclock", "steps", "tokens_per_step", "flops_per_step", "attempts",
+"budget": {...}}. `attempts` lists each stretch of steps trained at one rate ({"from_step", "to_step",
+"tokens_per_step", "flops_per_step", "accumulate_grad_batches", "world_size", "batch_size", "seq_len"}), and
+`tokens_per_step` / `flops_per_step` are the rate when every trained step used the same one, else null (see
+`attempts`). A fit that trains no step (a resume of a run already at its end) leaves an existing budget.json as it is.
+
+Resumes (issue 25 class 3). The checkpoint keeps what was trained (tokens, FLOPs, steps) and the attempts. A resume
+that changes the tokens of a step (`accumulate_grad_batches`, batch size, devices) plans the rest of a tokens or flops
+budget at the new rate: max_steps = steps done + floor((budget - tokens done) / new tokens per step). This happens
+when the checkpoint's callback states are restored, before the optimizer and schedule are configured (Lightning's
+order), so the schedule decays over the new length; strategies that restore after configuring (FSDP, DeepSpeed) keep
+the first plan's schedule length and only the stopping point moves (a warning says so).
 
 Tests (`tests/callbacks/test_token_budget.py`): a budget of N tokens stops at floor(N / step) steps with tokens_seen
 equal to that many steps' tokens and a schedule of that length; flops budget likewise; match_to reproduces the
@@ -44,7 +55,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_cqk.callbacks.clock import TrainingClock
 from lightning_cqk.callbacks.common import is_log_step, log_metrics, run_dir, step_index, write_json
@@ -151,6 +162,11 @@ class TokenBudget(L.Callback):
         self.clock: TrainingClock | None = None  # the run's one clock (training seconds, counts)
         self._restored_wallclock = 0.0  # from a checkpoint written before the clock kept its own state
         self._last_step = -1
+        self._trainer: L.Trainer | None = None
+        self._done: dict[str, float] | None = None  # trained before this fit (tokens, flops, steps), from a checkpoint
+        self._attempts: list[dict[str, Any]] = []  # earlier stretches of steps at one rate, from a checkpoint
+        self._fit_start: int | None = None  # global_step when this fit's training started (None: it never did)
+        self._planned = False  # max_steps planned with what was trained before
 
     # ---------------------------------------------------------------------------------------- planning
     def resolve(self) -> tuple[str | None, float | None]:
@@ -167,6 +183,7 @@ class TokenBudget(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.clock = TrainingClock.of(trainer)
+        self._trainer = trainer
         if stage != "fit":
             return
         self.kind, self.amount = self.resolve()
@@ -183,6 +200,25 @@ class TokenBudget(L.Callback):
             if trainer.max_steps not in (-1, None, steps):
                 rank_zero_info(f"TokenBudget: max_steps {trainer.max_steps} -> {steps} ({self.amount:g} {self.kind}).")
             trainer.fit_loop.epoch_loop.max_steps = steps
+            if self._done is not None:  # restored before setup (not Lightning's order, but cheap to honour)
+                self._plan_rest(trainer)
+
+    def _plan_rest(self, trainer: L.Trainer) -> None:
+        """A resume: the steps left are what the rest of the budget buys at this fit's rate (module docstring)."""
+        self._planned = True
+        if self.kind not in ("tokens", "flops") or not self.per_step or self._done is None:
+            return
+        done_steps, done = int(self._done["steps"]), float(self._done[self.kind])
+        rate_now = self.per_step[self.kind]
+        more = max(0, math.floor((self.amount - done) / rate_now * (1 + 1e-9)))
+        steps = done_steps + more
+        if steps != self.max_steps:
+            rank_zero_info(
+                f"TokenBudget: resumed at step {done_steps} with {done:g} of {self.amount:g} {self.kind} trained; "
+                f"{more} more step(s) of {rate_now:g} {self.kind} fit the rest: max_steps {self.max_steps} -> {steps}."
+            )
+        self.max_steps = steps
+        trainer.fit_loop.epoch_loop.max_steps = steps
 
     # ------------------------------------------------------------------------------------------ clock
     def elapsed(self) -> float:
@@ -191,8 +227,19 @@ class TokenBudget(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_step = trainer.global_step
+        self._fit_start = trainer.global_step
         if self.clock is not None and not self.clock.earlier_seconds and self._restored_wallclock:
             self.clock.earlier_seconds = self._restored_wallclock  # a checkpoint without the clock's state
+        if trainer.global_step and not self._planned and self.kind in ("tokens", "flops"):
+            # Restored after the optimizer was configured, or a checkpoint without the trained counts: plan the rest
+            # now from the module's counters (the schedule keeps its first length).
+            seen = self.seen(trainer, pl_module)
+            self._done = {"tokens": seen["tokens"], "flops": seen["flops"], "steps": trainer.global_step}
+            self._plan_rest(trainer)
+            rank_zero_warn(
+                "TokenBudget: the rest of the budget was planned after the learning-rate schedule was configured; "
+                "the schedule keeps its first length."
+            )
 
     # ------------------------------------------------------------------------------------- per step
     def seen(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
@@ -223,23 +270,61 @@ class TokenBudget(L.Callback):
                 metrics["train/tokens_seen"] = seen["tokens"]
             log_metrics(trainer, metrics, step)
 
+    def attempts(self, trainer: L.Trainer) -> list[dict[str, Any]]:
+        """The stretches of steps trained at one rate: the restored ones and this fit's (when it trained a step)."""
+        out = [dict(a) for a in self._attempts]
+        start = self._fit_start
+        if start is not None and trainer.global_step > start and self.per_step:
+            out.append(
+                {
+                    "from_step": start,
+                    "to_step": trainer.global_step,
+                    "tokens_per_step": self.per_step.get("tokens"),
+                    "flops_per_step": self.per_step.get("flops"),
+                    "accumulate_grad_batches": trainer.accumulate_grad_batches,
+                    "world_size": trainer.world_size,
+                    "batch_size": self.per_step.get("batch_size"),
+                    "seq_len": self.per_step.get("seq_len"),
+                }
+            )
+        return out
+
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        path = run_dir(trainer) / BUDGET_FILE
+        if (self._fit_start is None or trainer.global_step == self._fit_start) and path.is_file():
+            rank_zero_info(f"TokenBudget: this fit trained no step; {path} stays as the fit that trained wrote it.")
+            return
         budget = {"kind": self.kind, "amount": self.amount, "max_steps": self.max_steps}
         if self.match_to is not None:
             budget.update({"match_to": str(self.match_to), "ratio": self.ratio, "match_on": self.match_on})
+        attempts = self.attempts(trainer)
+        rates = {(a["tokens_per_step"], a["flops_per_step"]) for a in attempts}
+        tokens_rate, flops_rate = rates.pop() if len(rates) == 1 else (None, None)
         record = budget_record(
             trainer,
             pl_module,
             self.elapsed(),
-            tokens_per_step=self.per_step.get("tokens"),
-            flops_per_step=self.per_step.get("flops"),
+            tokens_per_step=tokens_rate,
+            flops_per_step=flops_rate,
+            attempts=attempts,
             budget=budget,
         )
-        write_json(run_dir(trainer) / BUDGET_FILE, record)
+        write_json(path, record)
 
     # ----------------------------------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
-        return {"wallclock": self.elapsed()}
+        state: dict[str, Any] = {"wallclock": self.elapsed()}
+        trainer = self._trainer
+        if trainer is not None and trainer.lightning_module is not None:
+            seen = self.seen(trainer, trainer.lightning_module)
+            state["trained"] = {"tokens": seen["tokens"], "flops": seen["flops"], "steps": trainer.global_step}
+            state["attempts"] = self.attempts(trainer)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._restored_wallclock = float(state_dict.get("wallclock", 0.0))
+        self._attempts = [dict(a) for a in state_dict.get("attempts", [])]
+        if state_dict.get("trained") is not None:
+            self._done = {k: float(v) for k, v in state_dict["trained"].items()}
+            if self._trainer is not None and self.per_step:  # Lightning's order: after setup, before the optimizer
+                self._plan_rest(self._trainer)

@@ -5,13 +5,17 @@ checkpoint to a hidden temporary file in the target folder, fsyncs it, renames i
 (atomic on POSIX) and fsyncs the folder. A crash, SIGKILL or full disk while writing leaves the previous file
 intact and at most a `.<name>.<pid>.tmp` leftover, which `RunCheckpoint` removes at the next start. (Lightning's own
 `TorchCheckpointIO` also writes through a temporary file, but first serialises the whole checkpoint into memory and
-never fsyncs, so a power loss can still leave a renamed but empty file.) Loading a file that is truncated or
-corrupt raises `CorruptCheckpointError`, naming the file and the newest intact checkpoint beside it; the zip CRCs are
-checked before loading (`verify`), because `torch.load` would load damaged tensor bytes silently.
+never fsyncs, so a power loss can still leave a renamed but empty file.) Loading goes through
+`lightning_cqk.checkpoint_files.load_checkpoint`: weights_only=True (a checkpoint holding other pickled objects is
+refused, `UntrustedCheckpointError`), and a truncated or corrupt file raises `CorruptCheckpointError`, naming the file
+and the newest intact checkpoint beside it; the zip CRCs are checked before loading (`verify`), because `torch.load`
+would load damaged tensor bytes silently.
 
 `RunCheckpoint` is a `ModelCheckpoint` for long runs:
     every_n_steps / every_minutes   save `step=00001000.ckpt` every N optimizer steps and/or every T minutes
-                                    (whichever comes first; the time decision is rank zero's, broadcast)
+                                    (whichever comes first), decided at optimizer-step boundaries only; with
+                                    several processes the time decision is rank zero's, broadcast on logging steps
+                                    (every `log_every_n_steps`: no collective on the other steps)
     last.ckpt                       after every save and when training ends; a hard link to the periodic file
                                     just written (no second write), a full atomic write where links are impossible
     keep_last / keep_every_n_steps  retention: the newest `keep_last` periodic files are kept, plus every file whose
@@ -34,6 +38,15 @@ checked before loading (`verify`), because `torch.load` would load damaged tenso
 that scored it (Lightning's step-triggered ModelCheckpoint saves the weights of step k under the score of an earlier
 validation), and never keeps a non-finite score (a diverged model) as best.
 
+Every checkpoint holds the state after *every* callback of its step (issue 25 class 4): a periodic save at a
+validation step first lets the checkpoint callbacks that Lightning runs after `RunCheckpoint` (BestCheckpoint) record
+that validation, so `last.ckpt` knows the new best. A resumed `BestCheckpoint` keeps tracking its files when the run
+directory was copied (`cp -a`: the restored paths are mapped to the copy's own files of the same name, never to the
+original's), and at the start of training it settles best files that its restored state does not list (orphans):
+one from a step at or before the resumed step is tracked again with the score it recorded (then the `save_top_k`
+best are kept and the rest of this folder's best files pruned); one from a later step (a killed or abandoned
+continuation that this run replaces) is pruned.
+
 File names never get Lightning's `-v1` suffix: a periodic file left by a killed run (written after the checkpoint
 the run resumes from) is overwritten when the resumed run reaches that step again.
 
@@ -45,11 +58,11 @@ is SIGKILLed mid-run and restarted) and `tests/reliability/test_checkpoint.py`.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -60,76 +73,23 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_cqk.errors import ConfigError
+from lightning_cqk.checkpoint_files import (
+    checkpoint_problem,
+    load_checkpoint,
+)
+from lightning_cqk.errors import StorageFullError, storage_full_errno
 
 TMP_PATTERN = re.compile(r"^\..+\.\d+\.tmp$")
 
 
-class CorruptCheckpointError(ConfigError):
-    """A checkpoint file that cannot be read: truncated (a crash while writing) or damaged."""
-
-
-def checkpoint_problem(path: str | Path) -> str | None:
-    """What is wrong with a `torch.save` checkpoint file (a zip archive), or None when it reads back intact.
-
-    Checks the zip structure and every member's CRC: a truncated file has no central directory, a damaged one fails
-    a CRC. A file that is not a zip at all, or a zip without the ``<name>/data.pkl`` that ``torch.save`` writes, is
-    named as not a checkpoint. (A legacy non-zip ``torch.save`` file, a pickle, is left to ``torch.load``.) Reads
-    the whole file once.
-    """
-    path = Path(path)
-    try:
-        if path.stat().st_size == 0:
-            return "the file is empty"
-        with path.open("rb") as f:
-            head = f.read(4)
-        if head[:1] != b"\x80" and head != b"PK\x03\x04":  # neither a pickle nor a zip archive
-            return (
-                f"it is not a checkpoint: a checkpoint is the zip archive torch.save writes, and this file starts "
-                f"with {head!r}"
-            )
-        if head[:1] == b"\x80":
-            return None
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-            if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
-                shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-                return (
-                    f"it is a zip archive but not a checkpoint: torch.save writes <name>/data.pkl, and this archive "
-                    f"holds {shown or 'nothing'}"
-                )
-            bad = archive.testzip()
-    except zipfile.BadZipFile as err:
-        return f"not a complete checkpoint archive ({err}); it was probably cut short while being written"
-    except (OSError, EOFError, ValueError) as err:
-        return f"unreadable ({type(err).__name__}: {err})"
-    return None if bad is None else f"member {bad!r} fails its CRC check (the file is damaged)"
-
-
-def newest_intact_checkpoint(folder: str | Path, exclude: str | Path | None = None) -> Path | None:
-    """The most recently modified `*.ckpt` in `folder` (other than `exclude`) that reads back intact."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return None
-    skip = Path(exclude).resolve() if exclude is not None else None
-    candidates = [p for p in folder.glob("*.ckpt") if p.is_file() and p.resolve() != skip]
-    for candidate in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
-        if checkpoint_problem(candidate) is None:
-            return candidate
-    return None
-
-
-def corrupt_checkpoint_message(path: str | Path, problem: str) -> str:
-    """The error for an unreadable checkpoint: which file, what is wrong, and the newest good one to use instead."""
-    good = newest_intact_checkpoint(Path(path).parent, exclude=path)
-    fix = (
-        f"The newest intact checkpoint beside it is {good}: resume with `--ckpt_path {good}`, or delete the broken "
-        "file."
-        if good is not None
-        else "There is no intact checkpoint beside it: start the run again without --ckpt_path (or point --ckpt_path "
-        "at a copy from elsewhere)."
+def storage_full_message(code: int, target: Path) -> str:
+    """What a checkpoint write that ran out of space (or past a file-size limit) says, recorded in run.json."""
+    return (
+        f"{os.strerror(code)} (errno {code}, {errno.errorcode.get(code, '?')}) while writing checkpoint {target}. "
+        f"Nothing was replaced: the checkpoints already in {target.parent} are intact and the partial file was "
+        f"removed. Free space on that disk (`df -h {target.parent}`), then run the same command with --ckpt_path last "
+        "to resume from the newest checkpoint."
     )
-    return f"Checkpoint {path} cannot be loaded: {problem}. {fix}"
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -170,6 +130,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 os.fsync(f.fileno())
             os.replace(tmp, target)
             _fsync_dir(target.parent)
+        except (OSError, RuntimeError) as err:  # torch.save: a RuntimeError "enforce fail" whose context is the OSError
+            code = storage_full_errno(err)
+            if code is None:
+                raise
+            raise StorageFullError(code, str(target), storage_full_message(code, target)) from err
         finally:
             tmp.unlink(missing_ok=True)
         return None
@@ -179,20 +144,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.verify = verify
 
     def load_checkpoint(self, path: Any, map_location: Any = lambda storage, loc: storage, weights_only: Any = None):
-        # torch.load does not check the zip CRCs: damaged tensor bytes would load silently as wrong weights.
-        if self.verify and _is_local_file_protocol(str(path)) and Path(path).is_file():
-            problem = checkpoint_problem(path)
-            if problem is not None:
-                raise CorruptCheckpointError(corrupt_checkpoint_message(path, problem))
-        try:
-            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        except (FileNotFoundError, PermissionError, MemoryError):
-            raise
-        except Exception as err:
-            problem = checkpoint_problem(path) if _is_local_file_protocol(str(path)) else None
-            if problem is None:  # an intact file that fails for another reason: keep the original error
-                raise
-            raise CorruptCheckpointError(corrupt_checkpoint_message(path, problem)) from err
+        """`checkpoint_files.load_checkpoint` for a local file: weights_only=True whatever `weights_only` says (a
+        file may come from elsewhere), the zip CRCs checked first (`verify`), clear errors for truncated, corrupt or
+        untrusted files. Remote files: Lightning's loader, weights_only=True as well."""
+        if _is_local_file_protocol(str(path)) and Path(path).is_file():
+            return load_checkpoint(path, map_location=map_location, verify=self.verify)
+        return super().load_checkpoint(path, map_location=map_location, weights_only=True)
 
 
 def link_or_copy_atomically(source: Path, target: Path) -> bool:
@@ -272,6 +229,7 @@ class RunCheckpoint(ModelCheckpoint):
         self.save_on_sigterm = save_on_sigterm
         self.periodic: list[tuple[int, str]] = []  # (step, path) of the periodic files this run keeps
         self._deferred: int | None = None  # a save due at this step, waiting for the step's validation
+        self._decided_step: int | None = None  # the optimizer step whose save was last decided
 
     @property
     def state_key(self) -> str:
@@ -298,11 +256,17 @@ class RunCheckpoint(ModelCheckpoint):
             self._deferred = None  # the validation it waited for did not run: save now rather than not at all
             self.save_now(trainer)
             return
+        if trainer.global_step == self._decided_step:
+            return  # an accumulation micro-batch: saves are decided at optimizer-step boundaries only
+        self._decided_step = trainer.global_step
         due = self.every_n_steps is not None and trainer.global_step % self.every_n_steps == 0
         if self.every_minutes is not None:
             now = time.monotonic()
             timed = self._last_time_checked is not None and now - self._last_time_checked >= 60 * self.every_minutes
-            due = bool(trainer.strategy.broadcast(due or timed))  # rank zero's clock decides for every rank
+            if trainer.world_size == 1:
+                due = due or timed
+            elif trainer.global_step % max(1, int(trainer.log_every_n_steps or 1)) == 0:
+                due = bool(trainer.strategy.broadcast(due or timed))  # rank zero's clock decides, on log steps
         if due and _validation_due(trainer):
             self._deferred = trainer.global_step  # saved in on_validation_end, once the validation is done
         elif due:
@@ -335,7 +299,20 @@ class RunCheckpoint(ModelCheckpoint):
             return  # saving is driven by steps and time only (ModelCheckpoint would also save after validation)
         if self._deferred == trainer.global_step:
             self._deferred = None
+            self._settle_later_checkpoints(trainer, pl_module)
             self.save_now(trainer)
+
+    def _settle_later_checkpoints(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Let the checkpoint callbacks Lightning runs after this one record this validation before it is saved.
+
+        Lightning runs checkpoint callbacks last (in their order), so every other callback has seen the validation;
+        a BestCheckpoint listed after this one would update its best only after this save, which would then restore
+        the previous best on resume. Their hook is idempotent per step (the later regular call does nothing).
+        """
+        callbacks = list(trainer.callbacks)
+        for callback in callbacks[callbacks.index(self) + 1 :] if self in callbacks else []:
+            if isinstance(callback, ModelCheckpoint) and not isinstance(callback, RunCheckpoint):
+                callback.on_validation_end(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         return
@@ -484,12 +461,81 @@ class BestCheckpoint(ModelCheckpoint):
             enable_version_counter=False,
         )
 
+        self._scored_step: int | None = None  # the step whose validation this callback has recorded
+
     @property
     def state_key(self) -> str:
         return self._generate_state_key(monitor=self.monitor, mode=self.mode, best=True)
 
     def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath: Any) -> None:
         return  # shares the run's checkpoint folder with RunCheckpoint by design
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            if self._scored_step == trainer.global_step:
+                return  # recorded already (RunCheckpoint asked first, to save the state after it)
+            self._scored_step = trainer.global_step
+        super().on_validation_end(trainer, pl_module)
+
+    # ---------------------------------------------------------------------------------------- resume
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore; in a copied run directory, the paths are this folder's own files of the same names."""
+        saved = state_dict.get("dirpath", self.dirpath)
+        local = self.dirpath is not None and _is_local_file_protocol(str(self.dirpath))
+        if saved == self.dirpath or not local:
+            return super().load_state_dict(state_dict)
+        folder = Path(self.dirpath)
+
+        def mine(path: Any) -> str:
+            own = folder / Path(str(path)).name if path else None
+            return str(own) if own is not None and own.is_file() else ""
+
+        state = dict(state_dict, dirpath=self.dirpath)
+        state["best_k_models"] = {mine(p): v for p, v in state_dict.get("best_k_models", {}).items() if mine(p)}
+        state["best_model_path"] = mine(state_dict.get("best_model_path"))
+        state["kth_best_model_path"] = mine(state_dict.get("kth_best_model_path"))
+        state["last_model_path"] = mine(state_dict.get("last_model_path"))
+        if not state["best_k_models"]:
+            state.update(best_model_score=None, kth_value=self.kth_value, best_model_path="", kth_best_model_path="")
+        super().load_state_dict(state)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Settle this folder's best files that the restored state does not list (module docstring)."""
+        if not self.dirpath or not _is_local_file_protocol(str(self.dirpath)) or not Path(self.dirpath).is_dir():
+            return
+        tracked = {str(Path(p).resolve()) for p in self.best_k_models}
+        pattern = re.sub(r"\{[^}]*\}", "*", self.filename or "") + self.FILE_EXTENSION
+        if pattern.startswith("*"):
+            return  # no prefix of its own: its files cannot be told from the other callbacks' files
+        orphans = [p for p in sorted(Path(self.dirpath).glob(pattern)) if str(p.resolve()) not in tracked]
+        for path in orphans:
+            step, score = _recorded_score(path, self.state_key)
+            if step is None or step > trainer.global_step or score is None or not math.isfinite(score):
+                why = f"from step {step}, after the resumed step {trainer.global_step}" if step is not None else ""
+                if trainer.is_global_zero:
+                    path.unlink(missing_ok=True)
+                rank_zero_info(
+                    f"BestCheckpoint: pruned {path}, a best file this run does not track ({why or 'no score'})."
+                )
+                continue
+            import torch
+
+            self.best_k_models[str(path)] = torch.tensor(score)
+            rank_zero_info(f"BestCheckpoint: tracking {path} again ({self.monitor} {score:.6g} at step {step}).")
+        if orphans:
+            self._keep_top_k(trainer)
+
+    def _keep_top_k(self, trainer: L.Trainer) -> None:
+        ordered = sorted(self.best_k_models.items(), key=lambda kv: float(kv[1]), reverse=self.mode == "max")
+        k = len(ordered) if self.save_top_k < 0 else self.save_top_k
+        for path, _ in ordered[k:]:
+            if trainer.is_global_zero and Path(path).resolve().parent == Path(self.dirpath).resolve():
+                Path(path).unlink(missing_ok=True)
+        kept = ordered[:k]
+        self.best_k_models = dict(kept)
+        if kept:
+            self.best_model_path, self.best_model_score = kept[0]
+            self.kth_best_model_path, self.kth_value = kept[-1]
 
     def check_monitor_top_k(self, trainer: L.Trainer, current: Any = None) -> bool:
         bad = nonfinite_validation_metrics(trainer.callback_metrics)
@@ -503,6 +549,22 @@ class BestCheckpoint(ModelCheckpoint):
             )
             return False
         return super().check_monitor_top_k(trainer, current)
+
+
+def _recorded_score(path: Path, state_key: str) -> tuple[int | None, float | None]:
+    """(step, score) a best file recorded for itself (its own BestCheckpoint state), or (None, None) if unreadable."""
+    import torch
+
+    if checkpoint_problem(path) is not None:
+        return None, None
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - an unreadable file is pruned, not tracked
+        return None, None
+    state = (checkpoint.get("callbacks") or {}).get(state_key) or {}
+    scores = {Path(str(p)).name: v for p, v in (state.get("best_k_models") or {}).items()}
+    score = scores.get(path.name, state.get("current_score"))
+    return int(checkpoint.get("global_step", -1)), None if score is None else float(score)
 
 
 def nonfinite_validation_metrics(metrics: Any) -> dict[str, float]:

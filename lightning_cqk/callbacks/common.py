@@ -10,7 +10,6 @@ Lightning writes `train/loss` when both intervals agree.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,8 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
+
+from lightning_cqk.run_dir import write_json_atomically
 
 
 def step_index(trainer: L.Trainer) -> int:
@@ -69,11 +70,8 @@ def run_dir(trainer: L.Trainer) -> Path:
 
 @rank_zero_only
 def write_json(path: Path, payload: Any) -> None:
-    """Write `payload` as indented JSON (rank zero only), creating the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    tmp.replace(path)
+    """Write `payload` as indented JSON on rank zero only (`run_dir.write_json_atomically`: never half a file)."""
+    write_json_atomically(path, payload)
 
 
 def is_sharded(trainer: L.Trainer) -> bool:

@@ -20,7 +20,9 @@ micro-batch). Put GradNormMonitor before a LossSpikeMonitor that skips updates i
 update drops the gradients in the same hook.
 
 Cost: nothing on other steps; on a logging step one `torch._foreach_norm` over all gradients (fp32), two
-`index_add_` to sum squares per group and block, and one host read for all values. Distributed: under DDP the
+`index_add_` to sum squares per group and block, and one host read for all values. The norms are computed once per
+step for every callback that needs them (`step_reads.StepReads`: NonFiniteGuard and LossSpikeMonitor's
+`max_grad_norm` use the same computation). Distributed: under DDP the
 gradients are already averaged and identical on every rank, so the local norm is the global one; under sharded
 strategies (FSDP, model parallel, DeepSpeed; `sharded=None` detects them) each rank holds a shard, so the squared
 sums are all-reduced (SUM) across ranks before the square root, one collective for every value. FSDP1 needs
@@ -118,6 +120,7 @@ class GradNormComputer:
         # Parameters outside every block go to an extra slot that is not logged.
         self._block_of = [self.block_ids.index(b) if b is not None else len(self.block_ids) for b in blocks]
         self._index: dict[tuple[torch.device, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.last_param_sq: tuple[tuple[int, ...], torch.Tensor] | None = None  # (indices, (P,) squares), local
 
     def squared(self, sharded: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(per-group squared norms (G,), per-block squared norms (NB + 1,)) in fp32, or None without gradients."""
@@ -135,6 +138,7 @@ class GradNormComputer:
         group_idx, block_idx = self._index[key]
         norms = torch._foreach_norm([g.float() if g.dtype != torch.float32 else g for g in grads])
         sq = torch.stack(norms).square()  # (P,)
+        self.last_param_sq = (present, sq)
         group_sq = torch.zeros(len(self.group_names), device=device).index_add_(0, group_idx, sq)
         block_sq = torch.zeros(len(self.block_ids) + 1, device=device).index_add_(0, block_idx, sq)
         if sharded and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -151,15 +155,20 @@ class GradNormComputer:
     def norms(self, sharded: bool = False, per_group: bool = True, per_block: bool = True) -> dict[str, torch.Tensor]:
         """{"total": ..., "<group>": ..., "block_03": ...} as 0-dim device tensors ({} without gradients)."""
         squared = self.squared(sharded)
-        if squared is None:
-            return {}
-        group_sq, block_sq = squared
-        out = {"total": group_sq.sum().sqrt()}
-        if per_group:
-            out.update({g: group_sq[i].sqrt() for i, g in enumerate(self.group_names) if g != "other"})
-        if per_block:
-            out.update({f"block_{b:02d}": block_sq[i].sqrt() for i, b in enumerate(self.block_ids)})
-        return out
+        return {} if squared is None else named_norms(self, squared, per_group, per_block)
+
+
+def named_norms(
+    computer: GradNormComputer, squared: tuple[torch.Tensor, torch.Tensor], per_group: bool, per_block: bool
+) -> dict[str, torch.Tensor]:
+    """{"total", "<group>", "block_03"} norms (0-dim device tensors) from `computer.squared()`'s output."""
+    group_sq, block_sq = squared
+    out = {"total": group_sq.sum().sqrt()}
+    if per_group:
+        out.update({g: group_sq[i].sqrt() for i, g in enumerate(computer.group_names) if g != "other"})
+    if per_block:
+        out.update({f"block_{b:02d}": block_sq[i].sqrt() for i, b in enumerate(computer.block_ids)})
+    return out
 
 
 class GradNormMonitor(L.Callback):
@@ -190,7 +199,16 @@ class GradNormMonitor(L.Callback):
         self._computer: GradNormComputer | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        from lightning_cqk.callbacks.step_reads import StepReads
+
         self._computer = None  # parameters may be re-wrapped between fits
+        StepReads.reset(trainer)
+
+    @staticmethod
+    def _computer_of(trainer: L.Trainer, pl_module: L.LightningModule) -> GradNormComputer:
+        from lightning_cqk.callbacks.step_reads import StepReads
+
+        return StepReads.of(trainer, pl_module).computer
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
@@ -198,9 +216,16 @@ class GradNormMonitor(L.Callback):
         step = step_index(trainer)
         if not is_log_step(trainer, self.every_n_steps, step):
             return
-        if self._computer is None:
-            self._computer = GradNormComputer(pl_module)
         sharded = is_sharded(trainer) if self.sharded is None else self.sharded
-        norms = self._computer.norms(sharded, self.per_group, self.per_block)
+        if sharded == is_sharded(trainer):  # the step's one computation, shared with the guard and the spike rule
+            from lightning_cqk.callbacks.step_reads import StepReads
+
+            squared = StepReads.of(trainer, pl_module).grad_norms()
+            norms = {} if squared is None else named_norms(self._computer_of(trainer, pl_module), squared,
+                                                           self.per_group, self.per_block)  # fmt: skip
+        else:
+            if self._computer is None:
+                self._computer = GradNormComputer(pl_module)
+            norms = self._computer.norms(sharded, self.per_group, self.per_block)
         if norms:
             self.latest = log_metrics(trainer, {f"{self.prefix}/{k}": v for k, v in norms.items()}, step)

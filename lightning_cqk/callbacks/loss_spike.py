@@ -22,7 +22,8 @@ Actions:
              directory (the weights before the spike) and stop training.
     "skip" and "stop" need the decision on the host before the update: one scalar read per step.
 Grad-norm rule (arXiv 2606.04032, whose code skips steps with a grad norm above 100; off unless `max_grad_norm` is
-set): skip the update when the pre-clip global gradient norm exceeds `max_grad_norm` (one host read per step).
+set): skip the update when the pre-clip global gradient norm exceeds `max_grad_norm` (the norm and its host read are
+the step's shared ones, `step_reads.StepReads`, with NonFiniteGuard; put this callback before the guard).
 
 Metrics (every `every_n_steps`, default `trainer.log_every_n_steps`): `train/spikes` (cumulative count) and, when
 updates can be skipped, `train/skipped_updates` (cumulative, either reason). The run directory gets `spikes.json`:
@@ -47,8 +48,10 @@ from typing import Any, Literal
 import lightning as L
 import torch
 
-from lightning_cqk.callbacks.common import is_log_step, is_sharded, log_metrics, run_dir, step_index, write_json
-from lightning_cqk.callbacks.grad_norm import GradNormComputer
+from lightning_cqk.callbacks.common import is_log_step, log_metrics, run_dir, step_index, write_json
+from lightning_cqk.callbacks.step_reads import StepReads
+
+_RECORD = ("spike_flag", "spike_loss", "spike_reference", "spike_score")
 
 DEFAULT_THRESHOLDS = {"ratio": 1.5, "zscore": 6.0}
 
@@ -113,7 +116,6 @@ class LossSpikeMonitor(L.Callback):
         self._stop_at: int | None = None
         self._scaler = None
         self._dirty = False
-        self._grad_norms: GradNormComputer | None = None
 
     # --------------------------------------------------------------------------------------- statistic
     def _init_state(self, device: torch.device) -> dict[str, torch.Tensor]:
@@ -165,7 +167,7 @@ class LossSpikeMonitor(L.Callback):
 
     # ------------------------------------------------------------------------------------------- hooks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._grad_norms = None
+        StepReads.reset(trainer)
         self._scaler = getattr(trainer.precision_plugin, "scaler", None)  # fp16 ("16-mixed") only
         if self._scaler is not None and self.action != "log":
             raise ValueError(
@@ -184,21 +186,28 @@ class LossSpikeMonitor(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         step = step_index(trainer)
+        reads = StepReads.of(trainer, pl_module)  # decisions needed now: the step's one shared host read
+        loss, self._acc = self._acc, None
+        record = None
+        if loss is not None:  # None: no backward this step (training_step returned None)
+            if trainer.world_size > 1:
+                loss = trainer.strategy.reduce(loss, reduce_op="mean")
+            if self._state is None:
+                self._state = self._init_state(loss.device)
+            record = self._update(loss)  # [flag, loss, reference, score] on the device
+            if self.action != "log":
+                for name, value in zip(_RECORD, record, strict=True):
+                    reads.put(name, value)
         skipped = False
         if self.max_grad_norm is not None:
-            skipped = self._grad_norm_rule(trainer, pl_module, step)
-        loss, self._acc = self._acc, None
-        if loss is None:
-            return  # no backward this step (training_step returned None)
-        if trainer.world_size > 1:
-            loss = trainer.strategy.reduce(loss, reduce_op="mean")
-        if self._state is None:
-            self._state = self._init_state(loss.device)
-        record = self._update(loss)  # [flag, loss, reference, score] on the device
+            skipped = self._grad_norm_rule(trainer, pl_module, step)  # reads the record above in the same read
+        if record is None:
+            return
         if self.action == "log":
             self._pending.append((step, record))
         else:
-            flag, value, reference, score = record.tolist()  # the decision is needed now: one host read
+            values = reads.read()
+            flag, value, reference, score = (values[name] for name in _RECORD)
             if flag:
                 self._add_spike(step, value, reference, score)
                 if not skipped:
@@ -214,12 +223,10 @@ class LossSpikeMonitor(L.Callback):
             self._write(trainer)
 
     def _grad_norm_rule(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> bool:
-        if self._grad_norms is None:
-            self._grad_norms = GradNormComputer(pl_module)
-        norm = self._grad_norms.total(is_sharded(trainer))
-        if norm is None:
+        reads = StepReads.of(trainer, pl_module)  # the step's one norm computation, shared with the guard
+        if reads.grad_norms() is None:
             return False
-        value = float(norm)  # host read: the rule decides before the update
+        value = reads.read()["grad_norm"]  # host read (shared): the rule decides before the update
         if not value > self.max_grad_norm:
             return False
         self._skip(pl_module, step, "grad_norm", grad_norm=value)

@@ -2,14 +2,16 @@
 
 Detection, once per optimizer step, in `on_before_optimizer_step` (after the backward of every accumulated
 micro-batch and Lightning's fp16 unscaling, before gradient clipping and `optimizer.step()`): the step is non-finite
-when any micro-batch loss, or any element of any gradient, is NaN or +-Inf. The gradients are checked with
-`torch._foreach_norm(grads, inf)` (the max-abs of each gradient, a fused multi-tensor kernel on CUDA: NaN or Inf
-exactly when the gradient holds one) and one stacked `isfinite().all()`; under DDP/FSDP the verdict is reduced across
-ranks so every rank decides alike.
+when any micro-batch loss is NaN or +-Inf, or the global L2 norm of the gradients is: NaN or Inf exactly when a
+gradient element is, or when finite gradients are so large that their norm overflows (norm clipping would then zero
+them: no update is better). The norm is the step's one gradient-norm computation (`step_reads.StepReads`: one fused
+`_foreach_norm`, shared with LossSpikeMonitor's `max_grad_norm` rule and GradNormMonitor); under DDP/FSDP the verdict
+is reduced across ranks so every rank decides alike.
 
 Cost: the update must be decided before it happens, so the verdict is read on the host once per step (one device
-sync and a few small kernels per step; on a GPU this stops the CPU from queueing the next step's kernels while the
-backward drains). The per-parameter report that names the culprits (one read per parameter) runs only on a bad step.
+sync per step, shared with the other callbacks that decide there; on a GPU this stops the CPU from queueing the next
+step's kernels while the backward drains). The per-parameter report that names the culprits (one read per
+parameter) runs only on a bad step.
 
 Policies:
     "skip" (default)  drop this step's update: every gradient is set to None (torch optimizers then leave every
@@ -58,6 +60,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_cqk.callbacks.common import is_log_step, log_metrics, run_dir, step_index, write_json
+from lightning_cqk.callbacks.step_reads import StepReads
+from lightning_cqk.checkpoint_files import load_checkpoint
 
 
 class NonFiniteGuard(L.Callback):
@@ -123,6 +127,7 @@ class NonFiniteGuard(L.Callback):
     # ------------------------------------------------------------------------------------------- hooks
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._scaler = getattr(trainer.precision_plugin, "scaler", None)  # fp16 ("16-mixed") only
+        StepReads.reset(trainer)
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         value = loss.detach().float()
@@ -131,6 +136,7 @@ class NonFiniteGuard(L.Callback):
         finite = torch.isfinite(value)
         self._loss_finite = finite if self._loss_finite is None else self._loss_finite & finite
         self._loss = value if self._loss is None else self._loss + value
+        StepReads.of(trainer, pl_module).put("loss_finite", self._loss_finite)  # read with the step's one read
 
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
@@ -138,14 +144,14 @@ class NonFiniteGuard(L.Callback):
         step = step_index(trainer)
         loss_finite, loss = self._loss_finite, self._loss
         self._loss_finite, self._loss = None, None
+        reads = StepReads.of(trainer, pl_module)
         grads = [] if self._scaler is not None else [p.grad for p in pl_module.parameters() if p.grad is not None]
-        checks = [] if loss_finite is None else [loss_finite.reshape(1)]
         if grads:
-            norms = torch._foreach_norm(grads, math.inf)  # max |g| per gradient: NaN/Inf iff the gradient has one
-            checks.append(torch.isfinite(torch.stack(norms)).all().reshape(1))
-        if not checks:
+            reads.grad_norms()  # the shared norms: the L2 norm is NaN/Inf iff a gradient holds one (or overflows)
+        if loss_finite is None and not grads:
             return
-        ok = bool(torch.cat(checks).all())  # the one host read per step
+        values = reads.read()  # the one host read per step, shared with LossSpikeMonitor
+        ok = values.get("loss_finite", 1.0) == 1.0 and math.isfinite(values.get("grad_norm", 0.0) if grads else 0.0)
         if trainer.world_size > 1:
             ok = trainer.strategy.reduce_boolean_decision(ok, all=True)
         if ok:
@@ -182,8 +188,10 @@ class NonFiniteGuard(L.Callback):
         where = (
             f"non-finite gradients in {len(names)} parameter(s), first: {', '.join(names[: self.report_params])}"
             if names
-            else "no non-finite gradient"
-        )
+            else "no non-finite gradient element"
+            + (", but the gradients' L2 norm overflows (clipping would zero them)" if grads and loss_value is not None
+               and math.isfinite(loss_value) else "")
+        )  # fmt: skip
         action = "update skipped; stopping after a checkpoint of the last good state" if stop else "update skipped"
         if self._scaler is not None:
             action = "left to the fp16 GradScaler" + ("; stopping" if stop else "")
@@ -277,8 +285,8 @@ class NonFiniteGuard(L.Callback):
             if step >= before:
                 continue
             try:
-                checkpoint = torch.load(path, map_location=pl_module.device, weights_only=True)
-            except (OSError, RuntimeError, ValueError):
+                checkpoint = load_checkpoint(path, map_location=pl_module.device)
+            except (OSError, RuntimeError, ValueError):  # missing, damaged or untrusted: not a rollback target
                 continue
             weights = [v for v in checkpoint.get("state_dict", {}).values() if torch.is_floating_point(v)]
             largest = max_abs(weights)

@@ -8,6 +8,11 @@ configured by hand: `class_path: lightning_cqk.callbacks.progress.LineProgress`.
 
 Each line: `step 200/300 (67%) | 1.38 step/s | elapsed 0:02:25 | eta 0:01:12 | train/loss=5.110 val/loss=5.310`,
 every `every_n_steps` optimizer steps (default: `trainer.log_every_n_steps`), plus one after each validation.
+
+In a terminal, Lightning's default tqdm bar is replaced by `LogStepBar`, the same bar refreshed every
+`log_every_n_steps` optimizer steps instead of every batch. Both read the latest `train/loss` (one host read) only
+when they draw: the module does not log it with `prog_bar=True`, which would make Lightning convert it to a Python
+number after every batch (a host sync per micro-batch; docs/speed.md).
 """
 
 from __future__ import annotations
@@ -17,6 +22,22 @@ import time
 from typing import Any, TextIO
 
 from lightning.pytorch.callbacks.progress.progress_bar import ProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import TQDMProgressBar
+
+SHOWN = ("train/loss",)  # logged without prog_bar (no read per batch): added to the bars when they draw
+
+
+def with_train_loss(metrics: dict, trainer: Any) -> dict:
+    """The bar's metrics plus the latest `SHOWN` values (read here, when the bar draws)."""
+    latest = trainer.callback_metrics
+    return {**metrics, **{k: latest[k] for k in SHOWN if k in latest and k not in metrics}}
+
+
+class LogStepBar(TQDMProgressBar):
+    """Lightning's tqdm bar, refreshed every `log_every_n_steps` optimizer steps (set by `use_line_progress`)."""
+
+    def get_metrics(self, trainer: Any, pl_module: Any) -> dict:
+        return with_train_loss(super().get_metrics(trainer, pl_module), trainer)
 
 
 class LineProgress(ProgressBar):
@@ -66,7 +87,9 @@ class LineProgress(ProgressBar):
                 parts.append(f"elapsed {_clock(elapsed)}")
                 if total and total > step:
                     parts.append(f"eta {_clock((total - step) / rate)}")
-        metrics = {k: v for k, v in self.get_metrics(trainer, pl_module).items() if k != "v_num"}
+        metrics = {
+            k: v for k, v in with_train_loss(self.get_metrics(trainer, pl_module), trainer).items() if k != "v_num"
+        }
         if metrics:
             parts.append(" ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
         return " | ".join(parts)
@@ -89,15 +112,21 @@ def _fmt(value: Any) -> str:
 
 
 def use_line_progress(trainer: Any, configured: Any) -> None:
-    """Output to a file: Lightning's default progress bar (one redrawn line, tens of KB) becomes `LineProgress`.
+    """Output to a file: Lightning's default progress bar (one redrawn line, tens of KB) becomes `LineProgress`; in
+    a terminal it becomes `LogStepBar` (drawn every `log_every_n_steps` optimizer steps).
 
-    Does nothing when stdout is a terminal, when the bar is disabled, or when a progress bar is named in
-    `trainer.callbacks` (`configured`: their config entries, each with a `class_path`): that is the user's choice.
+    Does nothing when the bar is disabled, or when a progress bar is named in `trainer.callbacks` (`configured`:
+    their config entries, each with a `class_path`): that is the user's choice.
     """
     bar = trainer.progress_bar_callback
-    if sys.stdout.isatty() or bar is None or isinstance(bar, LineProgress):
+    if bar is None or isinstance(bar, (LineProgress, LogStepBar)):
         return
     entries = configured if isinstance(configured, list) else [configured] if configured else []
     if type(bar).__name__ in {str(getattr(cb, "class_path", "") or "").rsplit(".", 1)[-1] for cb in entries}:
+        return
+    if sys.stdout.isatty():
+        if type(bar) is TQDMProgressBar:  # Lightning's default: the same bar, drawn on log steps only
+            every = max(1, int(trainer.log_every_n_steps or 1)) * max(1, int(trainer.accumulate_grad_batches or 1))
+            trainer.callbacks[trainer.callbacks.index(bar)] = LogStepBar(refresh_rate=every)
         return
     trainer.callbacks[trainer.callbacks.index(bar)] = LineProgress()

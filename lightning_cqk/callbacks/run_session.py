@@ -9,8 +9,18 @@ When training really starts (`on_train_start`: the checkpoint, if any, is restor
     - writes the resolved configuration (`config.yaml` for the first attempt, `config.resume-<n>.yaml` after) and
       starts the attempt in `run.json` (run_dir.py), so nothing is recorded for a launch that never trained;
     - makes the first Ctrl-C (SIGINT) behave like SIGTERM: training stops at the end of the batch in progress and
-      `RunCheckpoint` saves (`save_on_sigterm`); a second Ctrl-C stops at once, without saving.
+      `RunCheckpoint` saves (`save_on_sigterm`); a second Ctrl-C stops at once, without saving;
+    - with several processes, makes every rank stop at the same batch: Lightning's SIGTERM handler broadcasts from
+      inside the handler (a collective at a random point, which can pair with another rank's gradient all-reduce)
+      and each rank then stops when its own flag is set, possibly one batch apart (one rank saving while another
+      trains: a hang). Here a stop signal only marks the stop as wanted (and is passed on to the processes
+      Lightning's launcher started); rank zero's mark is made Lightning's `received_sigterm` at the start of the next
+      training batch, just before Lightning broadcasts rank zero's flag to every rank (which it does each batch
+      anyway), so all ranks raise the stop at the same batch boundary and save together. Every launcher (torchrun,
+      srun, scancel, Lightning's) signals every rank; rank zero's signal decides.
 How the attempt ended (finished / interrupted / failed) is recorded by the CLI, after every callback has run.
+A fit that trains no step (a resume of a run already at its end: Lightning then skips `on_train_start`) is recorded
+too, when fit ends, with `trained_no_step: true`.
 """
 
 from __future__ import annotations
@@ -54,7 +64,10 @@ class RunSession(L.Callback):
         self.notes = list(notes or [])
         self.signal_name: str | None = None  # "SIGINT" once Ctrl-C asked for a clean stop
         self._previous_sigint: Any = None
+        self._previous_sigterm: Any = None
+        self._stop_wanted = False
         self._trainer: L.Trainer | None = None
+        self._recorded = False  # this attempt is in run.json
 
     @property
     def state_key(self) -> str:
@@ -63,21 +76,43 @@ class RunSession(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.apply_optimizer:
             apply_optimizer_settings(trainer, pl_module)
-        if self.run is not None and trainer.is_global_zero:
-            name = next_config_name(self.run.path)
-            (self.run.path / name).write_text(self.config_text)
-            changed = {k: [a, b] for k, (a, b) in self.changes.items()}
-            self.run.start_attempt(
-                config=name, ckpt_path=self.resumed_from, from_step=trainer.global_step, changed=changed,
-                notes=self.notes,
-            )  # fmt: skip
-            what = f"resumed from {self.resumed_from} at step {trainer.global_step}" if self.resumed_from else "new"
-            if self.changes:
-                what += "; changed and applied: " + "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
-            rank_zero_info(f"run: {self.run.path} ({what}); resolved configuration: {self.run.path / name}")
+        self._record(trainer)
         if threading.current_thread() is threading.main_thread():
             self._trainer = trainer
+            self._stop_wanted = False
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+            loop = trainer.fit_loop.epoch_loop
+            if trainer.world_size > 1 and hasattr(loop, "_broadcast_sigterm_tensor"):
+                self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+                broadcast = type(loop)._broadcast_sigterm_tensor
+
+                def agreed_stop() -> None:  # runs at every training batch's start, on every rank
+                    if self._stop_wanted and trainer.is_global_zero:
+                        trainer._signal_connector.received_sigterm = True  # the flag Lightning broadcasts now
+                    broadcast(loop)
+
+                loop._broadcast_sigterm_tensor = agreed_stop
+
+    def _record(self, trainer: L.Trainer, **extra: Any) -> None:
+        """Keep this attempt's configuration and start its entry in run.json (once)."""
+        if self.run is None or not trainer.is_global_zero or self._recorded:
+            return
+        self._recorded = True
+        name = next_config_name(self.run.path)
+        (self.run.path / name).write_text(self.config_text)
+        changed = {k: [a, b] for k, (a, b) in self.changes.items()}
+        self.run.start_attempt(
+            config=name, ckpt_path=self.resumed_from, from_step=trainer.global_step, changed=changed, notes=self.notes,
+            **extra,
+        )  # fmt: skip
+        what = f"resumed from {self.resumed_from} at step {trainer.global_step}" if self.resumed_from else "new"
+        if self.changes:
+            what += "; changed and applied: " + "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
+        rank_zero_info(f"run: {self.run.path} ({what}); resolved configuration: {self.run.path / name}")
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """A fit that never started training (already at its end) is an attempt too: record it."""
+        self._record(trainer, trained_no_step=True)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         self.signal_name = "SIGINT"
@@ -87,13 +122,35 @@ class RunSession(L.Callback):
             "without saving).",
             flush=True,
         )
-        if self._trainer is not None:
-            self._trainer._signal_connector.received_sigterm = True  # Lightning's clean stop at the batch boundary
+        self._want_stop(signal.SIGINT)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._want_stop(signal.SIGTERM)
+
+    def _want_stop(self, signum: int) -> None:
+        trainer = self._trainer
+        if trainer is None:
+            return
+        if self._previous_sigterm is None:  # one process: Lightning's clean stop at the batch boundary
+            trainer._signal_connector.received_sigterm = True
+            return
+        if not self._stop_wanted:
+            launcher = trainer.strategy.launcher
+            if launcher is not None:
+                launcher.kill(signal.SIGTERM)  # the processes Lightning's launcher started (none otherwise)
+        self._stop_wanted = True  # decided at the next batch start, on every rank at once (module docstring)
 
     def _restore_sigint(self) -> None:
-        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self._previous_sigint is not None:
             signal.signal(signal.SIGINT, self._previous_sigint)
             self._previous_sigint = None
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+        if self._trainer is not None:
+            self._trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore_sigint()

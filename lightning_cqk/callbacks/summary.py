@@ -101,7 +101,7 @@ class RunSummary(L.Callback):
             seconds = self.clock.total_seconds() if self.clock is not None else 0.0
             write_json(run_dir(trainer) / BUDGET_FILE, budget_record(trainer, pl_module, seconds))
         self._write(trainer, pl_module, finished=True)
-        self._print(trainer, pl_module)
+        self._print(trainer, pl_module, self.summary(trainer, pl_module))  # summary() broadcasts: on every rank
 
     def _write(self, trainer: L.Trainer, pl_module: L.LightningModule, finished: bool) -> None:
         s = self.summary(trainer, pl_module)
@@ -125,8 +125,7 @@ class RunSummary(L.Callback):
         write_json(run_dir(trainer) / SUMMARY_FILE, payload)
 
     @rank_zero_only
-    def _print(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        s = self.summary(trainer, pl_module)
+    def _print(self, trainer: L.Trainer, pl_module: L.LightningModule, s: dict) -> None:
         lines = ["", "=" * 72, "Run summary"]
         if "val/loss" in s:
             val = f"  val loss {s['val/loss']:.4f} nats/token | ppl {s.get('val/ppl', float('nan')):.2f}"

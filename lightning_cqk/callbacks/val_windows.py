@@ -6,8 +6,10 @@ rewrites it). `lightning_cqk report` bootstraps over these windows to print how 
 models the validation set itself can create (lightning_cqk/sweep/stats.py, `bootstrap_se_of_mean_loss`).
 
 Cost: one more forward per validation window at the final validation only (each window alone, with the module's own
-loss, so the sum over windows equals the logged val/loss x tokens). Under DDP each rank sees its shard of the
-windows; rank zero writes its own shard.
+loss, so the sum over windows equals the logged val/loss x tokens). With several processes each rank scores its
+share of the same windows one process scores (`data/val_split.py`: contiguous blocks, in order); the shares are
+gathered to rank zero, which writes every window in the one-process order, so the file does not depend on the
+number of processes.
 """
 
 from __future__ import annotations
@@ -53,8 +55,14 @@ class ValWindowLosses(L.Callback):
             self._tokens.append(float(n))
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self._active(trainer) or not self._nll:
+        if not self._active(trainer):
             return
-        path = run_dir(trainer) / FILE
-        if trainer.is_global_zero:
-            write_json(path, {"step": int(trainer.global_step), "nll": self._nll, "tokens": self._tokens})
+        nll, tokens = self._nll, self._tokens
+        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            shares: list = [None] * trainer.world_size
+            torch.distributed.all_gather_object(shares, (nll, tokens))  # rank order = window order
+            nll = [x for share_nll, _ in shares for x in share_nll]
+            tokens = [x for _, share_tokens in shares for x in share_tokens]
+        path = run_dir(trainer) / FILE  # collective: on every rank
+        if nll and trainer.is_global_zero:
+            write_json(path, {"step": int(trainer.global_step), "nll": nll, "tokens": tokens})

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from lightning_cqk.data.document import Document
+from lightning_cqk.errors import ConfigError
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -137,7 +138,7 @@ def builtin_name(source: object) -> str | None:
         name = source[len(BUILTIN_PREFIX) :]
         if name not in BUILTIN_CORPORA:
             choices = ", ".join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_CORPORA))
-            raise ValueError(f"Unknown built-in corpus {name!r}. Choices: {choices}.")
+            raise ConfigError(f"Unknown built-in corpus {name!r}. Choices: {choices}.")
         return name
     return None
 
@@ -145,5 +146,5 @@ def builtin_name(source: object) -> str | None:
 def builtin_files(name: str | None) -> list[Path]:
     """The files a built-in corpus is gathered from."""
     if name not in _BUILTIN_FILES:
-        raise ValueError(f"Unknown built-in corpus {name!r}. Choices: {sorted(BUILTIN_CORPORA)}.")
+        raise ConfigError(f"Unknown built-in corpus {name!r}. Choices: {sorted(BUILTIN_CORPORA)}.")
     return _BUILTIN_FILES[name]()

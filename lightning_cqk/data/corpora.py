@@ -8,7 +8,10 @@
   PubMed as JSON lines, PubTator (``pmid|t|``/``pmid|a|`` blocks) or plain blank-line separated abstracts; web text
   (OpenWebText, C4, SlimPajama) as JSON lines with a ``text`` field;
 * an **online source** (a Hugging Face ``datasets`` name), downloaded into ``<output_dir>/raw/`` when no offline
-  source is given. ``datasets`` is not a dependency of this package; it is imported only then.
+  source is given. ``datasets`` is not a dependency of this package (the ``data`` extra installs it); it is imported
+  only then. A download that cannot happen (``datasets`` missing, the machine offline or set offline, the Hub
+  refusing) fails at once in one paragraph: the corpus, the reason, and this command again with ``--data.source
+  PATH`` (``prepare``: ``--source PATH``) for a local copy (``DownloadUnavailable``).
 
 **Splits.** The corpus's own splits are kept where the files carry them: a file whose name says train
 (``train``, ``training``) goes to train, one that says validation (``valid``, ``validation``, ``dev``,
@@ -26,11 +29,18 @@ one block, and recorded in the manifest's ``left_out`` (issue 13, class 9).
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 from lightning_cqk.data.sources import WorkUnit, iter_unit_documents, list_source_files
+from lightning_cqk.errors import ConfigError, MissingInputError, UnavailableError
+from lightning_cqk.run_dir import write_json_atomically
 
 OTHER_FILES = ("refuse", "train", "hash", "leave_out")
 """What ``resolve_corpus`` does with files that name no split beside files that do (see the module docstring)."""
@@ -225,7 +235,7 @@ class ResolvedCorpus:
 def get_corpus(name: str) -> Corpus:
     """The corpus called ``name``; a ValueError lists the known ones."""
     if name not in CORPORA:
-        raise ValueError(f"Unknown corpus {name!r}. {corpus_options()}")
+        raise ConfigError(f"Unknown corpus {name!r}. {corpus_options()}")
     return CORPORA[name]
 
 
@@ -274,7 +284,7 @@ def resolve_corpus(
     corpus = get_corpus(name)
     if source is None:
         if corpus.hf_name is None or download_dir is None:
-            raise FileNotFoundError(
+            raise MissingInputError(
                 f"Corpus {name!r} needs a local source (fit: --data.source PATH; prepare: --source PATH): "
                 f"{corpus.description}.\n" + corpus_options()
             )
@@ -282,12 +292,12 @@ def resolve_corpus(
     try:
         files = list_source_files(source)
     except (FileNotFoundError, ValueError) as err:
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"Corpus {name!r}: {err}\nExpected {corpus.description}, or no source to download "
             f"{corpus.hf_name or '(no online source)'}.\n" + corpus_options()
         ) from None
     if other_files not in OTHER_FILES:
-        raise ValueError(f"other_files={other_files!r} is not one of {', '.join(map(repr, OTHER_FILES))}.")
+        raise ConfigError(f"other_files={other_files!r} is not one of {', '.join(map(repr, OTHER_FILES))}.")
     left_out: list[LeftOut] = []
     by_split: dict[str | None, list[str]] = {}
     for path in files:
@@ -299,7 +309,7 @@ def resolve_corpus(
         else:
             by_split.setdefault(split_of(path), []).append(str(path))
     if not by_split:
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"Corpus {name!r}: {source!r} holds no {'/'.join(corpus.suffixes)} files. Expected "
             f"{corpus.description}.\n" + corpus_options()
         )
@@ -321,7 +331,7 @@ def resolve_corpus(
         tests = [e for e in tests if e.reason.startswith("test")]
         named = [_left_out(corpus, p, "train") for p in train] + [_left_out(corpus, p, "val") for p in val]
         biggest = max(unnamed, key=lambda e: (e.documents or 0, e.bytes))
-        raise ValueError(
+        raise ConfigError(
             f"Corpus {name!r} at {source!r}: some files name their split, but {len(unnamed)} file(s) name none and "
             "would be left out.\n"
             + "".join(f"  {e.reason}: {e.describe()}\n" for e in named + unnamed + tests)
@@ -372,11 +382,12 @@ def download_corpus(
     try:
         import datasets
     except ImportError:
-        raise ImportError(
-            f"Downloading corpus {corpus.name!r} ({corpus.hf_name}) needs the Hugging Face `datasets` package "
-            "(`pip install datasets`), or give a local copy (fit: --data.source PATH; prepare: --source PATH).\n"
-            + corpus_options()
+        raise DownloadUnavailable(
+            corpus, "the Hugging Face `datasets` package is not installed (`pip install 'datasets>=2.19'`)"
         ) from None
+    refusal = hub_unreachable()
+    if refusal is not None:
+        raise DownloadUnavailable(corpus, refusal)
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     record = dest / ".download.json"  # what was asked for: a finished download is reused only for the same ask
@@ -392,26 +403,111 @@ def download_corpus(
     if record.is_file():
         done = json.loads(record.read_text())
         if done != asked:
-            raise ValueError(
+            raise ConfigError(
                 f"{dest} holds a download of {done} but {asked} is asked now; it would be reused as it is. Use "
                 f"another data_dir (the download goes to <data_dir>/raw), or ask for max_documents="
                 f"{done.get('max_documents')}, or rebuild with overwrite=True (prepare: --overwrite true), "
                 "which downloads again."
             )
     else:
-        record.write_text(json.dumps(asked) + "\n")
+        write_json_atomically(record, asked)
     written = []
     for hf_split, stem in corpus.hf_splits:
         path = dest / (f"wiki.{stem}.raw" if corpus.raw_format == "wikitext" else f"{stem}.jsonl")
         if not path.exists():
-            rows = datasets.load_dataset(corpus.hf_name, corpus.hf_config, split=hf_split, streaming=True)
             tmp = path.with_name(path.name + ".part")
-            with tmp.open("w", encoding="utf-8") as f:
-                for i, row in enumerate(rows):
-                    if max_documents is not None and i >= max_documents:
-                        break
-                    text = row[corpus.hf_text_field]
-                    f.write(text if corpus.raw_format == "wikitext" else json.dumps({"text": text}) + "\n")
+            try:
+                rows = datasets.load_dataset(corpus.hf_name, corpus.hf_config, split=hf_split, streaming=True)
+                with tmp.open("w", encoding="utf-8") as f:
+                    for i, row in enumerate(rows):
+                        if max_documents is not None and i >= max_documents:
+                            break
+                        text = row[corpus.hf_text_field]
+                        f.write(text if corpus.raw_format == "wikitext" else json.dumps({"text": text}) + "\n")
+            except network_errors() as err:
+                tmp.unlink(missing_ok=True)
+                raise DownloadUnavailable(corpus, download_failure(err, corpus.hf_name)) from err
             tmp.replace(path)
         written.append(path)
     return written
+
+
+# ------------------------------------------------------------------------------------------ when it cannot download
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+HUB_PROBE_SECONDS = 5.0
+
+
+class DownloadUnavailable(UnavailableError):
+    """A named corpus that cannot be downloaded here; the message is one paragraph: which corpus, why, and the
+    command that uses a local copy instead."""
+
+    def __init__(self, corpus: Corpus, reason: str) -> None:
+        self.corpus, self.reason = corpus, reason
+        super().__init__(
+            f"corpus {corpus.name!r} cannot be downloaded from the Hugging Face Hub ({corpus.hf_name}): {reason}. "
+            f"Give it a local copy instead, {corpus.description}: {local_source_command()} (PATH: a file, folder "
+            "or glob; `lightning_cqk prepare --help` lists the formats)."
+        )
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hub cannot be reached from here, or None: set offline, or its host refuses a TCP connection within
+    `HUB_PROBE_SECONDS` (probed unless a proxy is configured; `datasets` would retry for minutes instead)."""
+    for name in OFFLINE_VARIABLES:
+        if os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off"):
+            return f"this machine is set offline ({name}={os.environ[name]})"
+    if any(os.environ.get(name) for name in _PROXY_VARIABLES):
+        return None
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=HUB_PROBE_SECONDS).close()
+    except OSError as err:
+        return f"{host}:{port} cannot be reached from this machine (offline? {err.strerror or err})"
+    return None
+
+
+def network_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions a failed download raises: OSError (ConnectionError, requests' errors, the Hub's HTTP errors,
+    `datasets`' DatasetNotFoundError) and the HTTP clients' own bases (httpx, httpx2), when installed."""
+    found: list[type[BaseException]] = [OSError]
+    for module in ("httpx", "httpx2"):
+        try:
+            found.append(__import__(module).HTTPError)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(found)
+
+
+def download_failure(err: BaseException, hf_name: str | None) -> str:
+    """The reason a download failed, in words: the Hub refused (an HTTP 401/403/404, a gated or missing dataset) or
+    the connection failed."""
+    text = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    refused = re.search(r"\b(401|403|404|429)\b|gated|not found|doesn't exist|does not exist|unauthori", text, re.I)
+    if refused or "NotFound" in type(err).__name__:
+        return f"the Hub refused {hf_name} ({text[:300]})"
+    return f"the download failed ({text[:300]})"
+
+
+def local_source_command(argv: list[str] | None = None) -> str:
+    """This command line again with `--data.source PATH` (`prepare`: `--source PATH`) in place of any source it
+    gave; outside the command line, both forms."""
+    argv = list(sys.argv if argv is None else argv)
+    command = argv[1] if len(argv) > 1 else ""
+    if command in ("fit", "validate", "test", "predict"):
+        flags = ("--data.source", "--data.init_args.source")
+    elif command == "prepare":
+        flags = ("--source",)
+    else:
+        return "`lightning_cqk fit ... --data.source PATH` (`lightning_cqk prepare ... --source PATH`)"
+    kept, skip = [], False
+    for arg in argv[2:]:
+        if skip:
+            skip = False
+            continue
+        if arg.split("=", 1)[0] in flags:
+            skip = "=" not in arg
+            continue
+        kept.append(arg)
+    return "`" + shlex.join(["lightning_cqk", command, *kept, flags[0]]) + " PATH`"

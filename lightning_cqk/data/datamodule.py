@@ -6,6 +6,11 @@ inside each chunk and drops the tail of every chunk that does not fill a whole w
 shuffled with a seed; validation windows are read in order, so every run of an ablation sees the same validation
 set. Lightning checkpoints the ``StreamingDataLoader`` state, so resumed runs continue where they stopped (with the
 same ``num_workers``, devices and seed; litdata refuses other combinations).
+
+A run owns what it reads (``folder_lock.py``): ``setup`` takes a shared hold on ``data_dir`` (waiting while a
+``prepare`` builds it) and keeps it until ``teardown``, so no ``prepare`` can rebuild the folder under the run; it
+records the shards' fingerprint (``integrity.shard_fingerprint``) for ``callbacks/data_guard.py``, which stops the run
+when they change anyway (a file system without cross-host locks, a copy by hand).
 """
 
 from __future__ import annotations
@@ -22,7 +27,15 @@ import torch
 from lightning_cqk.data import remote
 from lightning_cqk.data.builtin import builtin_name
 from lightning_cqk.data.corpora import get_corpus, resolve_corpus
-from lightning_cqk.data.integrity import check_split, check_stream_end, check_token_range, rebuild_hint
+from lightning_cqk.data.folder_lock import ReaderHold, hold_for_reading
+from lightning_cqk.data.integrity import (
+    check_build,
+    check_split,
+    check_stream_end,
+    check_token_range,
+    rebuild_hint,
+    shard_fingerprint,
+)
 from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.prepare import prepare
 from lightning_cqk.data.request import (
@@ -36,7 +49,7 @@ from lightning_cqk.data.request import (
 )
 from lightning_cqk.data.sources import as_source_list
 from lightning_cqk.data.tokenizers import eos_id_of, vocab_size_of
-from lightning_cqk.errors import ConfigError
+from lightning_cqk.errors import ConfigError, MissingInputError
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata pings PyPI on import otherwise
 
@@ -178,7 +191,7 @@ class TokenDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         if seq_len < 1 or batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
-            raise ValueError(
+            raise ConfigError(
                 f"seq_len and batch sizes must be positive, got {seq_len}, {batch_size}, {val_batch_size}."
             )
         _check_numbers(num_workers, prepare_workers, val_fraction, max_documents, val_seq_len)
@@ -216,6 +229,11 @@ class TokenDataModule(L.LightningDataModule):
         self.manifest: Manifest | None = None
         self.train_dataset = None
         self.val_dataset = None
+        self.fingerprints: dict[str, dict[str, str]] = {}  # data_dir -> shard_fingerprint at setup
+        self._hold: ReaderHold | None = None
+        self._checked_build: str | None = None  # the build whose source prepare_data compared
+        self._windows: dict[str, int] = {}
+        self._val_limit = None  # the trainer's limit_val_batches, consumed by val_dataloader (data/val_split.py)
 
     @property
     def vocab_size(self) -> int:
@@ -242,10 +260,12 @@ class TokenDataModule(L.LightningDataModule):
                 message names both and the fixes.
         """
         if Manifest.exists(self.data_dir):
-            self._check_source(Manifest.load(self.data_dir))
+            manifest = Manifest.load(self.data_dir)
+            self._check_source(manifest)
+            self._checked_build = manifest.extra.get("build_id")
             return
         if self.source is None and self.corpus is None:
-            raise FileNotFoundError(
+            raise MissingInputError(
                 f"No token shards at {self.data_dir} (no manifest.json) and no data.source to prepare them from. Run "
                 f"`lightning_cqk prepare --source <text> --output_dir {self.data_dir} --tokenizer {self.tokenizer}`, "
                 "or set data.source."
@@ -265,7 +285,14 @@ class TokenDataModule(L.LightningDataModule):
 
         if remote.is_remote(self.data_dir):
             remote.allow_http_endpoints()  # before litdata builds its S3 stores (inherited by forked workers)
+        elif self._hold is None or self._hold.released:  # held until teardown: no prepare rebuilds it under the run
+            self._hold = hold_for_reading(self.data_dir)
         manifest = Manifest.load(self.data_dir)
+        build = manifest.extra.get("build_id")
+        if build != self._checked_build and Manifest.exists(self.data_dir):
+            self._check_source(manifest)  # rebuilt since prepare_data compared it (or compared by another rank)
+            self._checked_build = build
+        check_build(self.data_dir, build, self.tokenizer)
         self._check_tokenizer(manifest)
         window, val_window = self.seq_len + 1, self.val_seq_len + 1
         world = self.trainer.world_size if self.trainer is not None else 1
@@ -275,14 +302,16 @@ class TokenDataModule(L.LightningDataModule):
             check_stream_end(self.data_dir, split, index, self.eos_id, manifest.dtype, self.tokenizer)
             size = window if split == "train" else val_window
             tokens, windows = manifest.splits[split].tokens, count_windows(remote.join(self.data_dir, split), size)
+            self._windows[split] = windows
             if windows < need[split]:
-                raise ValueError(
+                raise ConfigError(
                     f"The {split} split at {self.data_dir} has {tokens:,} tokens, which give {windows} window(s) of "
                     f"seq_len + 1 = {size} tokens (litdata drops each chunk's tail); at least {need[split]} "
                     f"{'(batch_size x devices) ' if split == 'train' else ''}needed. Use a shorter data.seq_len, a "
                     f"smaller batch, or more text (a larger val_fraction or a val_source for val)."
                 )
         self.manifest = manifest
+        self.fingerprints = {str(self.data_dir): shard_fingerprint(self.data_dir)}
         self.train_dataset = StreamingDataset(
             remote.join(self.data_dir, "train"),
             cache_dir=_split_cache(self.cache_dir, "train"),
@@ -299,14 +328,46 @@ class TokenDataModule(L.LightningDataModule):
             drop_last=False,
         )
 
+    def teardown(self, stage: str | None = None) -> None:
+        """Let writers in again: the run no longer reads ``data_dir``."""
+        if self._hold is not None:
+            self._hold.release()
+            self._hold = None
+
     def train_dataloader(self):
         """Shuffled training windows, ``(batch_size, seq_len + 1)`` int64; partial batches dropped."""
         return token_loader(self.train_dataset, self.batch_size, self.num_workers, True, self.vocab_size, self.data_dir)
 
     def val_dataloader(self):
-        """All validation windows in order, ``(val_batch_size, seq_len + 1)`` int64; the last batch may be short."""
-        return token_loader(
-            self.val_dataset, self.val_batch_size, self.num_workers, False, self.vocab_size, self.data_dir
+        """This rank's share of the validation windows, in order, ``(val_batch_size, seq_len + 1)`` int64; the last
+        batch may be short. The same windows whatever the number of processes (`data/val_split.py`)."""
+        from torch.utils.data import DataLoader
+
+        from lightning_cqk.data.val_split import ValWindowShare, share, validation_windows
+
+        trainer = self.trainer
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        if trainer is not None and self._val_limit is None:
+            self._val_limit = trainer.limit_val_batches
+            if isinstance(self._val_limit, float) and 0.0 < self._val_limit < 1.0:
+                trainer.limit_val_batches = 1.0  # applied here, to the whole set: Lightning must not cut each share
+        total = self._windows.get("val") or count_windows(remote.join(self.data_dir, "val"), self.val_seq_len + 1)
+        n = validation_windows(total, self._val_limit, self.val_batch_size)
+        if world > 1 and n < world:
+            raise ConfigError(
+                f"Validation would score {n} window(s) of {self.data_dir}/val on {world} processes; every process "
+                f"needs at least one. Raise trainer.limit_val_batches (now {self._val_limit}) or validate with fewer "
+                "processes."
+            )
+        start, stop = share(n, world, rank)
+        windows = ValWindowShare(self.val_dataset, start, stop, self.val_batch_size)
+        return DataLoader(
+            windows,
+            batch_size=self.val_batch_size,
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),
+            collate_fn=partial(collate_tokens, vocab_size=self.vocab_size, where=str(self.data_dir)),
+            worker_init_fn=ignore_stop_signals if self.num_workers > 0 else None,
         )
 
     def _request(self) -> Request:
@@ -361,7 +422,7 @@ class TokenDataModule(L.LightningDataModule):
         )
         asked = f"corpus {self.corpus!r} from " if self.corpus else ""
         asked += f"{self.source!r}" if self.source is not None else "its download"
-        raise ValueError(
+        raise ConfigError(
             f"data.source does not match the shards in data.data_dir={self.data_dir}: they were made from "
             f"{describe(manifest)}, but this run asks for {asked} with tokenizer {self.tokenizer!r} "
             f"({'; '.join(differ)}). Training on them would silently ignore what was asked. Either prepare it into "
@@ -373,7 +434,7 @@ class TokenDataModule(L.LightningDataModule):
 
     def _check_tokenizer(self, manifest: Manifest) -> None:
         if manifest.tokenizer != self.tokenizer:
-            raise ValueError(
+            raise ConfigError(
                 f"The shards at {self.data_dir} were made with tokenizer {manifest.tokenizer!r} (vocab "
                 f"{manifest.vocab_size}), but data.tokenizer is {self.tokenizer!r} (vocab {self.vocab_size}). Use "
                 f"data.tokenizer={manifest.tokenizer!r}, or re-run prepare with {self.tokenizer!r} into another "
@@ -383,14 +444,14 @@ class TokenDataModule(L.LightningDataModule):
         # manifest edited by hand is caught offline too. Otherwise the vocabulary must load, or the run is refused.
         fingerprint = fingerprint_of(self.tokenizer, self.bpe_file, self.data_dir)
         if manifest.tokenizer_fingerprint != fingerprint:
-            raise ValueError(
+            raise ConfigError(
                 f"The shards at {self.data_dir} were made with a different {self.tokenizer!r} vocabulary "
                 f"(fingerprint {manifest.tokenizer_fingerprint[:12]}, this one {fingerprint[:12]}): the manifest was "
                 "edited, or another vocabulary file was used. Check data.bpe_file, or re-run prepare into another "
                 "data_dir."
             )
         if (manifest.vocab_size, manifest.eos_id) != (self.vocab_size, self.eos_id):
-            raise ValueError(
+            raise ConfigError(
                 f"The manifest of {self.data_dir} records vocab_size {manifest.vocab_size} and eos_id "
                 f"{manifest.eos_id}, but tokenizer {self.tokenizer!r} has {self.vocab_size} and {self.eos_id}: the "
                 f"manifest was edited by hand. {rebuild_hint(self.data_dir, self.tokenizer)}"

@@ -7,16 +7,25 @@ While training: every batch's token ids are checked against the vocabulary on th
 (one `max` over a few thousand integers), so damaged bytes inside a chunk of the right size, which decode to ids
 outside the vocabulary, stop the run at the first such batch instead of indexing out of the embedding table.
 (Damage that happens to decode to valid ids cannot be told from text; `prepare` output is otherwise trusted.)
+
+Builds and changes (issue 25): every build of `prepare` has an id, written into `manifest.json` (`extra.build_id`) and
+into each split folder (`<split>/.build_id`) before the manifest; `check_build` refuses a manifest beside another
+build's shards. `shard_fingerprint` identifies what a run reads: `content` (the manifest without its times, and each
+split's chunk list: the same for an identical rebuild) and `files` (inode, size and modification time of the manifest,
+the indexes and every chunk: any rewrite changes it). A run records both at setup and checks `files` at every
+validation and checkpoint save and `content` on resume (`callbacks/data_guard.py`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 
 from lightning_cqk.data import remote
+from lightning_cqk.errors import ConfigError, MissingInputError
 
 
 def rebuild_hint(data_dir: str | Path, tokenizer: str | None = None) -> str:
@@ -41,7 +50,7 @@ def check_split(data_dir: str | Path, split: str, tokenizer: str | None = None) 
     try:
         text = remote.read_text(index_path) if remote.is_remote(data_dir) else Path(index_path).read_text()
     except FileNotFoundError:
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"The {split} shards at {data_dir} are incomplete: {index_path} is missing. {hint}"
         ) from None
     try:
@@ -49,7 +58,7 @@ def check_split(data_dir: str | Path, split: str, tokenizer: str | None = None) 
         chunks = index["chunks"]
         entries = [(c["filename"], int(c["chunk_bytes"]), int(c["dim"])) for c in chunks]
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-        raise ValueError(
+        raise ConfigError(
             f"The {split} shard index {index_path} is corrupt ({type(err).__name__}: {err}). {hint}"
         ) from None
     if remote.is_remote(data_dir):
@@ -57,11 +66,11 @@ def check_split(data_dir: str | Path, split: str, tokenizer: str | None = None) 
     for filename, expected, _ in entries:
         path = Path(split_dir) / filename
         if not path.is_file():
-            raise FileNotFoundError(f"Shard {path} is missing (listed in {index_path}). {hint}")
+            raise MissingInputError(f"Shard {path} is missing (listed in {index_path}). {hint}")
         size = path.stat().st_size
         if size != expected:
             what = "truncated" if size < expected else "longer than written"
-            raise ValueError(
+            raise ConfigError(
                 f"Shard {path} is {what}: {size:,} bytes, but {index_path} records {expected:,}. The copy or the "
                 f"prepare that made it was cut short, or the file was changed since. {hint}"
             )
@@ -83,7 +92,7 @@ def check_stream_end(data_dir: str | Path, split: str, index: dict, eos_id: int,
         f.seek(-width, 2)
         token = int(np.frombuffer(f.read(width), dtype=dtype)[0])
     if token != eos_id:
-        raise ValueError(
+        raise ConfigError(
             f"The {split} shards at {data_dir} end with token id {token}, not {tokenizer!r}'s end-of-document id "
             f"{eos_id}: they were made with another tokenizer than their manifest.json says (edited by hand?), or "
             f"the last chunk {last} is damaged. {rebuild_hint(data_dir, tokenizer)}"
@@ -94,8 +103,64 @@ def check_token_range(batch, vocab_size: int, where: str) -> None:
     """Refuse a (numpy) token batch holding ids outside [0, vocab_size): the shard bytes are damaged."""
     top = int(batch.max()) if batch.size else 0
     if top >= vocab_size or (batch.size and int(batch.min()) < 0):
-        raise ValueError(
+        raise ConfigError(
             f"A batch read from {where} holds token id {top}, outside the vocabulary (size {vocab_size}): the shard "
             f"bytes are damaged, or the shards were made with a larger vocabulary than data.tokenizer's. "
             f"{rebuild_hint(where)}"
         )
+
+
+BUILD_FILE = ".build_id"
+_VOLATILE = ("created", "seconds", "litdata_version", "extra")  # manifest fields that differ between equal builds
+
+
+def check_build(data_dir: str | Path, build_id: str | None, tokenizer: str | None = None) -> None:
+    """Refuse a manifest that sits beside another build's shards (its build id differs from a split's)."""
+    if build_id is None or remote.is_remote(data_dir):
+        return  # shards made before build ids, or remote: nothing to compare
+    for split in ("train", "val"):
+        path = Path(data_dir) / split / BUILD_FILE
+        found = path.read_text().strip() if path.is_file() else None
+        if found != build_id:
+            raise ValueError(
+                f"The {split} shards at {data_dir} are not the build its manifest.json describes (manifest build "
+                f"{build_id}, {split}/{BUILD_FILE}: {found or 'missing'}): two prepares wrote into the folder at once "
+                f"(on a file system that does not carry locks between hosts?), or files were copied in by hand. "
+                f"{rebuild_hint(data_dir, tokenizer)}"
+            )
+
+
+def shard_fingerprint(data_dir: str | Path) -> dict[str, str]:
+    """``{"content": sha256, "files": sha256}`` of a local shard folder (module docstring); {} for ``s3://``."""
+    if remote.is_remote(data_dir):
+        return {}
+    root = Path(data_dir)
+    content, files = hashlib.sha256(), hashlib.sha256()
+
+    def stat(path: Path) -> None:
+        try:
+            st = path.stat()
+            files.update(f"{path.relative_to(root)}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns};".encode())
+        except FileNotFoundError:
+            files.update(f"{path.relative_to(root)}:missing;".encode())
+
+    manifest = root / "manifest.json"
+    stat(manifest)
+    try:
+        data = json.loads(manifest.read_text())
+        content.update(json.dumps({k: v for k, v in data.items() if k not in _VOLATILE}, sort_keys=True).encode())
+    except (OSError, ValueError):
+        content.update(b"no manifest")
+    for split in ("train", "val"):
+        index_path = root / split / "index.json"
+        stat(index_path)
+        try:
+            chunks = json.loads(index_path.read_text()).get("chunks", [])
+        except (OSError, ValueError):
+            chunks = []
+            content.update(f"{split}: no index;".encode())
+        for chunk in chunks:
+            name = str(chunk.get("filename"))
+            content.update(f"{split}/{name}:{chunk.get('chunk_bytes')}:{chunk.get('dim')};".encode())
+            stat(root / split / name)
+    return {"content": content.hexdigest(), "files": files.hexdigest()}

@@ -9,13 +9,13 @@ sources with their files and sizes, and the split rule.
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from lightning_cqk.data import remote
+from lightning_cqk.errors import ConfigError, MissingInputError
+from lightning_cqk.run_dir import write_json_atomically
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -130,14 +130,7 @@ class Manifest:
 
     def save(self, directory: str | Path) -> Path:
         """Write ``manifest.json`` atomically: readers see the old file, the new one, or none, never half."""
-        path = Path(directory) / MANIFEST_NAME
-        tmp = path.with_name(f".{MANIFEST_NAME}.{uuid.uuid4().hex}.tmp")
-        try:
-            tmp.write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return path
+        return write_json_atomically(Path(directory) / MANIFEST_NAME, asdict(self), sort_keys=True)
 
     @staticmethod
     def exists(directory: str | Path) -> bool:
@@ -160,7 +153,7 @@ class Manifest:
             f"the DataModule prepare it from data.source after deleting {directory})."
         )
         if not Manifest.exists(directory):
-            raise FileNotFoundError(f"No finished token shards at {directory}: {path} is missing. {rebuild}")
+            raise MissingInputError(f"No finished token shards at {directory}: {path} is missing. {rebuild}")
         try:
             raw = json.loads(remote.read_text(path) if remote.is_remote(directory) else path.read_text())
             known = {f.name for f in fields(cls)}
@@ -171,13 +164,13 @@ class Manifest:
             }
             manifest = cls(**raw)
         except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError, AttributeError) as err:
-            raise ValueError(f"Corrupt shard manifest {path} ({type(err).__name__}: {err}). {rebuild}") from None
+            raise ConfigError(f"Corrupt shard manifest {path} ({type(err).__name__}: {err}). {rebuild}") from None
         if manifest.format_version != FORMAT_VERSION:
-            raise ValueError(
+            raise ConfigError(
                 f"{path} has format version {manifest.format_version}; this lightning_cqk reads version "
                 f"{FORMAT_VERSION}. {rebuild}"
             )
         missing = [s for s in SPLITS if s not in manifest.splits]
         if missing:
-            raise ValueError(f"Corrupt shard manifest {path}: no counts for split(s) {missing}. {rebuild}")
+            raise ConfigError(f"Corrupt shard manifest {path}: no counts for split(s) {missing}. {rebuild}")
         return manifest

@@ -10,13 +10,14 @@ loss over the union of the val splits, and ``bytes_per_token`` is that union's b
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import lightning as L
 
 from lightning_cqk.data.datamodule import TokenDataModule, token_loader
 from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.tokenizers import eos_id_of, vocab_size_of
+from lightning_cqk.errors import ConfigError
 
 
 @dataclass
@@ -69,11 +70,13 @@ class MixtureDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         if len(components) < 1:
-            raise ValueError("A mixture needs at least one component.")
+            raise ConfigError("A mixture needs at least one component.")
         components = [c if isinstance(c, MixtureComponent) else MixtureComponent(**c) for c in components]
         if any(not 0 < c.weight < math.inf for c in components):
-            raise ValueError(f"Mixture weights must be positive and finite, got {[c.weight for c in components]}.")
+            raise ConfigError(f"Mixture weights must be positive and finite, got {[c.weight for c in components]}.")
         self.save_hyperparameters()
+        # Plain dicts in the checkpoint, not MixtureComponent objects: checkpoints load with weights_only=True.
+        self.hparams["components"] = [asdict(c) for c in components]
         self.components = components
         self.tokenizer = tokenizer
         self.seq_len = seq_len
@@ -108,6 +111,7 @@ class MixtureDataModule(L.LightningDataModule):
         ]
         self.train_dataset = None
         self.val_dataset = None
+        self.fingerprints: dict[str, dict[str, str]] = {}  # data_dir -> shard_fingerprint at setup (data_guard.py)
 
     @property
     def vocab_size(self) -> int:
@@ -144,6 +148,12 @@ class MixtureDataModule(L.LightningDataModule):
             [p.train_dataset for p in self.parts], seed=self.seed, weights=weights, iterate_over_all=False
         )
         self.val_dataset = CombinedStreamingDataset([p.val_dataset for p in self.parts], iterate_over_all=True)
+        self.fingerprints = {k: v for p in self.parts for k, v in p.fingerprints.items()}
+
+    def teardown(self, stage: str | None = None) -> None:
+        """Release every component's hold on its data folder."""
+        for part in self.parts:
+            part.teardown(stage)
 
     def train_dataloader(self):
         """Weighted training windows, ``(batch_size, seq_len + 1)`` int64."""

@@ -19,6 +19,14 @@ that ``num_workers`` processes tokenize. litdata keeps the units in order (``kee
 stream of a split is the same for any worker count; only chunk boundaries move. Each unit writes its counts to a
 small JSON file that the parent adds up and checks against the token counts in litdata's ``index.json``.
 
+**One writer** (``folder_lock.py``). A local ``prepare`` holds ``<output_dir>/.data.lock`` exclusively while it
+downloads, tokenizes and swaps in the new build; a second ``prepare`` into the folder waits for it and then reuses
+its build when that is what it asks for (with ``overwrite`` too: that build is newer than the request), so two
+concurrent prepares (or every node of a multi-node job preparing one shared ``data_dir``) leave one intact build. A
+folder that live runs read is never rebuilt: the prepare is refused, naming them. The new build is written beside the
+old one (``.prepare-*``), tagged with a build id (``manifest.extra.build_id`` and ``<split>/.build_id``), and swapped
+in manifest last (the old manifest is removed first), so a manifest never describes another build's shards.
+
 **Reuse.** A finished directory is reused when asked for again with the same tokenizer, files and settings
 (``request.py``, the comparison the DataModules run too); asked for with different ones it raises (pass
 ``overwrite=True`` to rebuild). A directory without a manifest (an interrupted run) is rebuilt from scratch. A
@@ -48,6 +56,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -59,6 +68,8 @@ import numpy as np
 
 from lightning_cqk.data import remote
 from lightning_cqk.data.builtin import BUILTIN_CORPORA
+from lightning_cqk.data.folder_lock import hold_for_reading, writing
+from lightning_cqk.data.integrity import BUILD_FILE
 from lightning_cqk.data.manifest import MANIFEST_NAME, Manifest, SplitStats
 from lightning_cqk.data.request import (
     VAL_OVERLAP,
@@ -78,6 +89,8 @@ from lightning_cqk.data.sources import (
     unsupported_entries,
 )
 from lightning_cqk.data.tokenizers import get_tokenizer, token_dtype
+from lightning_cqk.errors import ConfigError, MissingInputError, UnavailableError
+from lightning_cqk.run_dir import write_json_atomically
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata pings PyPI on import otherwise
 
@@ -145,7 +158,47 @@ def prepare(
     Raises:
         FileNotFoundError: a source path does not exist.
         ValueError: bad settings, a mismatching existing directory, or a split that would be empty.
+        folder_lock.DataFolderInUse: a rebuild of a folder that live runs read; the message names them.
     """
+    args = dict(
+        source=source, output_dir=output_dir, tokenizer=tokenizer, bpe_file=bpe_file, val_fraction=val_fraction,
+        val_source=val_source, text_field=text_field, documents=documents, num_workers=num_workers,
+        chunk_bytes=chunk_bytes, corpus=corpus, max_documents=max_documents, other_files=other_files,
+        val_overlap=val_overlap,
+    )  # fmt: skip
+    if remote.is_remote(output_dir):  # no lock on object stores: uploaded manifest last (module docstring)
+        return _prepare(**args, overwrite=overwrite)
+    out = Path(output_dir).expanduser()
+    if not overwrite and Manifest.exists(out):  # reuse (or refuse): a shared hold is enough, and runs may read it
+        hold = hold_for_reading(out)  # waits while another prepare rebuilds it
+        try:
+            if Manifest.exists(out):
+                return _prepare(**args, overwrite=False)
+        finally:
+            hold.release()
+    with writing(out) as waited:
+        return _prepare(**args, overwrite=overwrite, prefer_existing=waited)
+
+
+def _prepare(
+    source: str | list[str] | None,
+    output_dir: str,
+    tokenizer: str,
+    bpe_file: str | None,
+    val_fraction: float,
+    val_source: str | list[str] | None,
+    text_field: str,
+    documents: str,
+    num_workers: int,
+    chunk_bytes: str,
+    overwrite: bool,
+    corpus: str | None,
+    max_documents: int | None,
+    other_files: str,
+    val_overlap: str,
+    prefer_existing: bool = False,
+) -> Manifest:
+    """``prepare`` once the folder is held (``prefer_existing``: reuse matching shards even with overwrite)."""
     left_out: list[dict] = []
     if max_documents is not None and not (corpus is not None and source is None):
         print(
@@ -156,7 +209,7 @@ def prepare(
         from lightning_cqk.data.corpora import resolve_corpus
 
         if val_source is not None:
-            raise ValueError(f"corpus={corpus!r} takes its validation split from its own files; drop val_source.")
+            raise ConfigError(f"corpus={corpus!r} takes its validation split from its own files; drop val_source.")
         raw = Path(output_dir).expanduser() / "raw"
         resolved = resolve_corpus(
             corpus, source, download_dir=raw, max_documents=max_documents, other_files=other_files, overwrite=overwrite
@@ -166,7 +219,7 @@ def prepare(
         left_out = resolved.left_out_entries()
         print(resolved.summary())
     elif source is None:
-        raise ValueError("prepare needs a source (text files) or a corpus name (see lightning_cqk.data.corpora).")
+        raise ConfigError("prepare needs a source (text files) or a corpus name (see lightning_cqk.data.corpora).")
     kwargs = dict(
         tokenizer=tokenizer,
         bpe_file=bpe_file,
@@ -183,7 +236,7 @@ def prepare(
     )
     if remote.is_remote(output_dir):
         return _prepare_remote(source, output_dir, **kwargs)
-    return _prepare_local(source, output_dir, **kwargs)
+    return _prepare_local(source, output_dir, prefer_existing=prefer_existing, **kwargs)
 
 
 def _prepare_local(
@@ -202,18 +255,21 @@ def _prepare_local(
     left_out: list[dict],
     val_overlap: str = "drop",
     shown_as: str | None = None,
+    prefer_existing: bool = False,
 ) -> Manifest:
     """``prepare`` into a local directory, once a corpus (if any) is resolved into plain sources.
 
     ``shown_as``: the directory's name in messages (the ``s3://`` URL when this is the local build of an upload).
+    ``prefer_existing``: finished shards that match the request are reused even with ``overwrite`` (they were built
+    by the prepare this one waited for).
     """
     check_documents_mode(documents)
     if val_overlap not in VAL_OVERLAP:
-        raise ValueError(f"val_overlap={val_overlap!r} is not one of {', '.join(map(repr, VAL_OVERLAP))}.")
+        raise ConfigError(f"val_overlap={val_overlap!r} is not one of {', '.join(map(repr, VAL_OVERLAP))}.")
     if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}.")
+        raise ConfigError(f"val_fraction must be in [0, 1), got {val_fraction}.")
     if val_source is None and val_fraction == 0.0:
-        raise ValueError("val_fraction=0 leaves the validation split empty; give val_source or a fraction > 0.")
+        raise ConfigError("val_fraction=0 leaves the validation split empty; give val_source or a fraction > 0.")
     num_workers = max(1, int(num_workers))
     out = Path(output_dir).expanduser()
     fingerprint = fingerprint_of(tokenizer, bpe_file)
@@ -222,26 +278,29 @@ def _prepare_local(
     )
     train_files, val_files = request.train_files, request.val_files
 
-    if Manifest.exists(out) and not overwrite:
+    if Manifest.exists(out) and (not overwrite or prefer_existing):
         manifest = Manifest.load(out)
         differ = differences(manifest, request)
-        if differ:
-            raise ValueError(
+        if differ and not overwrite:
+            raise ConfigError(
                 f"{shown_as or out} holds shards made from {describe(manifest)}, with other settings than asked now "
                 f"({'; '.join(differ)}). "
                 "Prepare into another output_dir, or pass overwrite=True (CLI: --overwrite true) to rebuild it."
             )
-        print(
-            f"prepare: reusing finished shards at {shown_as or out} ({manifest.splits['train'].tokens:,} train tokens)."
-        )
-        return manifest
+        if not differ:
+            built = " (just built by the prepare this one waited for)" if prefer_existing else ""
+            print(
+                f"prepare: reusing finished shards at {shown_as or out}{built} "
+                f"({manifest.splits['train'].tokens:,} train tokens)."
+            )
+            return manifest
     unsupported = unsupported_entries(request.sources + (request.val_sources or []))
     _check_unsupported(unsupported, request)
     left_out = left_out + unsupported
     tok = get_tokenizer(tokenizer, bpe_file)  # loads the vocabulary now: a missing BPE file fails before any work
     for split in ("train", "val"):
         if not owned_split_dir(out / split):
-            raise ValueError(
+            raise ConfigError(
                 f"{out / split} is not a token-shard folder written by lightning_cqk (no litdata index.json, and it "
                 "holds other files), so prepare will not replace it: a rebuild deletes only what prepare wrote. "
                 "Prepare into another output_dir, or move that folder away."
@@ -250,7 +309,7 @@ def _prepare_local(
         why = "overwrite=True" if Manifest.exists(out) else "no manifest.json, so an earlier run did not finish"
         print(f"prepare: rebuilding {out} ({why}).")
     out.mkdir(parents=True, exist_ok=True)
-    for leftover in out.glob(".prepare-*"):  # from a run that was killed; prepares into one directory do not overlap
+    for leftover in out.glob(".prepare-*"):  # from a prepare that was killed: this one holds the folder's lock
         shutil.rmtree(leftover, ignore_errors=True)
 
     start = time.perf_counter()
@@ -291,7 +350,10 @@ def _prepare_local(
             stats["train"] = _write_split(
                 "train", jobs["train"], build / "train", tmp, train_settings, num_workers, chunk_bytes, explicit
             )
-        for stale in (out / MANIFEST_NAME, out / "train", out / "val"):
+        build_id = uuid.uuid4().hex
+        for split in ("train", "val"):
+            (build / split / BUILD_FILE).write_text(build_id + "\n")
+        for stale in (out / MANIFEST_NAME, out / "train", out / "val"):  # the manifest first: never beside new shards
             if stale.is_dir():
                 shutil.rmtree(stale)
             else:
@@ -325,6 +387,7 @@ def _prepare_local(
         corpus=corpus,
         left_out=left_out + _val_copies_entry(stats["train"], val_overlap),
         val_overlap=val_overlap if request.val_sources is not None else "n/a",
+        extra={"build_id": build_id},
     )
     manifest.save(out)
     _report(out, manifest, seconds, tokenize_seconds, num_workers)
@@ -359,7 +422,7 @@ def _check_unsupported(unsupported: list[dict], request) -> None:
     shown = "; ".join(f"{e['path']} ({e['bytes'] / 1e6:.2f} MB)" for e in unsupported[:5])
     more = f" and {len(unsupported) - 5} more" if len(unsupported) > 5 else ""
     if skipped > used:
-        raise ValueError(
+        raise ConfigError(
             f"Most of the source is in files prepare cannot read: {len(unsupported)} file(s), {skipped / 1e6:.2f} MB "
             f"({shown}{more}), against {used / 1e6:.2f} MB of readable text. Decompress or convert them to "
             ".txt/.md/.raw/.text or .jsonl/.json, or give as source only the files you mean (e.g. a glob such as "
@@ -473,7 +536,7 @@ def _write_split(
         stats.add(SplitStats(**data["stats"]))
         seen += data["seen"]
     if stats.documents == 0:
-        raise ValueError(_empty_split_message(split, seen, settings.val_fraction, explicit_val))
+        raise ConfigError(_empty_split_message(split, seen, settings.val_fraction, explicit_val))
     written = _tokens_in_index(split_dir)
     if written != stats.tokens:
         raise RuntimeError(f"{split_dir}: litdata's index.json holds {written} tokens but {stats.tokens} were written.")
@@ -559,20 +622,18 @@ def _tokenize_unit(item: tuple[int, WorkUnit, str], settings: _Settings, report_
         if pending:
             yield np.concatenate(pending)
     except Exception as err:  # reported to the parent, which raises it with its original type
-        _write_json(reports / f"error-{index:06d}.json", {"type": type(err).__name__, "message": str(err)})
+        write_json_atomically(reports / f"error-{index:06d}.json", {"type": type(err).__name__, "message": str(err)})
         return
     if digests is not None:
         np.save(reports / f"digests-{index:06d}.npy", np.array(digests, dtype=np.uint64))
-    _write_json(reports / f"stats-{index:06d}.json", {"stats": asdict(stats), "seen": seen})
+    write_json_atomically(reports / f"stats-{index:06d}.json", {"stats": asdict(stats), "seen": seen})
 
 
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-_RERAISABLE = {cls.__name__: cls for cls in (ValueError, FileNotFoundError, PermissionError, OSError, RuntimeError)}
+_RERAISABLE = {
+    cls.__name__: cls
+    for cls in (ValueError, FileNotFoundError, PermissionError, OSError, RuntimeError)
+    + (ConfigError, MissingInputError, UnavailableError)  # user errors stay user errors: they print alone
+}
 
 
 def _raise_worker_error(report_dir: Path) -> None:

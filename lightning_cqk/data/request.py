@@ -29,6 +29,7 @@ from lightning_cqk.data.builtin import builtin_name, stdlib_root
 from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.sources import as_source_list, list_source_files
 from lightning_cqk.data.tokenizers import can_load_offline, get_tokenizer, known_fingerprint
+from lightning_cqk.errors import ConfigError
 
 SPLIT_RULE = "int(blake2b(utf8(text)).hexdigest()[:15], 16) / 16**15 < val_fraction -> val"
 VAL_SOURCE_RULE = "source -> train, val_source -> val"
@@ -84,7 +85,7 @@ def fingerprint_of(tokenizer: str, bpe_file: str | None, data_dir: Any = None) -
         return known
     if not can_load_offline(tokenizer, bpe_file):
         where = f"the shards at {data_dir}" if data_dir is not None else "the shards"
-        raise ValueError(
+        raise ConfigError(
             f"Cannot verify that {where} were made with tokenizer {tokenizer!r}: its vocabulary is not at hand and "
             "has no built-in fingerprint. Make it available with --data.bpe_file PATH (prepare: --bpe_file PATH), "
             "or set the environment variable LIGHTNING_CQK_GPT2_BPE=PATH."
@@ -126,7 +127,7 @@ def check_disjoint(train: list[SourceFile], val: list[SourceFile]) -> None:
     """Refuse a file that is in both source and val_source."""
     shared = {f.path for f in train} & {f.path for f in val}
     if shared:
-        raise ValueError(
+        raise ConfigError(
             f"{len(shared)} file(s) are in both source and val_source (e.g. {sorted(shared)[0]}); their documents "
             "would be in both splits. Make the two sources disjoint."
         )

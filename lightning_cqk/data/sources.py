@@ -177,7 +177,7 @@ def iter_documents(
 def check_documents_mode(documents: str) -> None:
     """Raise a ValueError listing the choices when ``documents`` is not a known mode."""
     if documents not in DOCUMENT_MODES:
-        raise ValueError(f"Unknown documents mode {documents!r}; choose one of {', '.join(DOCUMENT_MODES)}.")
+        raise ConfigError(f"Unknown documents mode {documents!r}; choose one of {', '.join(DOCUMENT_MODES)}.")
 
 
 def plan_work_units(files: list[Path], documents: str, target_bytes: int) -> list[WorkUnit]:
@@ -296,7 +296,7 @@ def _jsonl_documents(data: bytes, unit: WorkUnit, text_field: str, skip: Callabl
         try:
             record = json.loads(text)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{where} is not valid JSON ({err.msg}); each line must be one JSON object.") from None
+            raise ConfigError(f"{where} is not valid JSON ({err.msg}); each line must be one JSON object.") from None
         value = _record_text(record, text_field, where)
         if value is not None:
             value, surrogates = _SURROGATE.subn("\ufffd", value)
@@ -312,7 +312,7 @@ def _json_array_documents(
     try:
         records = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{unit.path} is not valid JSON ({err.msg} at line {err.lineno}).") from None
+        raise ConfigError(f"{unit.path} is not valid JSON ({err.msg} at line {err.lineno}).") from None
     for i, record in enumerate(records):
         value = _record_text(record, text_field, f"{unit.path}[{i}]")
         if value is not None:
@@ -330,13 +330,13 @@ def _record_text(record: object, text_field: str, where: str) -> str | None:
         value = record[text_field]
     else:
         found = list(record) if isinstance(record, dict) else type(record).__name__
-        raise ValueError(
+        raise ConfigError(
             f"{where} has no {text_field!r} field (found {found}); set text_field to the field holding the text."
         )
     if value is None:
         return None
     if not isinstance(value, str):
-        raise ValueError(f"{where}: field {text_field!r} holds {type(value).__name__}, not text.")
+        raise ConfigError(f"{where}: field {text_field!r} holds {type(value).__name__}, not text.")
     return value if value.strip() else None
 
 

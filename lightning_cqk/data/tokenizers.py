@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from lightning_cqk.errors import MissingInputError, UnavailableError
+from lightning_cqk.errors import ConfigError, MissingInputError, UnavailableError
 
 GPT2_BPE_ENV = "LIGHTNING_CQK_GPT2_BPE"
 """Environment variable naming a local GPT-2 ``.tiktoken`` file (used when ``bpe_file`` is not given)."""
@@ -141,7 +141,7 @@ class GPT2Tokenizer(Tokenizer):
         self.bpe_file = str(bpe_file) if bpe_file else None
         self._encoding = _load_gpt2_encoding(self.bpe_file)
         if self.bpe_file is not None and self.fingerprint != GPT2_FINGERPRINT:
-            raise ValueError(
+            raise ConfigError(
                 f"{self.bpe_file} is not GPT-2's vocabulary (fingerprint {self.fingerprint[:12]}..., expected "
                 f"{GPT2_FINGERPRINT[:12]}...). Give the GPT-2 .tiktoken file (50,256 ranks), e.g. whisper's "
                 "assets/gpt2.tiktoken, which is byte-identical to tiktoken's r50k_base."
@@ -219,7 +219,7 @@ def _tokenizer_class(name: str) -> type[Tokenizer]:
     try:
         return TOKENIZERS[name]
     except KeyError:
-        raise ValueError(f"Unknown tokenizer {name!r}. Choices: {', '.join(sorted(TOKENIZERS))}.") from None
+        raise ConfigError(f"Unknown tokenizer {name!r}. Choices: {', '.join(sorted(TOKENIZERS))}.") from None
 
 
 def _gpt2_pattern() -> str:
@@ -260,7 +260,7 @@ def _load_gpt2_encoding(bpe_file: str | None):  # -> tiktoken.Encoding (imported
         raise MissingInputError(f"GPT-2 vocabulary file {bpe_file} does not exist. {_offline_help()}")
     ranks = load_tiktoken_bpe(bpe_file)
     if len(ranks) != GPT2Tokenizer.eos_id:
-        raise ValueError(f"{bpe_file} has {len(ranks)} ranks; GPT-2's .tiktoken file has {GPT2Tokenizer.eos_id}.")
+        raise ConfigError(f"{bpe_file} has {len(ranks)} ranks; GPT-2's .tiktoken file has {GPT2Tokenizer.eos_id}.")
     return tiktoken.Encoding(
         name="gpt2",
         pat_str=_gpt2_pattern(),

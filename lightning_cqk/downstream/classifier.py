@@ -28,7 +28,7 @@ from torchmetrics.aggregation import SumMetric
 
 from lightning_cqk.downstream.glue_metrics import build_metrics, predictions, task_score
 from lightning_cqk.downstream.glue_tasks import get_task
-from lightning_cqk.downstream.pretrained import load_pretrained
+from lightning_cqk.inference.pretrained import load_pretrained
 from lightning_cqk.optim import warmup_cosine, weight_decay_groups
 
 POOLINGS = ("last", "mean")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS
+from lightning_cqk.run_dir import write_json_atomically
 
 FORMAT = "lightning_cqk.glue/1"
 JSON_NAME, MD_NAME = "glue.json", "glue.md"
@@ -58,7 +59,7 @@ def write_glue_table(table: dict[str, Any], out_dir: str | Path) -> tuple[Path, 
     out_dir.mkdir(parents=True, exist_ok=True)
     table = finish_table({"format": FORMAT, **table})
     json_path, md_path = out_dir / JSON_NAME, out_dir / MD_NAME
-    json_path.write_text(json.dumps(table, indent=2) + "\n")
+    write_json_atomically(json_path, table)
     md_path.write_text(render_table(table) + "\n")
     return json_path, md_path
 
@@ -148,7 +149,7 @@ def render_side_by_side(tables: list[dict[str, Any]], labels: list[str] | None =
         tables: loaded ``glue.json`` dicts.
         labels: column titles (default: each checkpoint's run name).
     """
-    from lightning_cqk.downstream.cli import checkpoint_run_name
+    from lightning_cqk.run_dir import checkpoint_run_name
 
     if not tables:
         raise ValueError("no GLUE tables to show")

@@ -44,6 +44,7 @@ import torch
 
 from lightning_cqk.data.tokenizers import Tokenizer
 from lightning_cqk.evaluation.scoring import score_continuations
+from lightning_cqk.run_dir import write_json_atomically
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ def mc_eval(
         bpe_file: local BPE vocabulary file.
         device: torch device to run on.
     """
-    from lightning_cqk.downstream.pretrained import load_pretrained
+    from lightning_cqk.inference.pretrained import load_pretrained
 
     pretrained = load_pretrained(checkpoint, tokenizer=tokenizer, bpe_file=bpe_file)
     model = pretrained.model.to(device).eval()
@@ -234,8 +235,7 @@ def mc_eval(
                 f"{model.context_length} positions (fewer --num_fewshot shots keep more of each question)."
             )
     if output:
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        Path(output).write_text(json.dumps(results, indent=2) + "\n")
+        write_json_atomically(output, results)
     return results
 
 

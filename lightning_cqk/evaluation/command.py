@@ -7,19 +7,22 @@ Prints lm-eval's table and writes lm-eval's results (JSON) beside the checkpoint
 ``<checkpoint stem>.lm_eval-<tasks>-<k>shot.json`` (a ``-2``, ``-3``, ... suffix keeps an earlier result), or to
 ``--output``. Task names are lm-eval's (``lm-eval ls tasks``) or those of the task YAML files under
 ``--include_path`` (which take precedence; when every task is found there, lm-eval's 200+ built-in task folders
-are not indexed, which saves ~10 s). docs/evaluation.md has the conventions and how to run a task on local data.
+are not indexed, which saves ~10 s). A task YAML there that lm-eval could not read (a syntax error, a duplicate key,
+an `include:` of a missing file) is refused by its file and line (`task_files.py`) instead of being skipped and its
+task called unknown. docs/evaluation.md has the conventions and how to run a task on local data.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from lightning_cqk.evaluation import LM_EVAL_MISSING
+from lightning_cqk.evaluation.task_files import check_task_folder
+from lightning_cqk.run_dir import write_json_atomically
 
 
 def _require_lm_eval() -> None:
@@ -40,6 +43,7 @@ def task_manager_for(tasks: list[str], include_path: str | None):
     if include_path is not None:
         if not Path(include_path).is_dir():
             raise ValueError(f"--include_path {include_path} is not a directory (a folder of lm-eval task YAML files).")
+        check_task_folder(include_path)  # a file lm-eval cannot read is named, not skipped (task_files.py)
         local = TaskManager(include_path=include_path, include_defaults=False)
         if all(local.match_tasks([t]) for t in tasks):
             return local
@@ -123,8 +127,9 @@ def lm_evaluate(
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     if not names:
         raise ValueError("--tasks is empty; give lm-eval task names, e.g. --tasks hellaswag,arc_easy.")
-    manager = task_manager_for(names, include_path)
-    lm = CQKLM(
+    if include_path is not None and Path(include_path).is_dir():
+        check_task_folder(include_path)  # the cheap reads first: a bad task file is named before a model is loaded
+    lm = CQKLM(  # first: a missing, damaged or untrusted checkpoint is refused before lm-eval indexes its tasks
         checkpoint=checkpoint,
         tokenizer=tokenizer,
         bpe_file=bpe_file,
@@ -135,6 +140,7 @@ def lm_evaluate(
         max_gen_toks=max_gen_toks,
         seed=seed,
     )
+    manager = task_manager_for(names, include_path)
     results = lm_eval.simple_evaluate(
         model=lm,
         tasks=names,
@@ -156,8 +162,7 @@ def lm_evaluate(
     if results.get("groups"):
         print(make_table(results, "groups"))
     path = Path(output) if output else default_output(checkpoint, names, num_fewshot, limit)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False) + "\n")
+    write_json_atomically(path, results, default=handle_non_serializable, ensure_ascii=False)
     print(f"results: {path}")
     return results
 

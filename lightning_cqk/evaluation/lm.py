@@ -66,7 +66,7 @@ class CQKLM(TemplateLM):
 
     Args:
         checkpoint: a ``.ckpt`` written by ``lightning_cqk fit`` (the model and its tokenizer are read from it by
-            `lightning_cqk.downstream.pretrained.load_pretrained`).
+            `lightning_cqk.inference.pretrained.load_pretrained`).
         model: instead of a checkpoint, a GPT (``context_length`` and ``config.vocab_size`` are read from it)...
         tokenizer: ...with its tokenizer (a `Tokenizer`, or a name); with a checkpoint, a name that must be the
             recorded one (default: read from the checkpoint).
@@ -112,7 +112,7 @@ class CQKLM(TemplateLM):
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}.")
         self.checkpoint = checkpoint
         if checkpoint is not None:
-            from lightning_cqk.downstream.pretrained import load_pretrained
+            from lightning_cqk.inference.pretrained import load_pretrained
 
             if tokenizer is not None and not isinstance(tokenizer, str):
                 raise ValueError("With a checkpoint, tokenizer is a name (default: the checkpoint's own).")

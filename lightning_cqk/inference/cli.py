@@ -4,7 +4,7 @@
         --prompt "def fibonacci(n):" [--prompt "Another"] [--prompt_file prompts.txt] \
         [--max_new_tokens 200] [--temperature 0.8] [--top_k 40] [--top_p 0.95] [--seed 0] [--num_samples 1]
 
-The model and its tokenizer come from the checkpoint (`lightning_cqk.downstream.pretrained.load_pretrained`: the
+The model and its tokenizer come from the checkpoint (`lightning_cqk.inference.pretrained.load_pretrained`: the
 tokenizer recorded at training, checked against the training data's vocabulary when that is readable). Each prompt
 starts a document: it is preceded by the end-of-document id, which precedes every document in the training shards
 (`--no_prefix_eos` feeds the prompt alone; an empty prompt then is refused). A row stops at EOS (`--ignore_eos`
@@ -22,7 +22,6 @@ same text (a different `--batch_size` changes which draws each row gets).
 from __future__ import annotations
 
 import argparse
-import pickle
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 from lightning_cqk.inference.generate import CONTEXT_POLICIES, ContextTooLong, generate
+from lightning_cqk.inference.pretrained import load_pretrained
 from lightning_cqk.inference.sampling import SamplingConfig, make_generator
 from lightning_cqk.inference.text import TextStream
 
@@ -167,17 +167,11 @@ def run(args: argparse.Namespace) -> None:
 
 
 def load(checkpoint: str, tokenizer: str | None, bpe_file: str | None):
-    """`load_pretrained`, with a file that torch cannot read reported as a ValueError naming it."""
-    from lightning_cqk.downstream.pretrained import load_pretrained
-
+    """`load_pretrained` (a missing, truncated, corrupt or untrusted file is refused there, by name), with a tokenizer
+    that cannot be loaded here reported as a ValueError."""
     try:
         return load_pretrained(checkpoint, tokenizer=tokenizer, bpe_file=bpe_file)
-    except (pickle.UnpicklingError, EOFError, AttributeError) as err:  # not a torch file / a truncated one
-        raise ValueError(
-            f"cannot read {checkpoint} as a checkpoint ({type(err).__name__}: {err}); give a .ckpt written by "
-            "`lightning_cqk fit`, e.g. runs/<experiment>/<run>/checkpoints/last.ckpt."
-        ) from err
-    except RuntimeError as err:  # a damaged archive, or a tokenizer that cannot be loaded here (the message says)
+    except RuntimeError as err:  # e.g. a BPE vocabulary that cannot be had here (the message says)
         raise ValueError(f"cannot load {checkpoint}: {err}") from err
 
 

@@ -40,6 +40,8 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils.checkpoint import checkpoint
 
 from lightning_cqk.attention import AttentionBackend, AttentionContext, build_attention
 from lightning_cqk.attention.rope import build_rope_cache
@@ -87,8 +89,35 @@ class GPT(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)  # (block_size, hs/2)
         else:
             self.rope_cos = self.rope_sin = None
-        self.reset_parameters()
+        self.init_seed = torch.initial_seed()  # the seed of the paired init, kept for `materialize`
+        #: Recompute each block's activations in backward (`torch.utils.checkpoint`); set by the trainer (LitLM).
+        self.activation_checkpointing = False
+        self.reset_parameters(self.init_seed)
         torch.set_rng_state(cpu_rng)
+
+    def materialize(self, device: torch.device | str) -> None:
+        """Give a model built on the meta device (``with torch.device("meta"): GPT(config)``) storage on `device` and
+        exactly the initial values a model built on the CPU with the same seed has (tested for every backend).
+
+        Each random draw of the init runs on the CPU generator seeded by (seed, the module's name) (`paired_init`)
+        and is copied to `device` one tensor at a time, so the host never holds more than one tensor and a model
+        materialised on a GPU starts from the weights of today's CPU-built model. Parameters tied by identity (the
+        tied embedding/head, banks shared across layers) stay tied.
+        """
+        groups: dict[int, list[tuple[nn.Module, str]]] = {}
+        for module in self.modules():
+            for name, p in module.named_parameters(recurse=False):
+                groups.setdefault(id(p), []).append((module, name))
+        self.to_empty(device=device)
+        for owners in groups.values():  # `to_empty` makes a new Parameter per owning module: tie them again
+            first_module, first_name = owners[0]
+            for module, name in owners[1:]:
+                setattr(module, name, getattr(first_module, first_name))
+        with torch.no_grad(), cpu_draws():
+            for module in self.modules():  # norm gains and biases are set at construction, not by reset_parameters
+                if isinstance(module, (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)):
+                    module.reset_parameters()
+            self.reset_parameters(self.init_seed)
 
     def _share_backend_modules(self) -> None:
         """Let each backend class tie modules across the layers that use it (e.g. one dynamics net per model)."""
@@ -118,11 +147,11 @@ class GPT(nn.Module):
         attn = self.blocks[self.reference_layers[0]].attn
         return min(self.config.block_size, type(attn).reference_length(self.config, attn.options))
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, seed: int | None = None) -> None:
         """GPT-2 initialisation, then each backend's own init for its special parameters (each module's draws from a
-        generator seeded by the seed and its name: `paired_init`)."""
+        generator seeded by the seed and its name: `paired_init`). `seed`: default `torch.initial_seed()`."""
         std = self.config.init_std
-        seed = torch.initial_seed()
+        seed = torch.initial_seed() if seed is None else seed
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 with paired_init(seed, name, module.weight):
@@ -202,15 +231,21 @@ class GPT(nn.Module):
         return states
 
     def forward(
-        self, idx: torch.Tensor, cache: DecodeCache | None = None, attention_mask: torch.Tensor | None = None
+        self,
+        idx: torch.Tensor,
+        cache: DecodeCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        head: bool = True,
     ) -> torch.Tensor:
         """Token ids (B, T) -> logits (B, T, padded_vocab_size); the padding rows are never targets.
 
         With `cache` (from `new_cache`), `idx` are the next T tokens of every row after those the cache holds
         (prefill: the prompts; decode: T = 1) and `attention_mask` (B, T) bool, optional, marks left padding with
-        False; see `hidden_states`.
+        False; see `hidden_states`. `head=False`: the final-normed hidden states (B, T, C) instead of logits (for a
+        chunked head + loss; through `forward`, so FSDP's hooks on the model run).
         """
-        return self.lm_head(self.hidden_states(idx, cache, attention_mask))  # (B, T, padded_vocab_size)
+        hidden = self.hidden_states(idx, cache, attention_mask)  # (B, T, C)
+        return self.lm_head(hidden) if head else hidden  # (B, T, padded_vocab_size) or (B, T, C)
 
     def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None) -> DecodeCache:
         """An empty decode cache for `batch_size` rows of up to `max_len` tokens (pads included), on the model's device
@@ -255,8 +290,12 @@ class GPT(nn.Module):
             )
         x = self.embed(self.wte(idx))  # (B, T, C)
         ctx = self.context(T, embeddings=x, reference=self.reference_states(T))
+        checkpointing = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x, ctx)  # (B, T, C)
+            if checkpointing:  # keep only the block's input; recompute its activations in backward
+                x = checkpoint(block, x, ctx, use_reentrant=False)  # (B, T, C)
+            else:
+                x = block(x, ctx)  # (B, T, C)
         return self.norm_f(x)  # (B, T, C)
 
     def _decode_hidden_states(
@@ -307,6 +346,28 @@ class GPT(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------ paired initialisation
+class _CPUDraws(TorchFunctionMode):
+    """Run `nn.init.normal_` / `Tensor.normal_` on a tensor outside the CPU as a CPU draw copied in (see
+    `cpu_draws`)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (nn.init.normal_, torch.Tensor.normal_) and args and args[0].device.type != "cpu":
+            target = args[0]
+            draw = torch.empty(target.shape, dtype=target.dtype, device="cpu")
+            func(draw, *args[1:], **kwargs)
+            with torch.no_grad():
+                target.copy_(draw)
+            return target
+        return func(*args, **kwargs)
+
+
+def cpu_draws() -> TorchFunctionMode:
+    """A context in which the init's normal draws come from the CPU generator whatever the tensor's device, so a model
+    materialised on a GPU gets the values of a CPU-built one (the CUDA generator draws other numbers)."""
+    return _CPUDraws()
+
+
 def paired_init_seed(seed: int, name: str) -> int:
     """The generator seed of module `name` under run seed `seed` (sha256: the same in every process and Python)."""
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lightning_cqk.attention import AttentionContext
-from lightning_cqk.optim.quack import eligible_layers
+from lightning_cqk.optim.quack import eligible_layers, like_weight
 
 #: Logits of at most this many elements are materialised at once when measuring (fp32: 256 MB).
 MAX_LOGIT_ELEMENTS = 2**26
@@ -117,9 +117,9 @@ class QKClip(nn.Module):
     def _scale_rows(linear: nn.Linear, factor: torch.Tensor) -> None:
         """Multiply the rows of head block h of `linear` (weight and bias) by factor[h]."""
         per_row = factor.repeat_interleave(linear.weight.size(0) // factor.numel())  # (rows,)
-        linear.weight.mul_(per_row.unsqueeze(1).to(linear.weight.dtype))
+        linear.weight.mul_(like_weight(per_row.unsqueeze(1).to(linear.weight.dtype), linear.weight))
         if linear.bias is not None:
-            linear.bias.mul_(per_row.to(linear.bias.dtype))
+            linear.bias.mul_(like_weight(per_row.to(linear.bias.dtype), linear.bias))
 
     def _clip(self, attn: nn.Module, gamma: torch.Tensor) -> None:
         root = gamma.sqrt()

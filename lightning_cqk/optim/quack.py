@@ -58,6 +58,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from lightning_cqk.model.sharding import is_dtensor
+
 
 @dataclass(frozen=True)
 class HeadRows:
@@ -101,14 +103,30 @@ def layer_targets(layer: int, attn: nn.Module) -> list[HeadRows]:
 
 
 def head_norms(weight: torch.Tensor, n_blocks: int) -> torch.Tensor:
-    """Frobenius norm of each of `n_blocks` contiguous row blocks of `weight`, (n_blocks,) in fp32 (no grad)."""
-    return weight.detach().float().reshape(n_blocks, -1).norm(dim=1)
+    """Frobenius norm of each of `n_blocks` contiguous row blocks of `weight`, (n_blocks,) in fp32 (no grad).
+
+    A sharded weight (FSDP2 DTensor) is gathered first, so every rank gets the norms of the whole heads."""
+    weight = weight.detach()
+    if is_dtensor(weight):
+        weight = weight.full_tensor()  # (rows, cols): the whole matrix on every rank
+    return weight.float().reshape(n_blocks, -1).norm(dim=1)
+
+
+def like_weight(values: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`values` (the same on every rank) as an operand of in-place ops on `weight`: a replicated DTensor when
+    `weight` is sharded (FSDP2; no communication), else `values` itself."""
+    if not is_dtensor(weight):
+        return values
+    from torch.distributed.tensor import DTensor, Replicate
+
+    mesh = weight.device_mesh
+    return DTensor.from_local(values, mesh, [Replicate()] * mesh.ndim, run_check=False)
 
 
 def _rows(factor: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Per-block factors (n,) -> per-row factors broadcastable to `weight` (rows, 1, ...), in weight's dtype."""
     per_row = factor.repeat_interleave(weight.size(0) // factor.numel())  # (rows,)
-    return per_row.view(-1, *([1] * (weight.dim() - 1))).to(weight.dtype)
+    return like_weight(per_row.view(-1, *([1] * (weight.dim() - 1))).to(weight.dtype), weight)
 
 
 class UpdateScaler(nn.Module):

@@ -1,6 +1,7 @@
 """Sweeps: expand an ablation spec (configs/ablations/*.yaml) into runs, run them resumably, and report on them.
 
 spec.py     the spec format, profiles and grid expansion into deterministically named runs
+spec_checks.py  what keeps a spec from silently changing the experiment (duplicate keys, names, seeds, claims)
 runner.py   local (sequential or N at a time) and SLURM launching, manifest, skip and resume
 report.py   verdicts, Markdown / CSV tables from the runs' TensorBoard scalars (finished runs only)
 figures.py  the report's PNG figures

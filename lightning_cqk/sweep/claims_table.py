@@ -4,9 +4,11 @@
     python -m lightning_cqk.sweep.claims_table                       # print it
 
 Each `docs/results/<study>/claims.csv` is the `report/claims.csv` that `lightning_cqk report` wrote for a study
-(`verdict.py`); its claims become the table's rows in file order, studies in name order. The positive control
-stands in the study's cell (the study's name links its report): its change, and whether the report detected it
-(when it did not, the report voids every verdict of the study, and the rows say `void`). The claim names say what
+(`verdict.py`); its claims become the table's rows in file order, studies in name order. The planted control
+stands in the study's cell (the study's name links its report): its planted size, its change, and whether the report
+detected it (when it did not, the report voids every verdict of the study, and the rows say `void`). The paper's
+change is given in its own unit with E, the same change in ours (byte-level PPL, same nats per byte); the
+detectable change is at the level the verdict uses (alpha / k). The claim names say what
 is compared (`<group>-beats-<reference>`); the report of each study has the groups, expectations and tests behind them.
 The paper of a study comes from its spec (`configs/ablations/<study>.yaml`, `paper:`) when the spec is found.
 Nothing is computed here: every number and verdict is the report's. `tests/test_docs_generated.py` fails when the
@@ -52,31 +54,55 @@ def _paper(study: str) -> str:
     return str(spec.get("paper") or "")
 
 
+UNITS = {"token_ppl": "token PPL", "word_ppl": "word PPL", "byte_ppl": "byte PPL"}
+
+
 def _ours(row: dict[str, str]) -> str:
     if row.get("expect") == "more_variance" or not math.isnan(_num(row.get("var_ratio"))):
         ratio, low, high = (_num(row.get(k)) for k in ("var_ratio", "var_ci_low", "var_ci_high"))
         return f"var x{ratio:.2f} [{low:.2f}, {high:.2f}]"
     delta, low, high = (_num(row.get(k)) for k in ("delta_pct", "ci_low_pct", "ci_high_pct"))
-    text = f"{_pct(delta)} [{low:+.1f}, {high:+.1f}]"
-    mde = _num(row.get("mde_pct"))
-    if row.get("verdict") == "inconclusive" and not math.isnan(mde):
-        text += f", detectable {mde:.1f}%"
-    return text
+    return f"{_pct(delta)} [{low:+.1f}, {high:+.1f}]"
 
 
 def _published(row: dict[str, str]) -> str:
+    """As published, in its own unit, then E (the same change in ours) when the report converted it."""
     ratio, pct = _num(row.get("published_ratio")), _num(row.get("published_pct"))
     if not math.isnan(ratio):
-        return f"var x{ratio:g}"
-    return "–" if math.isnan(pct) else f"{pct:+.1f}%"
+        return f"var x{ratio:g}" if row.get("expect") != "token_multiplier" else f"x{ratio:g} tokens"
+    if math.isnan(pct):
+        text = "–"
+    else:
+        text = f"{pct:+.1f}% {UNITS.get(row.get('published_unit', ''), '')}".rstrip()  # earlier reports: no unit
+    converted = _num(row.get("converted_pct"))
+    if not math.isnan(converted):
+        text += f" → E {converted:+.2f}%"
+    return text
+
+
+def _detectable(row: dict[str, str]) -> str:
+    mde, level = _num(row.get("mde_pct")), _num(row.get("level"))
+    if math.isnan(mde):
+        return "–"
+    return f"{mde:.1f}%" + ("" if math.isnan(level) else f" (α {level:.2g})")
+
+
+def _verdict(row: dict[str, str]) -> str:
+    text = f"**{row.get('verdict', '')}**"
+    excluded = _num(row.get("excluded_pct"))
+    if not math.isnan(excluded):
+        text += f": beyond {excluded:+.1f}% excluded"
+    if row.get("limited") not in (None, "", "nan"):
+        text += " (configuration-limited)"
+    return text
 
 
 def claims_markdown(results: str | Path = "docs/results", link_root: str = "docs/results") -> str:
     """The generated section (markers included) for every `<results>/<study>/claims.csv`."""
     results = Path(results)
     rows = [
-        "| study (paper) | claim | paper | ours: Δ val PPL [95% CI] | verdict |",
-        "|---|---|---|---|---|",
+        "| study (paper) | claim | paper → E (byte PPL) | ours: Δ val PPL [95% CI] | detectable (level) | verdict |",
+        "|---|---|---|---|---|---|",
     ]
     studies = sorted(p.parent for p in results.glob("*/claims.csv"))
     for folder in studies:
@@ -89,18 +115,19 @@ def claims_markdown(results: str | Path = "docs/results", link_root: str = "docs
         controls = [r for r in claims if r.get("control") == "True"]
         claims = [r for r in claims if r.get("control") != "True"]
         cell = f"{link}{f' ({paper})' if paper else ''}"
-        for row in controls:  # the positive control validates the rest: said first, in the study's cell
-            delta = _num(row.get("delta_pct"))
-            found = "detected" if row.get("verdict") == "supports" else "**not detected: verdicts void**"
-            cell += f"<br>control {row.get('plus', '')}: {_pct(delta)}, {found}"
+        for row in controls:  # the control validates the rest: said first, in the study's cell
+            delta, planted = _num(row.get("delta_pct")), _num(row.get("expected_pct"))
+            found = "detected" if row.get("verdict") in ("detected", "supports") else "**not detected: verdicts void**"
+            size = "" if math.isnan(planted) else f" (planted {_pct(planted)})"
+            cell += f"<br>control {row.get('plus', '')}{size}: {_pct(delta)}, {found}"
         if not claims:
-            rows.append(f"| {cell} | no claim judged at this profile | – | – | – |")
+            rows.append(f"| {cell} | no claim judged at this profile | – | – | – | – |")
         for i, row in enumerate(claims):
             first = cell if i == 0 else ""
-            verdict = f"**{row.get('verdict', '')}**"
-            rows.append(f"| {first} | {row['claim']} | {_published(row)} | {_ours(row)} | {verdict} |")
+            cells = [first, row["claim"], _published(row), _ours(row), _detectable(row), _verdict(row)]
+            rows.append("| " + " | ".join(cells) + " |")
     if not studies:
-        rows.append("| – | no study results under docs/results/ yet | | | |")
+        rows.append("| – | no study results under docs/results/ yet | | | | |")
     return "\n".join([BEGIN, *rows, END]) + "\n"
 
 

@@ -133,6 +133,53 @@ def _steps(run, budget: dict, trainer: dict, tokens_per_step: int, step_s: float
     return int(trainer.get("max_steps") or 0)
 
 
+def power_lines(sweep) -> list[str]:
+    """The power plan printed before the run: per claim (and the control) its E in our unit, its seeds and the
+    detectable effect at 80% power at alpha / k (k: the study's planned Holm family), from the paired standard
+    deviation the profile declares (`planning: {sd_pct: {default: 0.8, <claim>: ...}}`, from earlier runs)."""
+    from lightning_cqk.sweep.stats import ALPHA, mde_log, pct
+    from lightning_cqk.sweep.verdict import planned_effect, planned_tests
+
+    spec = sweep.spec
+    claims = list(spec.get("claims") or [])
+    control = spec.get("control")
+    k = sum(planned_tests(c) for c in claims) + (1 if control else 0)
+    if not k:
+        return []
+    level = ALPHA / k
+    prof = spec["profiles"][sweep.profile]
+    sds = (prof.get("planning") or {}).get("sd_pct") or {}
+    seeds_of: dict[str, set[int]] = {}
+    for run in sweep.runs:
+        if run.role != "tuning":
+            seeds_of.setdefault(run.group, set()).add(run.seed)
+    lines = [
+        f"Power plan: {k} tests in the Holm family, detectable effects at alpha/k = {level:.4g}, 80% power "
+        "(paired sd: the profile's `planning:`; lightning_cqk/sweep/verdict.py):"
+    ]
+    rows = ([{**control, "is_control": True}] if control else []) + claims
+    for claim in rows:
+        groups = [claim["group"], claim["vs"]] if "group" in claim else [*claim["plus"], *claim["minus"]]
+        groups += list(claim.get("curve") or {})
+        seeds = set.intersection(*(seeds_of.get(str(g), set()) for g in groups)) if groups else set()
+        n = len(seeds)
+        sd = sds.get(claim["name"], sds.get("default"))
+        if claim.get("is_control"):
+            e_text = f"planted {float(claim['expected_pct']):+.2f}%" if claim.get("expected_pct") is not None else "–"
+        else:
+            e = planned_effect(claim)
+            e_text = f"E {e:+.2f}%" if math.isfinite(e) else "E –"
+        if str(claim.get("expect", "")).endswith("variance"):
+            mde_text = "a variance ratio (no detectable Δ)"
+        elif sd is None or n < 2:
+            mde_text = "detectable: no planning sd" if sd is None else "detectable: fewer than 2 seeds"
+        else:
+            mde = pct(mde_log(float(sd) / 100.0 / math.sqrt(n), n - 1, level))
+            mde_text = f"detectable {mde:.2f}% (sd {float(sd):g}%)"
+        lines.append(f"  {claim['name']:<40} {n:>3} seeds  {e_text:<16} {mde_text}")
+    return lines
+
+
 def summary_lines(sweep, jobs: int) -> list[str]:
     """The estimate as printed by `--dry-run`: per run and per study."""
     runs = estimate_runs(sweep)
@@ -148,4 +195,4 @@ def summary_lines(sweep, jobs: int) -> list[str]:
         f"{sum(r.tokens for r in runs) / 1e6:.1f}M tokens, {total / 3600:.2f} CPU-hours, "
         f"about {total / max(jobs, 1) / 60:.0f} min wall with {jobs} jobs on an idle machine"
     )
-    return lines
+    return lines + power_lines(sweep)

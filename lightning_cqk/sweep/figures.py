@@ -2,9 +2,11 @@
 
     val_curves.png     the metric vs optimizer steps per group: mean over finite seeds, band = min..max over seeds;
                        a log axis labelled with plain numbers (no "2.4 x 10^1"), limits that hold every band
-    delta_curves.png   small multiples, one panel per compared group: the change vs its baseline group in %, paired
-                       by seed (the geometric-mean change, as the tables; band: min..max over seeds), the zero line,
-                       the last 80% of training; title: final change and the verdict of the claim on that pair
+    delta_curves.png   small multiples, one panel per claim (the control first, on its own panel): the claim's
+                       paired change in % at every validation (the geometric-mean change, as the tables), its 95%
+                       interval over seeds as the band, the zero line and E (dashed: the paper's change in our
+                       unit, or the control's planted size); title: final change and the verdict
+    val_curves.png     (as above) without the control's group, which would flatten the arms' differences
     stability.png      pre-clip gradient norm and cumulative loss spikes; a panel without data says so in words
     ppl_vs_tokens.png  the metric vs training tokens (dots: each seed's final value)
 
@@ -52,6 +54,38 @@ def _band(runs: list[dict[str, Any]], tag: str, x_of=None):
     return xs, ms, lo, hi
 
 
+def claim_curve(groups: dict[str, Any], plus: list[str], minus: list[str], tag: str):
+    """(steps, mean, low, high): a claim's paired change over training in % (the log contrast of its groups per
+    seed at every validation all of them logged, as the tables), with the 95% t interval over seeds."""
+    from scipy import stats
+
+    named = [*plus, *minus]
+    if not all(g in groups for g in named):
+        return [], [], [], []
+    by = {g: {r["seed"]: dict(r["scalars"].get(tag) or []) for r in groups[g]["runs"]} for g in named}
+    seeds = sorted(set.intersection(*(set(by[g]) for g in named)))
+    if not seeds:
+        return [], [], [], []
+    steps = sorted(set.intersection(*(set(by[g][s]) for g in named for s in seeds)))
+    xs, ms, lo, hi = [], [], [], []
+    for step in steps:
+        d = []
+        for s in seeds:
+            vals = [by[g][s][step] for g in named]
+            if all(math.isfinite(v) and v > 0 for v in vals):
+                d.append(sum(math.log(by[g][s][step]) for g in plus) - sum(math.log(by[g][s][step]) for g in minus))
+        if len(d) < 2:
+            continue
+        mean = sum(d) / len(d)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
+        half = float(stats.t.ppf(0.975, len(d) - 1)) * sd / math.sqrt(len(d))
+        xs.append(step + 1)  # TensorBoard step s: after s + 1 optimizer steps
+        ms.append(100.0 * math.expm1(mean))
+        lo.append(100.0 * math.expm1(mean - half))
+        hi.append(100.0 * math.expm1(mean + half))
+    return xs, ms, lo, hi
+
+
 def _style(i: int, cmap) -> dict[str, Any]:
     return {"color": cmap(i % 10), "linestyle": STYLES[(i // 10) % len(STYLES)]}
 
@@ -62,8 +96,6 @@ def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from lightning_cqk.sweep.report import baseline_group
 
     spec = data["manifest"]["spec"]
     metric = spec.get("metric", "val/ppl")
@@ -102,7 +134,10 @@ def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> 
             pad = 0.05 * (hi - lo or abs(hi) or 1.0)
             ax.set_ylim(lo - pad, hi + pad)
 
-    # -- absolute curves
+    # -- absolute curves (the control's group apart: its own panel)
+    control_group = (spec.get("control") or {}).get("group")
+    every = groups
+    groups = {k: g for k, g in every.items() if k != control_group}
     fig, ax = plt.subplots(figsize=(8, 5))
     shown = plot_bands(ax, metric)
     fit_limits(ax, shown, log=metric == "val/ppl")
@@ -110,63 +145,47 @@ def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> 
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper right", ncol=2 if len(groups) > 8 else 1)
     save(fig, "val_curves.png")
+    groups = every
 
-    # -- change vs the baseline, paired by seed, small multiples
-    verdict_of = {}
-    for j in judgements or []:
-        if len(j.plus) == 1 and len(j.minus) == 1 and j.effect is not None:
-            verdict_of.setdefault((j.plus[0], j.minus[0]), j.verdict)
-    compared = []
-    for name, group in groups.items():
-        base = baseline_group(group["levels"], spec["baseline"], groups)
-        if base and base != name:
-            compared.append((name, base))
-    if compared:
-        cols = min(4, len(compared))
-        rows = math.ceil(len(compared) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False, sharex=True)
-        for k, (name, base) in enumerate(compared):
+    # -- the paired change of every claim over training with its 95% band; the control on its own panel
+    panels = [
+        j
+        for j in (judgements or [])
+        if j.effect is not None and j.expect != "token_multiplier" and all(g in groups for g in [*j.plus, *j.minus])
+    ]
+    panels.sort(key=lambda j: not j.is_control)  # the control first, alone: its scale never flattens the claims
+    if panels:
+        cols = min(4, len(panels))
+        rows = math.ceil(len(panels) / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(max(3.4 * cols, 7.0), 2.8 * rows + 0.6), squeeze=False)
+        for k, j in enumerate(panels):
             ax = axes[k // cols][k % cols]
-            by_seed = {r["seed"]: dict(r["scalars"].get(metric) or []) for r in groups[name]["runs"]}
-            base_seed = {r["seed"]: dict(r["scalars"].get(metric) or []) for r in groups[base]["runs"]}
-            seeds = sorted(set(by_seed) & set(base_seed))
-            steps = sorted(set.intersection(*(set(by_seed[s]) & set(base_seed[s]) for s in seeds))) if seeds else []
-            xs, ms, lo, hi = [], [], [], []
-            for step in steps:
-                d = _finite(
-                    [
-                        math.log(by_seed[s][step] / base_seed[s][step])
-                        for s in seeds
-                        if by_seed[s][step] > 0 and base_seed[s][step] > 0
-                    ]
-                )  # log ratios, as the tables
-                if d:
-                    xs.append(step + 1)
-                    ms.append(100.0 * math.expm1(sum(d) / len(d)))
-                    lo.append(100.0 * math.expm1(min(d)))
-                    hi.append(100.0 * math.expm1(max(d)))
+            xs, ms, lo, hi = claim_curve(groups, j.plus, j.minus, metric)
             ax.axhline(0.0, color="0.4", lw=0.8)
+            color = "0.3" if j.is_control else cmap(k % 10)
             if xs:
-                start = len(xs) // 5  # the first validations move by tens of %: show the last 80% of the curve
-                ax.plot(xs[start:], ms[start:], color=cmap(k % 10), lw=1.4)
-                ax.fill_between(xs[start:], lo[start:], hi[start:], color=cmap(k % 10), alpha=0.2, lw=0)
-                fit_limits(ax, lo[start:] + hi[start:] + [0.0], log=False)
-                verdict = verdict_of.get((name, base), "")
-                ax.set_title(
-                    f"{name}\nfinal {ms[-1]:+.2f}% vs {base}" + (f" · {verdict}" if verdict else ""), fontsize=8
-                )
+                ax.plot(xs, ms, color=color, lw=1.4, marker=".", ms=3)
+                ax.fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
+                target = j.expected_pct if j.is_control else j.converted_pct
+                if math.isfinite(target):
+                    ax.axhline(target, color=color, lw=0.9, ls="--")
+                late = len(xs) // 5  # the first validations move by tens of %: the limits hold the last 80%
+                fit_limits(ax, lo[late:] + hi[late:] + [0.0] + ([target] if math.isfinite(target) else []), log=False)
+                label = "control " if j.is_control else ""
+                ax.set_title(f"{label}{j.name}\nfinal {ms[-1]:+.2f}% · {j.verdict}", fontsize=7)
             else:
                 ax.text(0.5, 0.5, "no paired seeds", ha="center", va="center", transform=ax.transAxes)
-                ax.set_title(name, fontsize=8)
+                ax.set_title(j.name, fontsize=7)
             ax.grid(alpha=0.3)
             ax.tick_params(labelsize=7)
-        for k in range(len(compared), rows * cols):
+            ax.set_xlabel("optimizer steps", fontsize=7)
+        for k in range(len(panels), rows * cols):
             axes[k // cols][k % cols].axis("off")
         fig.suptitle(
-            f"{title}: change of {metric} vs baseline, %, paired by seed (band: min-max over seeds)", fontsize=9
+            f"{title}: change of {metric} per claim, %, paired by seed\n(band: 95% interval over seeds; dashed: E, "
+            "the paper's change in our unit, or the control's planted size)",
+            fontsize=8,
         )
-        for ax in axes[-1]:
-            ax.set_xlabel("optimizer steps", fontsize=8)
         save(fig, "delta_curves.png")
 
     # -- stability

@@ -15,6 +15,10 @@ for every run, its TensorBoard event files, `budget.json` and `val_windows.json`
     figures      val_curves.png (absolute curves, and the change vs the baseline per seed pair, small multiples),
                  stability.png (gradient norm, loss spikes), ppl_vs_tokens.png (lightning_cqk/sweep/figures.py).
 
+The report is written whole into a hidden folder beside its destination and swapped in (`report_folder.py`): a
+report killed or out of disk space leaves the previous complete report (or none), never a mix; files in the folder
+that no report wrote (a README.md) are kept.
+
 Finished runs only: a run counts when it wrote `budget.json` and its last validation is at its last training step
 (a run killed during its final validation, or resumed without redoing it, is listed as unfinished, never scored with
 an older validation). A run whose final metric is NaN or inf is counted as diverged: it is named, it never enters a
@@ -34,16 +38,19 @@ from __future__ import annotations
 
 import argparse
 import csv
+import errno
 import io
 import json
 import math
+import shutil
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.sweep import report_folder
 from lightning_cqk.sweep.stats import bootstrap_se_of_mean_loss, contrast, mean, n_diverged, std, variance_ratio
-from lightning_cqk.sweep.verdict import VOID, Judgement, judge
+from lightning_cqk.sweep.verdict import DETECTED, Judgement, judge
 
 VAL_METRICS = ("val/ppl", "val/bpb")
 CURVE_TAGS = (
@@ -114,32 +121,114 @@ def unfinished_reason(scalars: dict[str, list[tuple[int, float]]], budget: dict[
 
 
 def collect(sweep_dir: str | Path) -> dict[str, Any]:
-    """Everything the tables and figures need: per group, per finished run, the scalars and budget."""
+    """Everything the tables and figures need: per group, per finished run, the scalars and budget.
+
+    `sweep_dir` is a sweep directory (manifest.json and run directories) or a folder of committed results
+    (study.json, runs.csv, curves.csv: lightning_cqk/sweep/results.py); both give the same structure. The runs of a
+    learning-rate grid (spec `tuning:`) are kept apart, under "tuning_runs", with their held-out loss.
+    """
+    from lightning_cqk.sweep import results, tuning
+
     sweep_dir = Path(sweep_dir)
-    manifest = _read_manifest(sweep_dir)
+    committed = results.is_committed(sweep_dir)
+    if committed:
+        manifest, finished, other = results.read_committed(sweep_dir)
+    else:
+        if (sweep_dir / "claims.csv").is_file() and not (sweep_dir / "manifest.json").is_file():
+            raise ReportError(
+                f"{sweep_dir}: results written before runs.csv was committed (no study.json / runs.csv): they cannot "
+                f"be recomputed. Rerun the study and write its report here: `lightning_cqk sweep "
+                f"configs/ablations/{sweep_dir.name}.yaml --profile cpu` then `lightning_cqk report "
+                f"runs/{sweep_dir.name}-cpu --output {sweep_dir}`."
+            )
+        manifest = _read_manifest(sweep_dir)
     metric = manifest["spec"].get("metric", "val/ppl")
+    tune_spec = manifest["spec"].get("tuning") or {}
+    tune_names = {name for grid in (tune_spec.get("grid") or {}).values() for name in grid.values()}
     groups: dict[str, dict[str, Any]] = {}
+    tuning_runs: list[dict[str, Any]] = []
     missing: list[str] = []
     unfinished: dict[str, str] = {}
     for run in manifest["runs"]:
-        group = groups.setdefault(run["group"], {"levels": run["levels"], "runs": []})
-        run_dir = sweep_dir / run["name"]
-        if not run_dir.is_dir():
-            missing.append(run["name"])
-            continue
-        scalars = read_scalars(run_dir, set(CURVE_TAGS) | {metric})
-        budget_file = run_dir / "budget.json"
-        budget = json.loads(budget_file.read_text()) if budget_file.is_file() else {}
-        reason = unfinished_reason(scalars, budget, metric)
-        if reason:
-            unfinished[run["name"]] = reason
-            continue
-        windows_file = run_dir / VAL_WINDOWS
-        windows = json.loads(windows_file.read_text()) if windows_file.is_file() else None
-        group["runs"].append(
-            {"name": run["name"], "seed": run["seed"], "scalars": scalars, "budget": budget, "windows": windows}
-        )
-    return {"manifest": manifest, "groups": groups, "missing": missing, "unfinished": unfinished}
+        is_tune = run["name"] in tune_names
+        if not is_tune:
+            group = groups.setdefault(run["group"], {"levels": run["levels"], "runs": []})
+        if committed:
+            record = finished.get(run["name"])
+            if record is None:
+                status = other.get(run["name"], "not started")
+                if status == "not started":
+                    missing.append(run["name"])
+                else:
+                    unfinished[run["name"]] = status
+                continue
+            entry = {"name": run["name"], **record}
+        else:
+            run_dir = sweep_dir / run["name"]
+            if not run_dir.is_dir():
+                missing.append(run["name"])
+                continue
+            scalars = read_scalars(run_dir, set(CURVE_TAGS) | {metric})
+            budget_file = run_dir / "budget.json"
+            budget = json.loads(budget_file.read_text()) if budget_file.is_file() else {}
+            reason = unfinished_reason(scalars, budget, metric)
+            if reason:
+                unfinished[run["name"]] = reason
+                continue
+            windows_file = run_dir / VAL_WINDOWS
+            windows = json.loads(windows_file.read_text()) if windows_file.is_file() else None
+            entry = {"name": run["name"], "seed": run["seed"], "scalars": scalars, "budget": budget, "windows": windows}
+            entry["stability"] = run_stability(scalars)
+            if is_tune:
+                entry["heldout_loss"] = tuning.held_out_loss(windows, tune_spec["held_out"])
+        (tuning_runs if is_tune else group["runs"]).append(entry)
+    data = {
+        "manifest": manifest,
+        "groups": groups,
+        "missing": missing,
+        "unfinished": unfinished,
+        "tuning_runs": tuning_runs,
+        "committed": committed,
+        "source": sweep_dir,
+    }
+    data["tuning"] = tuning_table(data)
+    return data
+
+
+def tuning_table(data: dict[str, Any]) -> dict[str, Any]:
+    """{"rows": [(level, lr, run, held-out loss)], "chosen": {level: lr}} of the learning-rate grid (empty without)."""
+    from lightning_cqk.sweep.tuning import choose
+
+    spec = data["manifest"]["spec"].get("tuning") or {}
+    by_name = {r["name"]: r for r in data["tuning_runs"]}
+    rows, chosen = [], {}
+    for level, grid in (spec.get("grid") or {}).items():
+        losses = {}
+        for lr, name in grid.items():
+            loss = by_name[name]["heldout_loss"] if name in by_name else math.nan
+            losses[float(lr)] = loss
+            rows.append((level, float(lr), name, loss))
+        chosen[level] = choose(losses)
+    return {"rows": rows, "chosen": chosen}
+
+
+def untuned_groups(data: dict[str, Any]) -> dict[str, str]:
+    """group -> why its learning rate is not its own (tuning parity): every group when the profile has no grid."""
+    spec = data["manifest"]["spec"]
+    tuning = spec.get("tuning") or {}
+    if "fixed" in tuning:
+        return {}
+    control = (spec.get("control") or {}).get("group")
+    if not tuning:
+        return {g: "one learning rate for every arm (no tuning grid)" for g in data["groups"] if g != control}
+    out = {}
+    runs = {r["name"]: r for r in data["manifest"]["runs"]}
+    for name, group in data["groups"].items():
+        entries = [runs[r["name"]] for r in group["runs"] if r["name"] in runs]
+        tuned = all(str((e.get("overrides") or {}).get("model.optim.lr", "")).startswith("{tuned_lr:") for e in entries)
+        if entries and not tuned and name != control:
+            out[name] = f"level not in the tuning grid of axis {tuning['axis']}"
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- tables
@@ -160,8 +249,31 @@ def settle_pct(run: dict[str, Any], tag: str, fraction: float = SETTLE_FRACTION)
     return 100.0 * (last / earlier[-1] - 1.0)
 
 
+STABILITY = ("spikes", "late_loss_sd_pct")  # per run: cumulative loss spikes; sd of train/loss over the last 20%
+
+
+def run_stability(scalars: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
+    """{"spikes": the run's final cumulative loss-spike count, "late_loss_sd_pct": the sd of train/loss over the last
+    20% of its logged steps, in % of their mean} (nan where not logged)."""
+    spikes = scalars.get("train/spikes") or []
+    loss = [(s, v) for s, v in scalars.get("train/loss") or [] if math.isfinite(v)]
+    late = [v for s, v in loss if loss and s >= SETTLE_FRACTION * loss[-1][0]]
+    sd = std(late)
+    return {
+        "spikes": spikes[-1][1] if spikes else math.nan,
+        "late_loss_sd_pct": 100.0 * sd / mean(late) if math.isfinite(sd) and mean(late) else math.nan,
+    }
+
+
 def group_values(data: dict[str, Any], tag: str) -> dict[str, dict[int, float]]:
-    """group -> {seed: final value of tag} over the finished runs (non-finite values kept: they count as diverged)."""
+    """group -> {seed: final value of tag} over the finished runs (non-finite values kept: they count as diverged).
+
+    `tag` is a scalar (val/ppl, ...) or a stability measure of STABILITY (run_stability)."""
+    if tag in STABILITY:
+        return {
+            name: {r["seed"]: float(r.get("stability", {}).get(tag, math.nan)) for r in g["runs"]}
+            for name, g in data["groups"].items()
+        }
     return {name: {r["seed"]: final(r, tag) for r in g["runs"]} for name, g in data["groups"].items()}
 
 
@@ -198,6 +310,9 @@ def table_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
             xs = [final(r, tag) for r in runs]
             row[f"{tag}_mean"], row[f"{tag}_std"] = mean(xs), std(xs)
         row["settle_pct"] = mean([settle_pct(r, metric) for r in runs])
+        spikes = [float(r.get("stability", {}).get("spikes", math.nan)) for r in runs]
+        row["spikes"] = sum(x for x in spikes if math.isfinite(x)) if any(map(math.isfinite, spikes)) else math.nan
+        row["late_loss_sd_pct"] = mean([float(r.get("stability", {}).get("late_loss_sd_pct", math.nan)) for r in runs])
         if base and base != name:
             eff = contrast(values, [name], [base])
             var = variance_ratio(values[name], values[base])
@@ -299,68 +414,200 @@ def _ci(d: float, lo: float, hi: float) -> str:
 def verdicts(data: dict[str, Any]) -> list[Judgement]:
     """The spec's claims (and its positive control) judged on the finished runs."""
     spec = data["manifest"]["spec"]
-    values = group_values(data, spec.get("metric", "val/ppl"))
-    return judge(values, spec.get("claims") or [], spec.get("control"))
+    metric = spec.get("metric", "val/ppl")
+    values = dict(group_values(data, metric))
+    untuned = untuned_groups(data)
+    claims = []
+    for claim in spec.get("claims") or []:
+        on = claim.get("metric")
+        if on and on != metric:  # a claim about another measure (a stability one): its groups as "<group>@<measure>"
+            for name, by_seed in group_values(data, on).items():
+                values[f"{name}@{on}"] = by_seed
+                if name in untuned:
+                    untuned[f"{name}@{on}"] = untuned[name]
+            claim = dict(claim)
+            if "group" in claim:
+                claim["group"], claim["vs"] = f"{claim['group']}@{on}", f"{claim['vs']}@{on}"
+            else:
+                claim["plus"] = [f"{g}@{on}" for g in claim["plus"]]
+                claim["minus"] = [f"{g}@{on}" for g in claim["minus"]]
+        claims.append(claim)
+    return judge(values, claims, spec.get("control"), metric=metric, untuned=untuned)
 
 
-def _claim_lines(judgements: list[Judgement], spec: dict[str, Any]) -> list[str]:
+UNIT_NAMES = {"token_ppl": "token PPL", "word_ppl": "word PPL", "byte_ppl": "byte PPL"}
+
+
+def _published_cell(j: Judgement) -> str:
+    if j.variance is not None:
+        return f"var ×{j.published_ratio:g}" if math.isfinite(j.published_ratio) else "–"
+    if not math.isfinite(j.published_pct):
+        return "–"
+    unit = UNIT_NAMES.get(j.published_unit, "unit not declared")
+    return f"{j.published_pct:+.1f} ({unit})"
+
+
+def _claim_lines(judgements: list[Judgement], spec: dict[str, Any], data: dict[str, Any] | None = None) -> list[str]:
     if not judgements:
         return ["No claims in the spec (`claims:`): no verdicts.", ""]
+    k, level = judgements[0].family, judgements[0].level
     lines = [
-        "| claim | expects | paper Δ % | our Δ % [95% CI] | test (seeds) | Holm p | detectable Δ % (80% power) "
-        "| verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        "| claim | expects | paper Δ % (its unit) | E: paper in ours, Δ % | our Δ % [95% CI] "
+        f"| [{100 * (1 - level):.2f}% CI] | test (seeds) | Holm p vs 0 / vs E | detectable Δ % at α/k "
+        "| seeds for E | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for j in judgements:
         label = f"**control** {j.name}" if j.is_control else j.name
-        if len(j.plus) > 1:  # a contrast: the log-metric of the plus groups minus that of the minus groups
+        if j.expect == "token_multiplier":  # Δ % is 100 (k - 1): k the tokens multiple worth the group
+            what = f"{j.plus[0]} on the curve of {', '.join(j.minus)}"
+        elif len(j.plus) > 1:  # a contrast: the log-metric of the plus groups minus that of the minus groups
             what = f"({' + '.join(j.plus)}) − ({' + '.join(j.minus)})"
         else:
             what = f"{j.plus[0]} vs {j.minus[0]}"
-        expects = j.expect + (f" (±{j.margin_pct:g}%)" if j.expect == "same" else "")
+        margin = f" ({'±' if j.expect == 'same' else ''}{j.margin_pct:g}%)" if math.isfinite(j.margin_pct) else ""
+        expects = j.expect + margin
+        e_cell = _fmt(j.converted_pct, "+.2f")
+        if j.is_control and math.isfinite(j.expected_pct):
+            e_cell = f"{j.expected_pct:+.2f} (planted)"
         if j.variance is not None:
             v = j.variance
-            paper = f"var ×{j.published_ratio:g}" if math.isfinite(j.published_ratio) else "–"
             ours = f"var ×{v.ratio:.2f} [{v.ci_low:.2f}, {v.ci_high:.2f}]" if math.isfinite(v.ratio) else "–"
-            test, mde = f"{v.test} ({v.n_a})", "–"
+            test, mde, vci = f"{v.test} ({v.n_a})", "–", "–"
         else:
             e = j.effect
-            paper = _fmt(j.published_pct, "+.1f")
             ours = _ci(e.delta_pct, e.ci_low_pct, e.ci_high_pct)
             div = f", {e.diverged} diverged" if e.diverged else ""
-            test, mde = f"{e.test} ({e.n}{div})", _fmt(e.mde_pct, ".2f")
-        verdict = f"**{j.verdict}**" + (f" ({j.why})" if j.verdict == VOID else "")
+            test, mde = f"{e.test} ({e.n}{div})", _fmt(j.mde_pct, ".2f")
+            vci = f"[{j.v_low_pct:+.2f}, {j.v_high_pct:+.2f}]" if math.isfinite(j.v_low_pct) else "–"
+        ps = _fmt(j.p_holm, ".3g") + (f" / {_fmt(j.p_holm_effect, '.3g')}" if math.isfinite(j.p_holm_effect) else "")
+        need = "–" if not j.seeds_needed else ("> 200" if j.seeds_needed > 200 else str(j.seeds_needed))
+        verdict = f"**{j.verdict}**" + (f" ({j.why})" if j.why else "")
+        if j.limited:
+            verdict += f"; *configuration-limited*: {j.limited}"
         lines.append(
-            f"| {label}: {what} | {expects} | {paper} | {ours} | {test} | {_fmt(j.p_holm, '.3g')} | {mde} | {verdict} |"
+            f"| {label}: {what} | {expects} | {_published_cell(j)} | {e_cell} | {ours} | {vci} | {test} | {ps} | {mde} "
+            f"| {need} | {verdict} |"
         )
     lines.append("")
-    noted = [(j.name, j.published_note) for j in judgements if j.published_note]
-    one_note = len({note for _, note in noted}) == 1  # one setting for every claim: said once, inline
     lines.append(
         "Δ % is the change of the geometric mean of the metric over seeds (paired by seed: every level of a seed sees "
-        "the same batches and starts from the same shared weights). The paper's Δ % comes from another scale and "
-        "corpus" + (f" ({noted[0][1]})" if one_note else "") + ": compare direction and size, not the "
-        "absolute numbers. Verdicts are computed (lightning_cqk/sweep/verdict.py): supports / contradicts need Holm p "
-        "< 0.05 in the paper's / the opposite direction; `same` needs the 95% CI inside the margin."
+        "the same batches and starts from the same shared weights). E is the paper's change in our unit (byte-level "
+        "perplexity) by the rule *same nats per byte*: a ratio r of perplexity per unit of b bytes is r^(1/b) per "
+        "byte, with b measured on the paper's corpus with its tokenizer (lightning_cqk/sweep/units.py); a claim "
+        "without a published number uses its declared smallest effect of interest. Verdicts are computed "
+        f"(lightning_cqk/sweep/verdict.py) from {k} tests (against 0, against E, TOST, margins, the control) "
+        f"Holm-adjusted together at α = 0.05; the detectable Δ (80% power) and the second interval are at α/k = "
+        f"{level:.4g}, the level Holm gives a lone true effect."
     )
-    if noted and not one_note:
+    rules = [(j.name, j.converted_rule) for j in judgements if j.converted_rule and not j.is_control]
+    if rules:
+        lines.append("Conversions: " + "; ".join(f"{name}: {rule}" for name, rule in rules) + ".")
+    alt = [j for j in judgements if j.alt_verdict]
+    if alt:
+        lines.append(
+            "Under the other rule (*same relative change of loss*) the verdict differs: "
+            + "; ".join(f"{j.name}: E {j.alt_pct:+.2f}%, {j.alt_verdict}" for j in alt)
+            + "."
+        )
+    noted = [(j.name, j.published_note) for j in judgements if j.published_note]
+    if noted:
         lines.append("The paper's side, per claim: " + "; ".join(f"{name}: {note}" for name, note in noted) + ".")
+    power = [j for j in judgements if not j.is_control and j.seeds_needed]
+    if power:
+        have = {j.name: (j.effect.n if j.effect else 0) for j in power}
+        lines.append(
+            f"Power: paired seeds that detect E at 80% power at α/k = {level:.4g} with the observed paired standard "
+            "deviation: "
+            + "; ".join(
+                f"{j.name} {('more than 200' if j.seeds_needed > 200 else j.seeds_needed)} (ran {have[j.name]})"
+                for j in power
+            )
+            + "."
+        )
     skipped = spec.get("claims_not_in_profile") or []
     if skipped:
         lines.append(f"Not tested at this profile (a group it leaves out): {', '.join(skipped)}.")
     control = [j for j in judgements if j.is_control]
     if control:
         c = control[0]
-        if c.verdict == "supports":
+        predicted = _control_prediction(data, c) if data else ""
+        planted = f"planted {c.expected_pct:+.2f}% (predicted before the run)" if math.isfinite(c.expected_pct) else ""
+        size = ", ".join(x for x in (planted, predicted) if x)
+        observed = _fmt(c.effect.delta_pct, "+.2f") if c.effect else "–"
+        if c.verdict == DETECTED:
             lines.append(
-                f"Positive control `{c.plus[0]}` detected (Holm p {_fmt(c.p_holm, '.3g')}): the study has power."
+                f"Control `{c.plus[0]}` ({size or 'size not declared'}; observed {observed}%) detected at the "
+                f"verdicts' level (Holm p {_fmt(c.p_holm, '.3g')}): the study sees an effect of that size."
             )
         else:
             lines.append(
-                f"**Positive control `{c.plus[0]}` NOT detected ({c.why}): the study has no power; every verdict is "
-                "void.** Train longer, add seeds or enlarge the validation set."
+                f"**Control `{c.plus[0]}` ({size or 'size not declared'}; observed {observed}%) NOT detected "
+                f"({c.why}): the study cannot see an effect of that size; every verdict is void.** Add seeds or tokens."
             )
     lines.append("")
+    return lines
+
+
+def _control_prediction(data: dict[str, Any], control: Judgement) -> str:
+    """The control's size predicted from the baseline's own validation curve, when the control trains on fewer tokens:
+    log(metric) vs log(training tokens) fitted over the second half of the baseline's validations (mean over seeds),
+    Δ = (tokens ratio)^slope - 1."""
+    groups = data["groups"]
+    ctrl, base = groups.get(control.plus[0]), groups.get(control.minus[0])
+    if not ctrl or not base or not ctrl["runs"] or not base["runs"]:
+        return ""
+    metric = data["manifest"]["spec"].get("metric", "val/ppl")
+    t_ctrl = mean([float(r["budget"].get("tokens", math.nan)) for r in ctrl["runs"]])
+    t_base = mean([float(r["budget"].get("tokens", math.nan)) for r in base["runs"]])
+    if not (math.isfinite(t_ctrl) and math.isfinite(t_base)) or abs(t_ctrl / t_base - 1.0) < 1e-6:
+        return ""
+    xs, ys = [], []
+    for run in base["runs"]:
+        series = run["scalars"].get(metric) or []
+        per_step = float(run["budget"].get("tokens_per_step") or 0) or t_base / max(series[-1][0] + 1, 1)
+        half = series[len(series) // 2 :]
+        for step, value in half:
+            if value > 0 and math.isfinite(value):
+                xs.append(math.log((step + 1) * per_step))
+                ys.append(math.log(value))
+    if len(set(xs)) < 2:
+        return ""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return f"{100 * math.expm1(slope * math.log(t_ctrl / t_base)):+.2f}% from the baseline's own validation curve"
+
+
+def tuning_lines(data: dict[str, Any]) -> list[str]:
+    """The learning-rate grid per tuned level: the held-out loss of each rate and the choice (or why none)."""
+    spec = data["manifest"]["spec"].get("tuning") or {}
+    if "fixed" in spec:
+        return ["### Tuning", "", f"One learning rate by design: {spec['fixed']}", ""]
+    if not spec:
+        return [
+            "### Tuning",
+            "",
+            "No learning-rate grid in this profile: every arm shares one rate, so every verdict comparing mechanisms "
+            "is configuration-limited.",
+            "",
+        ]
+    table = data["tuning"]
+    lines = [
+        "### Tuning",
+        "",
+        f"Each level of `{spec['axis']}` got its own learning rate: a grid of {len(spec['lrs'])} rates at seed "
+        f"{spec['seed']}, chosen by the loss on validation windows {spec['held_out'][0]}-{spec['held_out'][1] - 1}, "
+        "which no verdict reads (lightning_cqk/sweep/tuning.py).",
+        "",
+        "| level | " + " | ".join(f"lr {lr:g}" for lr in spec["lrs"]) + " | chosen |",
+        "|---|" + "---|" * (len(spec["lrs"]) + 1),
+    ]
+    for level in spec["grid"]:
+        cells = {lr: loss for lv, lr, _, loss in table["rows"] if lv == level}
+        chosen = table["chosen"].get(level, math.nan)
+        row = [_fmt(cells.get(float(lr), math.nan), ".4f") for lr in spec["lrs"]]
+        lines.append(f"| {level} | " + " | ".join(row) + f" | {_fmt(chosen, 'g')} |")
+    lines += ["", "Held-out loss in nats per token; – where the grid run has not finished.", ""]
     return lines
 
 
@@ -406,13 +653,14 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
     code = code_line(manifest)
     if code:
         lines += [code, ""]
-    lines += ["### Verdicts", ""] + _claim_lines(judgements, spec)
+    lines += ["### Verdicts", ""] + _claim_lines(judgements, spec, data) + tuning_lines(data)
     lines += ["### Groups", ""]
     lines.append(
         f"| group | seeds (diverged) | val ppl | val bpb | Δ {metric} % [95% CI] | p | test | detectable Δ % | "
-        "val-set SE of Δ % | seed-var ratio | moved over last 20% | tokens | train s | paper Δ % |"
+        "val-set SE of Δ % | seed-var ratio | moved over last 20% | loss spikes (all seeds) | late train-loss sd % | "
+        "tokens | train s | paper Δ % (its unit) |"
     )
-    lines.append("|" + "---|" * 14)
+    lines.append("|" + "---|" * 16)
     for r in rows:
         is_base = r["group"] == r["baseline"]
         cells = [
@@ -427,6 +675,8 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
             _fmt(r["val_se_delta_pct"], ".2f"),
             "–" if is_base else _fmt(r["seed_var_ratio"], ".2f"),
             _fmt(r["settle_pct"], "+.2f") + ("%" if not math.isnan(r["settle_pct"]) else ""),
+            _fmt(r["spikes"], ".0f"),
+            _fmt(r["late_loss_sd_pct"], ".2f"),
             _si(r["tokens"]),
             _fmt(r["wallclock"], ".0f"),
             "–" if is_base else _fmt(r["published_delta_pct"], "+.1f"),
@@ -448,9 +698,21 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
     ]
     if published:
         notes.append(
-            f"Paper Δ %: {published.get('source', 'the paper')}; its absolute numbers "
-            f"({published.get('metric', metric)}"
-            ") are at another scale, corpus and tokenizer and are not comparable with ours."
+            f"Paper Δ % (group table): {published.get('source', 'the paper')}, in the paper's own unit "
+            f"({published.get('metric', metric)}; at another scale, corpus and tokenizer): the verdicts compare E, "
+            "the same change converted to ours."
+        )
+    notes.append(
+        "Stability: loss spikes are the runs' cumulative train/spikes (LossSpikeMonitor), summed over seeds; the late "
+        "train-loss sd is the standard deviation of train/loss over the last 20% of the logged steps, in % of its mean "
+        "(mean over seeds); diverged seeds are counted in the seeds column."
+    )
+    shared = data.get("shared") or {}
+    if shared:
+        notes.append(
+            "Runs shared with other studies (identical configs, overrides and seed: the same run, counted in both): "
+            + "; ".join(f"{study}: {', '.join(names)}" for study, names in shared.items())
+            + "."
         )
     diverged = [r["name"] for g in data["groups"].values() for r in g["runs"] if not math.isfinite(final(r, metric))]
     if diverged:
@@ -486,6 +748,8 @@ CSV_FIELDS = (
     "val_se_delta_pct",
     "seed_var_ratio",
     "settle_pct",
+    "spikes",
+    "late_loss_sd_pct",
     "tokens",
     "flops",
     "wallclock",
@@ -513,6 +777,21 @@ CLAIM_FIELDS = (
     "mde_pct",
     "verdict",
     "why",
+    "published_unit",
+    "converted_pct",
+    "converted_rule",
+    "alt_pct",
+    "alt_verdict",
+    "p_effect",
+    "p_holm_effect",
+    "family",
+    "level",
+    "v_low_pct",
+    "v_high_pct",
+    "seeds_needed",
+    "excluded_pct",
+    "expected_pct",
+    "limited",
 )
 
 
@@ -555,9 +834,10 @@ def claims_csv(judgements: list[Judgement]) -> str:
             "diverged": e.diverged if e else "",
             "p": (e or v).p,
             "p_holm": j.p_holm,
-            "mde_pct": e.mde_pct if e else math.nan,
+            "mde_pct": j.mde_pct,
             "verdict": j.verdict,
             "why": j.why,
+            **{k: getattr(j, k) for k in CLAIM_FIELDS[CLAIM_FIELDS.index("published_unit") :] if k not in ("mde_pct",)},
         }
         writer.writerow({k: _cell(x) for k, x in row.items()})
     return buf.getvalue()
@@ -586,27 +866,70 @@ def write_report(
                 else ""
             )
         )
-    out = Path(output) if output is not None else sweep_dir / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    from lightning_cqk.sweep.results import COMMITTED, shared_runs, write_committed
+
+    out = Path(output) if output is not None else (sweep_dir if data["committed"] else sweep_dir / "report")
+    data["shared"] = shared_runs(out, data["manifest"])
     study = data["manifest"]["study"]
     rows = table_rows(data)
     judgements = verdicts(data)
     md = markdown(data, rows, judgements)
     glue_md = _glue_section(sweep_dir, glue or [])
     if glue_md:
-        (out / "glue.md").write_text(glue_md)
         md = f"{md.rstrip()}\n\n## GLUE (fine-tuned checkpoints, `lightning_cqk glue`)\n\n{glue_md}"
-    paths = {"markdown": out / f"{study}.md", "csv": out / f"{study}.csv", "claims": out / "claims.csv"}
-    paths["markdown"].write_text(md)
-    paths["csv"].write_text(to_csv(rows))
-    paths["claims"].write_text(claims_csv(judgements))
-    for fig in figures(data, out, judgements):
-        paths[fig.stem] = fig
+    names = {"markdown": f"{study}.md", "csv": f"{study}.csv", "claims": "claims.csv"}
+    in_place = data["committed"] and out.resolve() == sweep_dir.resolve()  # `report <results folder>`: its inputs
+    try:  # the whole report is written beside `out` and swapped in: never half old, half new (report_folder.py)
+        with report_folder.staged(out, owned=report_folder_owns(study)) as stage:
+            if glue_md:
+                (stage / "glue.md").write_text(glue_md)
+            (stage / names["markdown"]).write_text(md)
+            (stage / names["csv"]).write_text(to_csv(rows))
+            (stage / names["claims"]).write_text(claims_csv(judgements))
+            if in_place:  # the committed inputs go into the new folder unchanged (the swap replaces the folder)
+                for name in COMMITTED:
+                    if (out / name).is_file():
+                        shutil.copy2(out / name, stage / name)
+                        names[name] = name
+            else:
+                names.update({path.name: path.name for path in write_committed(data, stage)})
+            names.update({fig.stem: fig.name for fig in figures(data, stage, judgements)})
+    except report_folder.NotAReportFolder as err:
+        raise ReportError(
+            f"{err}: the report replaces its folder as a whole, which would delete them. Write it into a new folder "
+            f"or one that holds only an earlier report: lightning_cqk report {sweep_dir} --output <new folder>."
+        ) from None
+    except OSError as err:
+        raise ReportError(write_failure(out, sweep_dir, err)) from None
+    paths = {key: out / name for key, name in names.items()}
     if not quiet:
         print(md)
         pngs = ", ".join(p.name for p in paths.values() if p.suffix == ".png")
         print(f"Report: {paths['markdown']}, {paths['csv']}, {paths['claims']}; figures ({out}): {pngs}")
     return paths
+
+
+def report_folder_owns(study: str):
+    """Whether a file name is one a report of `study` writes (recognises reports made before `.report.json`)."""
+    tables = {f"{study}.md", f"{study}.csv", "claims.csv", "runs.csv", "glue.md", "study.json", "curves.csv"}
+    tables |= {"val_windows.json"}
+    return lambda name: name in tables or name.endswith(".png")
+
+
+def write_failure(out: Path, sweep_dir: Path, err: OSError) -> str:
+    """One paragraph for a report that could not be written (a full disk, a quota, a file-size limit)."""
+    code = f", {errno.errorcode.get(err.errno, err.errno)}" if err.errno else ""
+    what = f"{err.strerror or err}{code}" + (f", writing {Path(err.filename).name}" if err.filename else "")
+    before = "The previous report there is unchanged" if out.exists() else "No report was left there"
+    full = err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    fix = (
+        f"Free space on that disk (`df -h {out.parent}`; the report needs a few MB) and run the same command again, "
+        f"or write it elsewhere: lightning_cqk report {sweep_dir} --output <folder on another disk>."
+        if full
+        else f"Check that {out.parent} is writable (permissions, a mounted disk), or write it elsewhere: "
+        f"lightning_cqk report {sweep_dir} --output <folder>."
+    )
+    return f"could not write the report into {out} ({what}). {before} (the partial new one was removed). {fix}"
 
 
 def _glue_section(sweep_dir: Path, extra: list[str]) -> str:

@@ -8,6 +8,8 @@ Layout of a sweep directory (default `runs/<study>-<profile>/`):
     manifest.json       the plan and the state: study, profile, spec, git revision, package versions, and per run its
                         levels, seed, overrides, command, config hash, status (pending / running / done / failed) and
                         `revisions`: the code revision of each attempt (a run resumed after a `git pull` lists both)
+                        and `packages`: each distinct set of package versions its attempts ran with (a run resumed
+                        after an upgrade lists both; `package_versions.py`)
     status/<run>.json   one file per run, written by whichever process runs it (so SLURM array tasks never write the
                         same file); manifest.json is rebuilt from them
     logs/<run>.log      the run's stdout and stderr (appended across attempts)
@@ -29,14 +31,20 @@ With `--jobs N > 1` runs go N at a time (each child gets OMP_NUM_THREADS = cores
 run of each distinct data setting runs alone first (unless its data_dir already holds finished shards), because
 a run prepares missing token shards itself and two runs must not write the same shards at once. Runs that wait for
 another (`{run:<level>}` in a spec) start when it is done, and are marked failed without running if it failed.
+
+Progress: every minute while runs are in flight (LIGHTNING_CQK_SWEEP_PROGRESS_SECONDS), one `[sweep] progress:` line
+gives the runs finished out of the study's, each running run's step / total and eta (from its log's progress
+lines) and the study's eta (`Progress`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -49,9 +57,11 @@ from typing import Any
 
 import yaml
 
-from lightning_cqk.run_dir import config_files, resumable_checkpoint
+from lightning_cqk.package_versions import describe_difference, package_versions
+from lightning_cqk.run_dir import config_files, resumable_checkpoint, write_json_atomically
 from lightning_cqk.run_lock import RunDirectoryInUse, acquire, holder
 from lightning_cqk.sweep.spec import Run, SpecError, Sweep, expand
+from lightning_cqk.sweep.spec_checks import owned_run_dir
 
 MANIFEST = "manifest.json"
 SWEEP_LOCK = ".sweep.lock"
@@ -61,14 +71,6 @@ DONE, RUNNING, FAILED, PENDING = "done", "running", "failed", "pending"
 # ------------------------------------------------------------------------------------------------ bookkeeping
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Write atomically (a reader never sees half a file; concurrent writers leave one whole version)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
 
 
 def git_revision(cwd: str | Path | None = None) -> dict[str, Any]:
@@ -93,20 +95,16 @@ def git_revision(cwd: str | Path | None = None) -> dict[str, Any]:
         return {"revision": None, "dirty": None}
 
 
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {"python": sys.version.split()[0]}
-    for pkg in ("lightning-cqk", "torch", "lightning", "litdata", "jsonargparse"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
+def _versions() -> dict[str, str | None]:
+    """Python, this package and every direct dependency (package_versions.py), as each run's attempts record them."""
+    return package_versions()
 
 
 def fit_command(sweep: Sweep, run: Run, ckpt_path: str | None = None) -> list[str]:
     """The subprocess command line of one run."""
+    from lightning_cqk.sweep.tuning import resolve_overrides
+
+    run = dataclasses.replace(run, overrides=resolve_overrides(run.overrides, sweep.spec, sweep.sweep_dir))
     cmd = [sys.executable, "-m", "lightning_cqk", "fit", *run.cli_args(sweep.sweep_dir)]
     if ckpt_path:
         cmd.append(f"--ckpt_path={ckpt_path}")
@@ -149,17 +147,35 @@ class Ledger:
             "with --output."
         )
 
+    def mixed_packages(self, runs: list[Run]) -> str | None:
+        """A note when finished runs ran with other package versions than this invocation has, else None."""
+        now = package_versions()
+        other: dict[str, int] = {}
+        for run in runs:
+            for versions in self.status(run).get("packages", []):
+                change = describe_difference(versions, now)
+                if change:
+                    other[change] = other.get(change, 0) + 1
+        if not other:
+            return None
+        listed = "; ".join(f"{change} ({n} runs)" for change, n in sorted(other.items()))
+        return (
+            f"runs done before ran with other package versions than this invocation has: {listed}. They are kept: "
+            "each run's status file and run.json list the versions of each attempt. For one environment "
+            "throughout, sweep into a new directory with --output (or install the versions they ran with)."
+        )
+
     def status(self, run: Run) -> dict[str, Any]:
         path = self.status_dir / f"{run.name}.json"
         return json.loads(path.read_text()) if path.is_file() else {"status": PENDING, "attempts": 0}
 
     def set_status(self, run: Run, **fields: Any) -> dict[str, Any]:
         status = {**self.status(run), **fields}
-        _write_json(self.status_dir / f"{run.name}.json", status)
+        write_json_atomically(self.status_dir / f"{run.name}.json", status)
         return status
 
     def run_dir(self, run: Run) -> Path:
-        return self.dir / run.name
+        return owned_run_dir(self.dir, run.name)  # never outside the sweep directory (the runner deletes in it)
 
     def is_done(self, run: Run) -> bool:
         """Finished with the same config; a finished run with another config hash is an error."""
@@ -231,7 +247,7 @@ class Ledger:
             "spec": sweep.spec,
             "runs": runs,
         }
-        _write_json(path, manifest)
+        write_json_atomically(path, manifest)
         return manifest
 
 
@@ -257,9 +273,13 @@ class _Launch:
         if ckpt is None and ledger.run_dir(run).exists():
             shutil.rmtree(ledger.run_dir(run))  # a partial run without a checkpoint, no live writer: logs would mix
         self.resumed_from = str(ckpt) if ckpt else None
-        cmd = fit_command(ledger.sweep, run, self.resumed_from)
+        try:
+            cmd = fit_command(ledger.sweep, run, self.resumed_from)  # fills a tuned learning rate in (tuning.py)
+        except SpecError:
+            self.lock.release()
+            raise
         env = dict(os.environ)
-        env.setdefault("LIGHTNING_CQK_DEBUG", "1")  # the run's log keeps a user error's traceback (cli_errors.py)
+        env.setdefault("LIGHTNING_CQK_DEBUG", "1")  # the run's log keeps a user error's traceback (cli/errors.py)
         if threads is not None and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = str(threads)
         ledger.log_dir.mkdir(parents=True, exist_ok=True)
@@ -270,11 +290,15 @@ class _Launch:
         revisions = list(ledger.status(run).get("revisions", []))
         if ledger.code_revision() not in revisions:
             revisions.append(ledger.code_revision())
+        packages = list(ledger.status(run).get("packages", []))
+        if package_versions() not in packages:
+            packages.append(package_versions())
         ledger.set_status(
             run,
             status=RUNNING,
             attempts=attempts,
             revisions=revisions,
+            packages=packages,
             config_hash=run.config_hash(),
             started=_now(),
             resumed_from=self.resumed_from,
@@ -308,6 +332,86 @@ class _Launch:
             log = self.ledger.log_dir / f"{self.run.name}.log"
             print(f"[sweep] {self.run.name}: FAILED (exit code {rc}); see {log}", flush=True)
         return ok
+
+
+# ------------------------------------------------------------------------------------------------ progress
+PROGRESS_SECONDS = float(os.environ.get("LIGHTNING_CQK_SWEEP_PROGRESS_SECONDS", "60"))
+_STEP_LINE = re.compile(r"step (\d+)/(\d+) \((\d+)%\)(?:.*?\beta (\d+:\d\d:\d\d))?")
+
+
+def run_progress(log: Path, tail_bytes: int = 8192) -> tuple[int, int, str | None] | None:
+    """(step, total steps, the run's own eta or None) from the last progress line of a run's log (`LineProgress`:
+    `step 200/1000 (20%) | ... | eta 0:01:12 | ...`), or None before the first one."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - tail_bytes))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    found = None
+    for match in _STEP_LINE.finditer(text):
+        found = match
+    if found is None:
+        return None
+    return int(found.group(1)), int(found.group(2)), found.group(4)
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class Progress:
+    """What `[sweep] progress` lines say, every PROGRESS_SECONDS while runs are in flight: runs done out of the
+    total, each running run's step / total and its own eta (from its log), and the study's eta: the dry-run estimate
+    (`estimate.py`) of the runs still to go and of the running runs' remaining steps, scaled by how the finished runs
+    of this invocation compared with their estimates, divided by the runs at a time."""
+
+    def __init__(self, ledger: Ledger, todo: list[Run], jobs: int) -> None:
+        self.ledger, self.jobs, self.total = ledger, max(1, jobs), len(ledger.sweep.runs)
+        self.started_at = time.monotonic()
+        self.last = self.started_at
+        try:
+            from lightning_cqk.sweep.estimate import estimate_runs
+
+            self.estimates = {r.name: r.seconds for r in estimate_runs(ledger.sweep)}
+        except Exception as err:  # an estimate that cannot be made leaves the study eta out, never the sweep
+            print(f"[sweep] progress: no study eta ({type(err).__name__}: {err})", flush=True)
+            self.estimates = {}
+        self.measured: list[tuple[float, float]] = []  # (seconds taken, seconds estimated) of finished runs
+
+    def finished(self, launch: _Launch, ok: bool) -> None:
+        estimate, start = self.estimates.get(launch.run.name), getattr(launch, "start", None)
+        if ok and estimate and start is not None:
+            self.measured.append((time.perf_counter() - start, estimate))
+
+    def line(self, todo: list[Run], running: list[_Launch], finished: set[str], failed: set[str]) -> str:
+        parts, remaining = [], 0.0
+        scale = sum(m for m, _ in self.measured) / sum(e for _, e in self.measured) if self.measured else 1.0
+        for launch in running:
+            progress = run_progress(self.ledger.log_dir / f"{launch.run.name}.log")
+            estimate = self.estimates.get(launch.run.name)
+            if progress is None:
+                parts.append(f"{launch.run.name} starting")
+                remaining += (estimate or 0.0) * scale
+                continue
+            step, steps, eta = progress
+            parts.append(f"{launch.run.name} step {step}/{steps}" + (f" eta {eta}" if eta else ""))
+            remaining += (estimate or 0.0) * scale * (1 - step / steps if steps else 1.0)
+        remaining += sum(self.estimates.get(r.name, 0.0) for r in todo) * scale
+        done = len(finished) + len(failed)
+        head = f"[sweep] progress: {done}/{self.total} runs finished" + (f" ({len(failed)} failed)" if failed else "")
+        elapsed = f"elapsed {_clock(time.monotonic() - self.started_at)}"
+        known = self.estimates and all(r.name in self.estimates for r in todo)
+        study_eta = f"study eta {_clock(remaining / self.jobs)}" if known else "study eta unknown"
+        return "; ".join([head, *parts, elapsed, study_eta])
+
+    def maybe_print(self, todo: list[Run], running: list[_Launch], finished: set[str], failed: set[str]) -> None:
+        now = time.monotonic()
+        if running and now - self.last >= PROGRESS_SECONDS:
+            self.last = now
+            print(self.line(todo, running, finished, failed), flush=True)
 
 
 # data settings that order and batch the windows but do not change the token shards a run prepares
@@ -424,6 +528,9 @@ def _run_owned(ledger: Ledger, jobs: int, only: list[str] | None, restart_change
     mixed = ledger.mixed_revisions(runs) if todo else None
     if mixed:
         print(f"[sweep] warning: {mixed}", flush=True)
+    mixed = ledger.mixed_packages(runs) if todo else None
+    if mixed:
+        print(f"[sweep] warning: {mixed}", flush=True)
     ledger.write_manifest()
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     finished = {r.name for r in sweep.runs if ledger.is_done(r)}
@@ -472,10 +579,12 @@ def _schedule(
     """Launch runs as slots, waits and data preparation allow, until every run has finished or failed."""
     data_ready: set[str] = set()  # data settings whose shards a finished run has prepared
     preparing: str | None = None  # the data setting of the one run now allowed to prepare shards
+    progress = Progress(ledger, todo, jobs)
     while todo or running:
         for launch in [x for x in running if x.proc.poll() is not None]:
             running.remove(launch)
             ok = launch.finish()
+            progress.finished(launch, ok)
             (finished if ok else failed).add(launch.run.name)
             result["done" if ok else "failed"].append(launch.run.name)
             if ok:  # its shards exist now; after a failure the next run of that data setting prepares alone again
@@ -516,6 +625,7 @@ def _schedule(
                 print(f"[sweep] {run.name}: not run: {err}", flush=True)
                 continue
             launched = True
+        progress.maybe_print(todo, running, finished, failed)
         if running and not launched:
             time.sleep(0.5)
 
@@ -655,9 +765,16 @@ def sweep_command(argv: list[str]) -> None:
         f"before), {len(result['failed'])} failed; manifest {sweep.sweep_dir / MANIFEST}",
         flush=True,
     )
+    report_failed = False
     if not args.no_report and not args.run:
-        from lightning_cqk.sweep.report import write_report
+        from lightning_cqk.sweep.report import ReportError, write_report
 
-        write_report(sweep.sweep_dir)
+        try:
+            write_report(sweep.sweep_dir)
+        except ReportError as err:  # e.g. a full disk: the runs are kept, the report is not half written
+            print(f"lightning_cqk sweep: no report: {err}", file=sys.stderr, flush=True)
+            report_failed = True
     if result["failed"]:
         sys.exit(f"lightning_cqk sweep: {len(result['failed'])} run(s) failed: {', '.join(result['failed'])}")
+    if report_failed:
+        sys.exit(1)

@@ -21,17 +21,28 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
         overrides: {trainer.max_steps: 120}          # CLI overrides of every run of this profile
         axes: {attention: {...}}          # optional: replaces an axis's levels for this profile only
         exclude: [{size: d64, attention: differential}]   # optional: combinations left out of this profile's grid
+                                          # ({corpus: web, seeds: [6, 7]}: left out at those seeds only)
         slurm: ["#SBATCH --gpus-per-node=1"]          # optional: lines added to the SLURM array script
+        tuning:                           # optional: each level of an axis its own learning rate (sweep/tuning.py)
+          axis: attention                 # levels: [...] (default all), same_as: {level: tuned}, at: {axis: level}
+          lrs: [1.0e-3, 2.0e-3, 4.0e-3]   # 3 or more; one run each at `seed` (not a verdict seed)
+          seed: 0
+          held_out: [256, 384]            # the validation windows the choice reads: after the verdicts' own
+          overrides: {trainer.limit_val_batches: 24}   # the grid runs' own overrides (enough windows)
+        # or tuning: {fixed: "<why one rate is the design>"}; without either, verdicts are configuration-limited
+        planning: {sd_pct: {default: 0.8, <claim>: 0.5}}   # optional: paired sd (%) for the dry-run's power plan
     published:                            # optional: the paper's numbers, per group (only their changes are shown)
       source: arXiv 2604.01683 v1 abstract
       metric: val/ppl
       values: {standard: 24.22, coupled-leapfrog: 22.62}
     claims:                               # what the report gives a verdict on (format: lightning_cqk/sweep/verdict.py)
-      - {name: coupled-helps, group: coupled-leapfrog, vs: standard, expect: lower, published_pct: -6.6}
-    control:                              # the positive control: one extra group with a known large effect
-      name: half_depth                    # its level on the baseline axis (the first axis of `baseline`)
-      overrides: {model.config.n_layer: 2}
-      expect: higher                      # the report must find it significant, else the verdicts are void
+      - {name: coupled-vs-standard, group: coupled-leapfrog, vs: standard, expect: lower,
+         published: {value: -6.6, unit: token_ppl, tokenizer: gpt2, corpus: wikitext, baseline: 24.22}}
+    control:                              # the planted control: one extra group with an effect of known small size
+      name: fewer_tokens                  # its level on the baseline axis (the first axis of `baseline`)
+      overrides: {budget.tokens: 460800}  # e.g. the baseline on 90% of the tokens
+      expect: higher                      # it must be significant at the Holm level, else every verdict is void
+      expected_pct: 3.55                  # its size, predicted before the run (printed by --dry-run)
       at: {}                              # levels of the other axes (default: their baseline, else first, level)
 
 A claim whose groups are not all in a profile's grid (a level that profile leaves out) is not judged there; the
@@ -67,10 +78,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
+from lightning_cqk.sweep import spec_checks
 
 PROFILES_REQUIRED = ("paper", "cpu")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
+_NAME = spec_checks.NAME
 _RUN_REF = re.compile(r"\{run:([^}]+)\}")
 
 
@@ -89,6 +100,7 @@ class Run:
     configs: list[str]  # --config files, in order
     overrides: dict[str, Any]  # flag -> value (resolved placeholders), in the order they are passed
     depends_on: list[str]  # names of runs this one waits for ({run:<level>} references)
+    role: str = ""  # "" (a run of the grid or the control) | "tuning" (a learning-rate grid run, spec `tuning:`)
 
     def cli_args(self, sweep_dir: Path) -> list[str]:
         """Arguments of `lightning_cqk fit` for this run (without the resume checkpoint)."""
@@ -176,7 +188,7 @@ def load_spec(path: str | Path) -> dict[str, Any]:
         shipped = [n for n in shipped_names("configs") if n.startswith("configs/ablations/")]
         hint = f" Shipped: {', '.join(shipped)}." if shipped else ""
         raise SpecError(f"No ablation spec at {path}: {err}{hint}") from None
-    spec = yaml.safe_load(path.read_text())
+    spec, lines = spec_checks.read(path)  # refuses duplicate keys, naming the line
     where = str(path)
     if not isinstance(spec, dict):
         raise SpecError(f"{where}: a spec is a YAML mapping with study, axes and profiles; got {type(spec).__name__}.")
@@ -233,10 +245,13 @@ def load_spec(path: str | Path) -> dict[str, Any]:
         control = profile.get("control", spec.get("control"))
         if control is not None:
             _check_control(control, spec, f"{where} (profile {name})")
+        if profile.get("tuning") is not None:
+            _check_tuning(profile["tuning"], spec, profile, f"{where} (profile {name})")
         if profile.get("data_order", "seed") not in ("seed", "fixed"):
             raise SpecError(
                 f"{where}: profile {name!r}: data_order is `seed` or `fixed`, got {profile['data_order']!r}."
             )
+    spec_checks.check(spec, where, lines)  # names, seeds, claims' groups (lightning_cqk/sweep/spec_checks.py)
     return spec
 
 
@@ -256,6 +271,74 @@ def _check_control(control: Any, spec: dict[str, Any], where: str) -> None:
     unknown = sorted(set(control.get("at") or {}) - set(spec["axes"]))
     if unknown:
         raise SpecError(f"{where}: control `at` names unknown axes {unknown}; axes: {list(spec['axes'])}.")
+    expected = control.get("expected_pct")
+    if expected is not None and not isinstance(expected, (int, float)):
+        raise SpecError(f"{where}: control expected_pct is a number (the planted change in %), got {expected!r}.")
+
+
+def _check_tuning(tuning: Any, spec: dict[str, Any], profile: dict[str, Any], where: str) -> None:
+    """A profile's `tuning:` (lightning_cqk/sweep/tuning.py): a grid of >= 3 rates per level, one unused seed,
+    held-out windows after the verdicts' validation set; or `{fixed: <why>}` where one rate is the design."""
+    example = "tuning: {axis: attention, lrs: [1.0e-3, 2.0e-3, 4.0e-3], seed: 0, held_out: [256, 512]}"
+    if not isinstance(tuning, dict):
+        raise SpecError(f"{where}: tuning is a mapping, e.g. `{example}`, or `{{fixed: <why one rate is by design>}}`.")
+    if "fixed" in tuning:
+        if set(tuning) != {"fixed"} or not str(tuning["fixed"]).strip():
+            raise SpecError(f"{where}: `tuning: {{fixed: <why>}}` takes only a non-empty reason.")
+        return
+    axes = dict(spec["axes"], **(profile.get("axes") or {}))
+    axis = tuning.get("axis")
+    if axis not in axes:
+        raise SpecError(f"{where}: tuning axis {axis!r} is not an axis ({list(axes)}); e.g. `{example}`.")
+    unknown = [lv for lv in tuning.get("levels") or [] if lv not in axes[axis]]
+    if unknown:
+        raise SpecError(f"{where}: tuning levels {unknown} are not levels of axis {axis!r} ({list(axes[axis])}).")
+    tuned = tuning.get("levels") or list(axes[axis])
+    same_as = tuning.get("same_as") or {}
+    bad = {k: v for k, v in same_as.items() if k not in axes[axis] or v not in tuned or k in tuned}
+    if bad:
+        raise SpecError(
+            f"{where}: tuning same_as maps an untuned level of {axis!r} to a tuned one whose rate it takes; "
+            f"{bad} is not that (tuned: {tuned})."
+        )
+    for a, level in (tuning.get("at") or {}).items():
+        if a not in axes or a == axis or level not in axes[a]:
+            raise SpecError(f"{where}: tuning at {{{a}: {level}}} is not a level of another axis.")
+    lrs = tuning.get("lrs")
+    if not isinstance(lrs, list) or len(lrs) < 3 or not all(isinstance(x, (int, float)) and x > 0 for x in lrs):
+        raise SpecError(f"{where}: tuning lrs is a list of 3 or more positive rates, got {lrs!r}.")
+    if len(set(lrs)) != len(lrs):
+        raise SpecError(f"{where}: tuning lrs must be distinct, got {lrs}.")
+    seed = tuning.get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed in [int(x) for x in profile.get("seeds", [1337])]:
+        raise SpecError(f"{where}: tuning seed must be an integer no verdict run uses (not in seeds), got {seed!r}.")
+    held = tuning.get("held_out")
+    ints = isinstance(held, list) and len(held) == 2 and all(isinstance(x, int) for x in held)
+    if not (ints and 0 <= held[0] < held[1]):
+        raise SpecError(f"{where}: tuning held_out is [first, end) of the validation windows, e.g. [256, 512].")
+    over = profile.get("overrides") or {}
+    verdict_windows = int(over.get("trainer.limit_val_batches", 0)) * int(
+        over.get("data.val_batch_size", over.get("data.batch_size", 0))
+    )
+    if not verdict_windows:
+        raise SpecError(
+            f"{where}: tuning needs the verdicts' validation set fixed in the profile's overrides "
+            "(trainer.limit_val_batches and data.val_batch_size) to keep the held-out windows apart from it."
+        )
+    if held[0] < verdict_windows:
+        raise SpecError(
+            f"{where}: tuning held_out {held} overlaps the verdicts' validation windows [0, {verdict_windows}): the "
+            f"choice must never read them; start it at {verdict_windows} or later."
+        )
+    t_over = dict(over, **(tuning.get("overrides") or {}))
+    per_batch = int(t_over.get("data.val_batch_size", t_over.get("data.batch_size", 0)))
+    tune_windows = int(t_over.get("trainer.limit_val_batches", 0)) * per_batch
+    if tune_windows < held[1]:
+        need = -(-held[1] // max(per_batch, 1))
+        raise SpecError(
+            f"{where}: the grid runs validate on {tune_windows} windows, fewer than held_out's end {held[1]}; give "
+            f"the tuning `overrides: {{trainer.limit_val_batches: {need}}}`."
+        )
 
 
 def _check_axes(axes: Any, where: str) -> None:
@@ -287,6 +370,7 @@ def expand(
     """
     spec = load_spec(spec_path)
     where = str(spec_path)
+    spec_checks.check_profile_name(profile, f"{where}: --profile")
     if profile not in spec["profiles"]:
         raise SpecError(f"{where}: no profile {profile!r}; profiles: {', '.join(spec['profiles'])}.")
     prof = spec["profiles"][profile]
@@ -312,10 +396,12 @@ def expand(
     names = list(axes)
     for combo in itertools.product(*(list(axes[a]) for a in names)):
         levels = dict(zip(names, combo, strict=True))
-        if any(all(levels[a] == level for a, level in partial.items()) for partial in exclude):
+        if any(all(levels[a] == level for a, level in partial.items()) for partial, only in exclude if not only):
             continue
         group = "-".join(combo)
         for seed in seeds:
+            if any(seed in only and all(levels[a] == lv for a, lv in partial.items()) for partial, only in exclude):
+                continue  # a combination left out at some seeds only (fewer seeds where no headline claim is)
             run_configs = list(configs)
             overrides: dict[str, Any] = {}
             for key, value in (prof.get("overrides") or {}).items():
@@ -343,7 +429,15 @@ def expand(
         runs += _control_runs(control, spec, axes, configs, prof, seeds, placeholders, where)
         spec = copy.deepcopy(spec)
         spec["control"] = _control_claim(control, spec, axes)
-    groups = {r.group for r in runs}
+    tuning = prof.get("tuning")
+    if tuning is not None:
+        spec = copy.deepcopy(spec)
+        if "fixed" in tuning:
+            spec["tuning"] = {"fixed": str(tuning["fixed"])}
+        else:
+            control_group = spec["control"]["group"] if control is not None else None
+            runs = _tuning_runs(tuning, spec, axes, runs, configs, prof, placeholders, control_group, where)
+    groups = {r.group for r in runs if r.role != "tuning"}
     kept, left_out = [], []
     for claim in spec.get("claims") or []:
         named = [claim["group"], claim["vs"]] if "group" in claim else [*claim["plus"], *claim["minus"]]
@@ -369,6 +463,90 @@ def expand(
     )
 
 
+def _tuning_runs(
+    tuning: dict[str, Any],
+    spec: dict[str, Any],
+    axes: dict[str, dict],
+    runs: list[Run],
+    configs: list[str],
+    prof: dict[str, Any],
+    placeholders: dict[str, str | None],
+    control_group: str | None,
+    where: str,
+) -> list[Run]:
+    """The learning-rate grid runs of every tuned level (lightning_cqk/sweep/tuning.py), and the runs of those
+    levels set to wait for their grid and start at its choice ("{tuned_lr:<level>}"). Records the grid in
+    spec["tuning"]."""
+    axis = tuning["axis"]
+    levels = [str(lv) for lv in (tuning.get("levels") or list(axes[axis]))]
+    seed = int(tuning["seed"])
+    grid: dict[str, dict[str, str]] = {}
+    tune: list[Run] = []
+    for level in levels:
+        at = {a: spec["baseline"].get(a, next(iter(options))) for a, options in axes.items()}
+        at.update({a: str(v) for a, v in (tuning.get("at") or {}).items()})
+        at[axis] = level
+        for lr in tuning["lrs"]:
+            overrides: dict[str, Any] = {k: copy.deepcopy(v) for k, v in (prof.get("overrides") or {}).items()}
+            run_configs = list(configs)
+            for a in axes:
+                for key, value in (axes[a][at[a]] or {}).items():
+                    if key == "config":
+                        run_configs += [_config_path(c, where) for c in _as_list(value)]
+                        continue
+                    if isinstance(value, str) and "{run:" in value:
+                        raise SpecError(f"{where}: tuning: level {a}.{at[a]} waits for another run; tune another.")
+                    overrides.pop(key, None)
+                    overrides[key] = _fill(copy.deepcopy(value), placeholders)
+            for key, value in (tuning.get("overrides") or {}).items():
+                overrides.pop(key, None)
+                overrides[key] = _fill(copy.deepcopy(value), placeholders)
+            overrides.pop("model.optim.lr", None)
+            overrides["model.optim.lr"] = float(lr)
+            group = f"tune-{level}-lr{float(lr):g}"
+            name = f"{group}-s{seed}"
+            grid.setdefault(level, {})[repr(float(lr))] = name
+            tune.append(
+                Run(name, group, seed, dict(at), [_fill(c, placeholders) for c in run_configs], overrides, [], "tuning")
+            )
+    base_level = spec["baseline"].get(axis)
+    same_as = {str(k): str(v) for k, v in (tuning.get("same_as") or {}).items()}
+    for run in runs:
+        level = run.levels.get(axis)
+        level = same_as.get(level, level)  # a level that takes another's rate (e.g. the baseline at more tokens)
+        if run.group == control_group:
+            if "model.optim.lr" in spec["control"]["overrides"]:
+                continue  # a control that sets its own rate keeps it
+            if axis == next(iter(spec["baseline"])):
+                level = base_level  # the control stands in this axis for its baseline level: that level's rate
+        if level not in grid or "model.optim.lr" in _level_overrides(run, axes, axis):
+            continue
+        run.overrides.pop("model.optim.lr", None)
+        run.overrides["model.optim.lr"] = "{tuned_lr:" + level + "}"
+        run.depends_on = [*run.depends_on, *grid[level].values()]
+    spec["tuning"] = {
+        "axis": axis,
+        "levels": levels,
+        "lrs": [float(x) for x in tuning["lrs"]],
+        "seed": seed,
+        "held_out": [int(x) for x in tuning["held_out"]],
+        "overrides": dict(tuning.get("overrides") or {}),
+        "same_as": same_as,
+        "at": dict(tuning.get("at") or {}),
+        "grid": grid,
+    }
+    return tune + runs
+
+
+def _level_overrides(run: Run, axes: dict[str, dict], tuned_axis: str) -> dict[str, Any]:
+    """The overrides the run's levels on the other axes set (a level that sets the rate itself is never tuned)."""
+    out: dict[str, Any] = {}
+    for a, level in run.levels.items():
+        if a != tuned_axis and level in axes.get(a, {}):
+            out.update(axes[a][level] or {})
+    return out
+
+
 def _control_levels(control: dict[str, Any], spec: dict[str, Any], axes: dict[str, dict]) -> dict[str, str]:
     """The control group's levels: the baseline axis at the control's name, the others at `at` / baseline / first."""
     axis = next(iter(spec["baseline"]))
@@ -391,6 +569,7 @@ def _control_claim(control: dict[str, Any], spec: dict[str, Any], axes: dict[str
         "vs": "-".join(base[a] for a in axes),
         "expect": control["expect"],
         "overrides": control["overrides"],
+        "expected_pct": control.get("expected_pct"),
     }
 
 
@@ -443,22 +622,32 @@ def _control_runs(
     return runs
 
 
-def _exclusions(value: Any, axes: dict[str, dict], where: str) -> list[dict[str, str]]:
-    """A profile's `exclude`: combinations of levels left out of its grid, each a partial {axis: level} mapping."""
+def _exclusions(value: Any, axes: dict[str, dict], where: str) -> list[tuple[dict[str, str], set[int]]]:
+    """A profile's `exclude`: combinations of levels left out of its grid, each a partial {axis: level} mapping; with
+    `seeds: [...]` only at those seeds (a group run at fewer seeds). Returns (partial, seeds) pairs (seeds empty:
+    every seed)."""
     if value is None:
         return []
-    example = "exclude: [{size: d64, attention: differential}]"
+    example = "exclude: [{size: d64, attention: differential}, {corpus: web, seeds: [6, 7, 8]}]"
     if not isinstance(value, list) or not all(isinstance(p, dict) and p for p in value):
         raise SpecError(f"{where}: exclude is a list of {{axis: level}} mappings, e.g. `{example}`; got {value!r}.")
+    out = []
     for partial in value:
-        for axis, level in partial.items():
+        only = partial.get("seeds") or []
+        if not isinstance(only, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in only):
+            raise SpecError(f"{where}: exclude seeds is a list of integer seeds, e.g. `{example}`; got {only!r}.")
+        levels = {a: v for a, v in partial.items() if a != "seeds"}
+        if not levels:
+            raise SpecError(f"{where}: an exclude entry names at least one axis level, e.g. `{example}`.")
+        for axis, level in levels.items():
             if axis not in axes:
                 raise SpecError(f"{where}: exclude names unknown axis {axis!r}; axes: {list(axes)}.")
             if level not in axes[axis]:
                 raise SpecError(
                     f"{where}: exclude names {axis}={level!r}, not a level of the axis ({list(axes[axis])})."
                 )
-    return [{str(a): str(v) for a, v in p.items()} for p in value]
+        out.append(({str(a): str(v) for a, v in levels.items()}, {int(s) for s in only}))
+    return out
 
 
 def _as_list(value: Any) -> list[str]:

@@ -77,6 +77,7 @@ class Effect:
     mde_pct: float  # minimum detectable |Delta%| at 80% power, alpha 0.05 (two-sided)
     sd_log: float  # standard deviation of the per-seed d (paired) or pooled-by-Welch standard error x sqrt(n)
     why: str = ""  # why a number is nan
+    d_log: tuple[float, ...] = ()  # the per-seed log differences of a paired contrast (empty for Welch)
 
 
 def _nan_effect(test: str, n: int, diverged: int, why: str) -> Effect:
@@ -153,6 +154,7 @@ def contrast(
                 math.nan,
                 0.0,
                 "zero variance of the per-seed differences: no test",
+                tuple(float(x) for x in d),
             )
         res = stats.ttest_1samp(d, 0.0)
         half = stats.t.ppf(1 - alpha / 2, n - 1) * se
@@ -169,6 +171,8 @@ def contrast(
             float(res.pvalue),
             pct(mde),
             sd,
+            "",
+            tuple(float(x) for x in d),
         )
     if len(plus) == 1 and len(minus) == 1:
         a = [math.log(v) for v in values[plus[0]].values() if _positive_finite(v)]
@@ -293,3 +297,68 @@ def bootstrap_se_of_mean_loss(
     idx = rng.integers(0, len(nll_a), size=(n_boot, len(nll_a)))  # (n_boot, windows)
     losses = nll_a[idx].sum(axis=1) / tok_a[idx].sum(axis=1)  # (n_boot,)
     return float(np.std(losses, ddof=1))
+
+
+# ------------------------------------------------------------------------ tests against a value, TOST, planning
+def t_test_vs(d: Sequence[float], value: float) -> tuple[float, float]:
+    """(t, two-sided p) of the one-sample t-test H0: mean(d) = value (log units; nan for fewer than 2 or sd 0)."""
+    d_a = np.asarray([x for x in d if math.isfinite(x)], dtype=float)
+    if len(d_a) < 2 or not math.isfinite(value):
+        return math.nan, math.nan
+    se = float(np.std(d_a, ddof=1)) / math.sqrt(len(d_a))
+    if se == 0.0:
+        return math.nan, math.nan
+    t = (float(np.mean(d_a)) - value) / se
+    return t, float(2.0 * stats.t.sf(abs(t), len(d_a) - 1))
+
+
+def tost(d: Sequence[float], low: float, high: float) -> tuple[float, float, float]:
+    """Two one-sided t-tests of equivalence (Schuirmann 1987) of mean(d) within (low, high), log units.
+
+    H0: mean <= low or mean >= high. t_low = (mean - low) / se ~ t(n - 1) tested upper-tail, t_high = (mean - high) /
+    se tested lower-tail; p = max of the two one-sided p-values (the equivalence is shown when p < alpha, i.e. the
+    (1 - 2 alpha) interval lies inside the bounds). Returns (p, p_low, p_high); nan for fewer than 2 or sd 0.
+    The same numbers as statsmodels' `ttost_paired(x, y, low, upp)` applied to d = x - y.
+    """
+    d_a = np.asarray([x for x in d if math.isfinite(x)], dtype=float)
+    if len(d_a) < 2 or not low < high:
+        return math.nan, math.nan, math.nan
+    n = len(d_a)
+    se = float(np.std(d_a, ddof=1)) / math.sqrt(n)
+    if se == 0.0:
+        return math.nan, math.nan, math.nan
+    md = float(np.mean(d_a))
+    p_low = float(stats.t.sf((md - low) / se, n - 1))
+    p_high = float(stats.t.cdf((md - high) / se, n - 1))
+    return max(p_low, p_high), p_low, p_high
+
+
+def interval(d: Sequence[float], level: float) -> tuple[float, float]:
+    """Two-sided t interval of mean(d) at confidence `level` (log units); nan for fewer than 2."""
+    d_a = np.asarray([x for x in d if math.isfinite(x)], dtype=float)
+    if len(d_a) < 2 or not 0.0 < level < 1.0:
+        return math.nan, math.nan
+    se = float(np.std(d_a, ddof=1)) / math.sqrt(len(d_a))
+    half = float(stats.t.ppf(0.5 + level / 2.0, len(d_a) - 1)) * se
+    md = float(np.mean(d_a))
+    return md - half, md + half
+
+
+def seeds_needed(sd_log: float, effect_log: float, alpha: float, power: float = POWER, most: int = 200) -> int:
+    """Fewest paired seeds n (>= 3) whose detectable effect (`mde_log` at sd / sqrt(n), n - 1 df, `alpha`) is at
+    most |effect_log|; 0 when not computable, `most` + 1 when more than `most` would be needed."""
+    if not (sd_log > 0 and math.isfinite(sd_log) and math.isfinite(effect_log) and effect_log != 0):
+        return 0
+    target = abs(effect_log)
+
+    def enough(n: int) -> bool:
+        mde = mde_log(sd_log / math.sqrt(n), n - 1, alpha, power)
+        return math.isfinite(mde) and mde <= target
+
+    if not enough(most):
+        return most + 1
+    lo, hi = 2, most  # enough(hi); the detectable effect falls with n, so bisect for the first n that is enough
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return max(hi, 3)

@@ -1,37 +1,62 @@
 """Verdicts: each claim of a study (spec `claims:`) judged from the runs, never written by hand.
 
-A claim names a contrast of groups and what the paper expects of it:
+A claim names a contrast of groups, what the paper expects of it and, where the paper gives one, its number in
+the paper's own unit (converted to ours by lightning_cqk/sweep/units.py):
 
     claims:
-      - name: coupled-beats-standard
+      - name: coupled-vs-standard
         text: coupled (leapfrog) lowers val PPL vs standard
         group: coupled-leapfrog          # shorthand for plus: [coupled-leapfrog], minus: [standard]
         vs: standard
-        expect: lower                    # lower | higher | same | more_variance | less_variance
-        published_pct: -6.6              # the paper's change (Delta%), shown beside ours; for variance: published_ratio
-        published_note: 60M, WikiText-103, GPT-2 BPE
+        expect: lower                    # lower | higher | same | below | above | more_variance | less_variance
+        published: {value: -6.6, unit: token_ppl, tokenizer: gpt2, corpus: wikitext, baseline: 24.22,
+                    note: "60M, WikiText-103"}
       - name: gain-shrinks-with-size     # an interaction: (L-coupled / L-standard) / (S-coupled / S-standard)
         plus: [d128-coupled, d64-standard]
         minus: [d128-standard, d64-coupled]
         expect: higher
+        sesoi_pct: 1.0                   # no published number: the smallest effect of interest (our unit, %)
       - name: one-step-suffices
         group: steps7
         vs: steps1
         expect: same
-        margin_pct: 1.0                  # "same" means |Delta%| < margin
+        margin_pct: 1.0                  # equivalence margin (our unit): TOST against ±1%
+      - name: q-k=v-costs-little         # below / above: "Delta% < margin" / "Delta% > margin", one test against it
+        group: Q-K=V
+        vs: QKV
+        expect: below
+        margin_pct: 5.0
+      - name: differential-vs-coupled
+        ...
+        limited: "2 differential heads (the paper's code asks for at least 8)"   # configuration-limited, said why
 
-Rules (alpha = 0.05; p-values Holm-adjusted over every test of the study, the positive control's included):
-- lower / higher: `supports` when the adjusted p < alpha and the change has the paper's sign, `contradicts` when
-  the adjusted p < alpha and the sign is the opposite, else `inconclusive` (the minimum detectable effect at 80%
-  power is printed beside the paper's effect, so "no power" and "no effect" are told apart).
-- same: `supports` when the 95% interval of Delta% lies inside (-margin, margin) (equivalence shown),
-  `contradicts` when the adjusted p < alpha and the interval lies entirely outside [-margin, margin], else
-  `inconclusive`.
-- more_variance / less_variance: the seed-variance ratio var(group) / var(vs) and its test (stats.variance_ratio):
-  `supports` when the adjusted p < alpha and the ratio is on the paper's side of 1, `contradicts` when significant
-  on the other side, else `inconclusive`.
-- The positive control (spec `control:`) must be significant in its expected direction; otherwise the study has no
-  power and every verdict is `void`.
+E is the published effect converted to our unit by the rule `nats_per_byte` (units.py), else the declared
+`sesoi_pct` in the expected direction. Every test a verdict uses (the test against 0, against E, the TOST, against a
+margin, the control's) is in one family, Holm-adjusted (alpha = 0.05); k is the family's size.
+
+- lower / higher, with E:
+  `opposite direction`   significant against 0, with the sign opposite to E;
+  `replicated`           significant against 0 in E's direction, not significantly different from E;
+  `direction replicated, size differs (larger|smaller)`  significant against 0 and against E;
+  `not replicated at this scale`  not significant against 0, significantly different from E (on 0's side):
+                         "effects beyond X excluded", X the interval bound on E's side at the level that test used;
+  `inconclusive`         neither: the interval holds both 0 and E.
+  Without E: `direction replicated` / `opposite direction` / `inconclusive` (with the excluded bound).
+- same: `equivalent within ±m%` when the TOST rejects non-equivalence; `not equivalent` when the effect differs from
+  0 significantly and lies outside the margin; else `inconclusive`.
+- below / above: `replicated` when the test against the margin is significant on the claimed side, `not replicated at
+  this scale` when on the other side, else `inconclusive`.
+- more_variance / less_variance: the seed-variance ratio (stats.variance_ratio) against 1 and against the published
+  ratio, labelled like lower / higher.
+
+The detectable effect is computed at alpha / k, the level Holm gives a lone true effect (the level the verdict
+uses); `seeds_needed` is the number of paired seeds that detects |E| at 80% power at that level with the observed
+paired standard deviation. The interval printed beside the verdict is at 1 - alpha / k.
+The verdict under the other rule (`relative_loss`) is recomputed on the whole family and shown when it differs.
+A claim is configuration-limited when an arm lacks a tuned learning rate of its own (tuning parity, spec `tuning:`)
+or it declares `limited:`; the verdict is kept and the limit is printed beside it.
+The control (spec `control:`) must be detected (significant in its expected direction at the Holm level);
+otherwise every verdict is `void`.
 """
 
 from __future__ import annotations
@@ -41,10 +66,34 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lightning_cqk.sweep.stats import ALPHA, Effect, VarianceRatio, contrast, holm, variance_ratio
+from lightning_cqk.sweep.stats import (
+    ALPHA,
+    Effect,
+    VarianceRatio,
+    contrast,
+    holm,
+    interval,
+    mde_log,
+    pct,
+    seeds_needed,
+    t_test_vs,
+    tost,
+    variance_ratio,
+)
+from lightning_cqk.sweep.units import PRIMARY_RULE, UNITS, UnitError, convert_pct
 
-EXPECTS = ("lower", "higher", "same", "more_variance", "less_variance")
-SUPPORTS, CONTRADICTS, INCONCLUSIVE, VOID = "supports", "contradicts", "inconclusive", "void"
+EXPECTS = ("lower", "higher", "same", "below", "above", "more_variance", "less_variance", "token_multiplier")
+REPLICATED = "replicated"
+DIRECTION = "direction replicated"
+SIZE_DIFFERS = "direction replicated, size differs"
+NOT_REPLICATED = "not replicated at this scale"
+OPPOSITE = "opposite direction"
+INCONCLUSIVE = "inconclusive"
+EQUIVALENT = "equivalent"
+NOT_EQUIVALENT = "not equivalent"
+DETECTED, NOT_DETECTED = "detected", "not detected"
+VOID = "void"
+ALT_RULE = "relative_loss"
 
 
 class ClaimError(ValueError):
@@ -60,14 +109,31 @@ class Judgement:
     minus: list[str]
     effect: Effect | None
     variance: VarianceRatio | None
-    p_holm: float
+    p_holm: float  # Holm p of the test against 0 (or of the claim's one test: TOST, margin)
     verdict: str
     why: str
-    published_pct: float
+    published_pct: float  # as published, in its own unit
     published_ratio: float
     published_note: str
     margin_pct: float
     is_control: bool = False
+    published_unit: str = ""
+    converted_pct: float = math.nan  # E: the published effect in our unit (nats per byte), or the declared sesoi
+    converted_rule: str = ""
+    alt_pct: float = math.nan  # the published effect under the relative-loss rule
+    alt_rule: str = ""
+    alt_verdict: str = ""  # the verdict under the relative-loss rule, when it differs
+    p_effect: float = math.nan  # two-sided p against E (raw), and Holm-adjusted
+    p_holm_effect: float = math.nan
+    family: int = 0  # k: the number of tests in the study's Holm family
+    level: float = math.nan  # alpha / k
+    mde_pct: float = math.nan  # detectable |Delta%| at 80% power at alpha / k
+    seeds_needed: int = 0  # paired seeds for |E| at 80% power at alpha / k (observed sd)
+    excluded_pct: float = math.nan  # X of "effects beyond X excluded"
+    v_low_pct: float = math.nan  # the interval at 1 - alpha / k
+    v_high_pct: float = math.nan
+    limited: str = ""  # why the verdict is configuration-limited ('' when it is not)
+    expected_pct: float = math.nan  # a control's planted size, as predicted before the run
 
 
 def parse_claim(claim: Mapping[str, Any], where: str = "spec") -> dict[str, Any]:
@@ -86,20 +152,53 @@ def parse_claim(claim: Mapping[str, Any], where: str = "spec") -> dict[str, Any]
         plus, minus = [str(g) for g in claim.get("plus") or []], [str(g) for g in claim.get("minus") or []]
         if not plus or not minus:
             raise ClaimError(f"{where}: claim {name!r} needs group + vs, or non-empty plus and minus lists.")
+    curve = claim.get("curve") or {}
+    if expect == "token_multiplier":
+        if not isinstance(curve, Mapping) or len(curve) < 2 or not all(float(r) > 0 for r in curve.values()):
+            raise ClaimError(
+                f"{where}: claim {name!r} expects token_multiplier: give curve, the baseline's groups at two or "
+                "more token budgets as multiples of the group's, e.g. {standard-B: 1.0, standard-2.4B: 2.4}."
+            )
+        minus = [str(g) for g in curve]
     if expect.endswith("variance") and (len(plus) != 1 or len(minus) != 1):
         raise ClaimError(f"{where}: claim {name!r}: a variance claim compares one group with one (group + vs).")
-    if expect == "same" and not float(claim.get("margin_pct") or 0) > 0:
-        raise ClaimError(f"{where}: claim {name!r} expects `same`: give margin_pct > 0 (what counts as the same).")
+    if expect in ("same", "below", "above") and not float(claim.get("margin_pct") or 0) > 0:
+        raise ClaimError(
+            f"{where}: claim {name!r} expects `{expect}`: give margin_pct > 0 (in our unit, % of val PPL: what "
+            "counts as the same / as little / as much)."
+        )
+    published = claim.get("published") or {}
+    if not isinstance(published, Mapping):
+        raise ClaimError(f"{where}: claim {name!r}: published is a mapping {{value, unit, tokenizer, corpus}}.")
+    unit = str(published.get("unit", "")) if published else ""
+    if published:
+        if "value" not in published or unit not in UNITS:
+            raise ClaimError(
+                f"{where}: claim {name!r}: published needs value and unit (one of {', '.join(UNITS)}), e.g. "
+                "{value: -6.6, unit: token_ppl, tokenizer: gpt2, corpus: wikitext, baseline: 24.22}."
+            )
+        if unit == "token_ppl" and not published.get("tokenizer"):
+            raise ClaimError(f"{where}: claim {name!r}: a token_ppl effect needs its tokenizer (e.g. gpt2).")
+        try:
+            convert_pct(float(published["value"]), unit, published.get("tokenizer"), published.get("corpus"))
+        except UnitError as err:
+            raise ClaimError(f"{where}: claim {name!r}: {err}") from None
     return {
         "name": name,
         "text": str(claim.get("text", "")),
         "expect": expect,
         "plus": plus,
         "minus": minus,
-        "published_pct": _float(claim.get("published_pct")),
+        "published": dict(published),
+        "published_unit": unit,
+        "published_pct": _float(published.get("value") if published else claim.get("published_pct")),
         "published_ratio": _float(claim.get("published_ratio")),
-        "published_note": str(claim.get("published_note", "")),
+        "published_note": str(published.get("note", "") if published else claim.get("published_note", "")),
         "margin_pct": _float(claim.get("margin_pct")),
+        "sesoi_pct": _float(claim.get("sesoi_pct")),
+        "limited": str(claim.get("limited") or ""),
+        "expected_pct": _float(claim.get("expected_pct")),
+        "curve": {str(g): float(r) for g, r in curve.items()} if expect == "token_multiplier" else {},
     }
 
 
@@ -107,77 +206,305 @@ def _float(x: Any) -> float:
     return math.nan if x is None else float(x)
 
 
+def token_multipliers(values: Mapping[str, Mapping[int, float]], group: str, curve: Mapping[str, float]) -> dict:
+    """{seed: k}: the multiple of `group`'s tokens at which the baseline, interpolated on its own curve (log metric
+    vs log tokens, piecewise linear through `curve`'s groups at their token multiples, the end segments extended),
+    reaches `group`'s metric. k > 1: the group is worth k times its tokens of the baseline (nan where not defined)."""
+    points = sorted(curve.items(), key=lambda kv: kv[1])
+    seeds = set(values.get(group, {}))
+    for g, _ in points:
+        seeds &= set(values.get(g, {}))
+    out = {}
+    for s in sorted(seeds):
+        xs = [math.log(r) for _, r in points]
+        ys = [
+            math.log(values[g][s]) if values[g][s] > 0 and math.isfinite(values[g][s]) else math.nan for g, _ in points
+        ]
+        target = values[group][s]
+        if not (target > 0 and math.isfinite(target)) or not all(map(math.isfinite, ys)):
+            out[s] = math.nan
+            continue
+        y = math.log(target)
+        # the segment whose metric range holds y (the curve falls with tokens), else the nearest end segment
+        i = next((i for i in range(len(xs) - 1) if min(ys[i], ys[i + 1]) <= y <= max(ys[i], ys[i + 1])), None)
+        if i is None:
+            i = 0 if y > ys[0] else len(xs) - 2
+        if ys[i + 1] == ys[i]:
+            out[s] = math.nan
+            continue
+        x = xs[i] + (y - ys[i]) * (xs[i + 1] - xs[i]) / (ys[i + 1] - ys[i])
+        out[s] = math.exp(x)
+    return out
+
+
+def _log1p_pct(x: float) -> float:
+    return math.log1p(x / 100.0) if math.isfinite(x) and x > -100.0 else math.nan
+
+
+def _target(c: dict, rule: str, base_loss: float) -> tuple[float, str]:
+    """E in % of our metric under `rule` ((nan, why) when none), signed as the claim expects."""
+    if c["expect"].endswith("variance"):
+        return math.nan, ""
+    if c["expect"] == "token_multiplier":
+        ratio = c["published_ratio"]
+        if math.isfinite(ratio) and ratio > 0:
+            return 100.0 * (ratio - 1.0), f"the paper's multiplier ×{ratio:g} (tokens: no unit to convert)"
+        return math.nan, ""
+    pub = c["published"]
+    if pub:
+        value, text = convert_pct(
+            float(pub["value"]),
+            c["published_unit"],
+            pub.get("tokenizer"),
+            pub.get("corpus"),
+            rule,
+            _float(pub.get("baseline")),
+            base_loss,
+        )
+        if math.isfinite(value) or rule != PRIMARY_RULE:
+            return value, text
+    if math.isfinite(c["sesoi_pct"]):
+        sign = -1.0 if c["expect"] == "lower" else 1.0
+        return sign * abs(c["sesoi_pct"]), f"declared smallest effect of interest ±{abs(c['sesoi_pct']):g}%"
+    if math.isfinite(c["published_pct"]):
+        return math.nan, "published number without a unit (declare published: {value, unit, ...})"
+    return math.nan, ""
+
+
+def _tests(c: dict, eff: Effect | None, var: VarianceRatio | None, e_pct: float, values) -> dict[str, float]:
+    """The raw p-values this claim's verdict uses: {'zero': ..., 'effect': ..., 'tost': ..., 'margin': ...}."""
+    expect = c["expect"]
+    if var is not None:
+        out = {"zero": var.p}
+        ratio = c["published_ratio"]
+        if math.isfinite(ratio) and ratio > 0:
+            scaled = {s: v / math.sqrt(ratio) for s, v in values.get(c["plus"][0], {}).items()}
+            out["effect"] = variance_ratio(scaled, values.get(c["minus"][0], {})).p
+        return out
+    assert eff is not None
+    d = eff.d_log
+    if expect == "same":
+        m = c["margin_pct"]
+        return {"tost": tost(d, math.log1p(-m / 100.0), math.log1p(m / 100.0))[0], "zero": eff.p}
+    if expect in ("below", "above"):
+        return {"margin": t_test_vs(d, math.log1p(c["margin_pct"] / 100.0))[1]}
+    out = {"zero": eff.p}
+    if math.isfinite(e_pct) and d:
+        out["effect"] = t_test_vs(d, _log1p_pct(e_pct))[1]
+    return out
+
+
+def _mean_log(values: Mapping[int, float]) -> float:
+    logs = [math.log(v) for v in values.values() if math.isfinite(v) and v > 0]
+    return sum(logs) / len(logs) if logs else math.nan
+
+
 def judge(
     values: Mapping[str, Mapping[int, float]],
     claims: Sequence[Mapping[str, Any]],
     control: Mapping[str, Any] | None = None,
     alpha: float = ALPHA,
+    metric: str = "val/ppl",
+    untuned: Mapping[str, str] | None = None,
 ) -> list[Judgement]:
-    """Judge every claim (and the control, first in the list) from values: group -> {seed: final metric}."""
+    """Judge every claim (and the control, first in the list) from values: group -> {seed: final metric}.
+
+    untuned: group -> why it lacks a tuned learning rate of its own (its claims are configuration-limited).
+    """
     parsed = [parse_claim(c) for c in claims]
     if control is not None:
         parsed.insert(0, {**parse_claim(control, "control"), "is_control": True})
-    results: list[tuple[dict, Effect | None, VarianceRatio | None, float]] = []
+    measured = []
     for c in parsed:
         if c["expect"].endswith("variance"):
             var = variance_ratio(values.get(c["plus"][0], {}), values.get(c["minus"][0], {}), alpha)
-            results.append((c, None, var, var.p))
+            measured.append((c, None, var))
+        elif c["expect"] == "token_multiplier":
+            multipliers = token_multipliers(values, c["plus"][0], c["curve"])
+            ones = {s: 1.0 for s in multipliers}
+            measured.append((c, contrast({"k": multipliers, "1": ones}, ["k"], ["1"], alpha), None))
         else:
-            eff = contrast(values, c["plus"], c["minus"], alpha)
-            results.append((c, eff, None, eff.p))
-    adjusted = holm([p for _, _, _, p in results])
+            measured.append((c, contrast(values, c["plus"], c["minus"], alpha), None))
+    primary = _judge_rule(measured, values, alpha, metric, PRIMARY_RULE)
+    alternative = _judge_rule(measured, values, alpha, metric, ALT_RULE, power=False)
     out: list[Judgement] = []
-    for (c, eff, var, _), p_adj in zip(results, adjusted, strict=True):
-        verdict, why = _verdict(c, eff, var, p_adj, alpha)
-        out.append(
-            Judgement(
-                name=c["name"],
-                text=c["text"],
-                expect=c["expect"],
-                plus=c["plus"],
-                minus=c["minus"],
-                effect=eff,
-                variance=var,
-                p_holm=p_adj,
-                verdict=verdict,
-                why=why,
-                published_pct=c["published_pct"],
-                published_ratio=c["published_ratio"],
-                published_note=c["published_note"],
-                margin_pct=c["margin_pct"],
-                is_control=bool(c.get("is_control")),
-            )
-        )
-    if control is not None and out[0].verdict != SUPPORTS:
+    for (c, _, _), main, alt in zip(measured, primary, alternative, strict=True):
+        j = main
+        j.alt_pct, j.alt_rule = alt.converted_pct, alt.converted_rule
+        if alt.verdict != j.verdict and math.isfinite(alt.converted_pct):
+            j.alt_verdict = alt.verdict + (f" ({alt.why})" if alt.why else "")
+        reasons = [c["limited"]] if c["limited"] else []
+        if not j.is_control and untuned:
+            reasons += sorted({f"{g}: {untuned[g]}" for g in [*c["plus"], *c["minus"]] if g in untuned})
+        j.limited = "; ".join(reasons)
+        out.append(j)
+    if control is not None and out[0].verdict != DETECTED:
         for j in out[1:]:
-            j.why = f"{j.verdict} before voiding; " + j.why if j.why else f"{j.verdict} before voiding"
+            j.why = f"{j.verdict} before voiding" + (f"; {j.why}" if j.why else "")
             j.verdict = VOID
+            j.alt_verdict = ""
     return out
 
 
-def _verdict(c: dict, eff: Effect | None, var: VarianceRatio | None, p: float, alpha: float) -> tuple[str, str]:
-    expect = c["expect"]
+def _judge_rule(measured, values, alpha: float, metric: str, rule: str, power: bool = True) -> list[Judgement]:
+    """The verdicts of every claim with E converted by `rule` (one Holm family); `power`: the detectable effect and
+    the seeds needed too."""
+    targets = []
+    for c, _, _ in measured:
+        base = _mean_log(values.get(c["minus"][0], {})) if len(c["minus"]) == 1 else math.nan
+        # our baseline's loss in nats per byte: ln(ppl), the loss itself, or bpb x ln 2 (geometric mean over seeds)
+        if metric == "val/ppl" or not math.isfinite(base):
+            base_loss = base
+        else:
+            base_loss = math.exp(base) * (math.log(2.0) if metric == "val/bpb" else 1.0)
+        if c.get("is_control"):
+            targets.append((c["expected_pct"], "planted (predicted before the run)"))
+        else:
+            targets.append(_target(c, rule, base_loss))
+    tests = [_tests(c, eff, var, e, values) for (c, eff, var), (e, _) in zip(measured, targets, strict=True)]
+    if any(c.get("is_control") for c, _, _ in measured):  # the control is judged against 0 only
+        tests[0] = {"zero": tests[0]["zero"]}
+    flat = [(i, kind, p) for i, t in enumerate(tests) for kind, p in t.items()]
+    adjusted = holm([p for _, _, p in flat])
+    held: list[dict[str, float]] = [{} for _ in measured]
+    raw: list[dict[str, float]] = [{} for _ in measured]
+    for (i, kind, p), p_adj in zip(flat, adjusted, strict=True):
+        held[i][kind], raw[i][kind] = p_adj, p
+    k = sum(1 for _, _, p in flat if math.isfinite(p))
+    level = alpha / max(k, 1)
+    out = []
+    for (c, eff, var), (e_pct, e_text), h, r in zip(measured, targets, held, raw, strict=True):
+        j = Judgement(
+            name=c["name"],
+            text=c["text"],
+            expect=c["expect"],
+            plus=c["plus"],
+            minus=c["minus"],
+            effect=eff,
+            variance=var,
+            p_holm=h.get("zero", h.get("tost", h.get("margin", math.nan))),
+            verdict=INCONCLUSIVE,
+            why="",
+            published_pct=c["published_pct"],
+            published_ratio=c["published_ratio"],
+            published_note=c["published_note"],
+            margin_pct=c["margin_pct"],
+            is_control=bool(c.get("is_control")),
+            published_unit=c["published_unit"],
+            converted_pct=e_pct,
+            converted_rule=e_text,
+            p_effect=r.get("effect", math.nan),
+            p_holm_effect=h.get("effect", math.nan),
+            family=k,
+            level=level,
+            expected_pct=c["expected_pct"],
+        )
+        if power and eff is not None and eff.d_log:
+            lo, hi = interval(eff.d_log, 1.0 - level)
+            j.v_low_pct, j.v_high_pct = pct(lo), pct(hi)
+            j.mde_pct = pct(mde_log(eff.sd_log / math.sqrt(eff.n), eff.n - 1, level)) if eff.sd_log > 0 else math.nan
+            j.seeds_needed = seeds_needed(eff.sd_log, _log1p_pct(e_pct), level) if math.isfinite(e_pct) else 0
+        j.verdict, j.why, j.excluded_pct = _label(c, eff, var, h, r, e_pct, alpha)
+        out.append(j)
+    return out
+
+
+def _bound_toward(d: Sequence[float], target: float, p_raw: float, p_adj: float, alpha: float) -> float:
+    """The interval bound on `target`'s side at the level the Holm-adjusted test used (alpha x p_raw / p_adj)."""
+    if not (p_adj > 0 and math.isfinite(p_raw) and math.isfinite(p_adj)):
+        return math.nan
+    lo, hi = interval(d, 1.0 - alpha * p_raw / p_adj)
+    return pct(lo) if target < (lo + hi) / 2 else pct(hi)
+
+
+def _label(c: dict, eff, var, h: dict, r: dict, e_pct: float, alpha: float) -> tuple[str, str, float]:
+    """(verdict, why, excluded bound X in %)."""
+    expect, nan = c["expect"], math.nan
+    if c.get("is_control"):
+        p = h.get("zero", nan)
+        delta = eff.delta_pct if eff else nan
+        if math.isfinite(p) and p < alpha and (delta > 0) == (expect == "higher"):
+            return DETECTED, f"Holm p {p:.3g}", nan
+        return NOT_DETECTED, f"Holm p {p:.3g}" if math.isfinite(p) else (eff.why if eff else "no test"), nan
     if var is not None:
-        if not math.isfinite(p):
-            return INCONCLUSIVE, var.why or "no variance test possible"
-        sign_ok = var.ratio > 1 if expect == "more_variance" else var.ratio < 1
-        if p < alpha:
-            return (SUPPORTS if sign_ok else CONTRADICTS), f"variance ratio {var.ratio:.2f}, Holm p {p:.3g}"
-        return INCONCLUSIVE, f"variance ratio {var.ratio:.2f} [{var.ci_low:.2f}, {var.ci_high:.2f}], Holm p {p:.3g}"
-    assert eff is not None
-    if not math.isfinite(eff.delta_pct):
-        return INCONCLUSIVE, eff.why or "no effect could be computed"
+        p0, pe = h.get("zero", nan), h.get("effect", nan)
+        if not math.isfinite(p0):
+            return INCONCLUSIVE, var.why or "no variance test possible", nan
+        up = expect == "more_variance"
+        right = (var.ratio > 1) == up
+        ratio = c["published_ratio"]
+        text = f"ratio {var.ratio:.2f} [{var.ci_low:.2f}, {var.ci_high:.2f}], Holm p {p0:.3g}"
+        if p0 < alpha:
+            if not right:
+                return OPPOSITE, text, nan
+            if math.isfinite(pe) and pe < alpha:
+                return f"{SIZE_DIFFERS} ({'larger' if (var.ratio > ratio) == up else 'smaller'})", text, nan
+            return REPLICATED if math.isfinite(pe) else DIRECTION, text, nan
+        if math.isfinite(pe) and pe < alpha:
+            bound = var.ci_high if ratio > 1 else var.ci_low
+            return NOT_REPLICATED, f"ratios beyond {bound:.2f} excluded; {text}, vs {ratio:g}: Holm p {pe:.3g}", nan
+        return INCONCLUSIVE, text, nan
+    if eff is None or not math.isfinite(eff.delta_pct) or not eff.d_log:
+        return INCONCLUSIVE, (eff.why if eff else "") or "no effect could be computed", nan
+    d = eff.d_log
     if expect == "same":
-        m = c["margin_pct"]
-        if -m < eff.ci_low_pct and eff.ci_high_pct < m:
-            return SUPPORTS, f"95% CI inside ±{m:g}%"
-        outside = eff.ci_low_pct > m or eff.ci_high_pct < -m
-        if math.isfinite(p) and p < alpha and outside:
-            return CONTRADICTS, f"95% CI outside ±{m:g}%, Holm p {p:.3g}"
-        return INCONCLUSIVE, f"95% CI [{eff.ci_low_pct:+.2f}, {eff.ci_high_pct:+.2f}]% not decided against ±{m:g}%"
-    if not math.isfinite(p):
-        return INCONCLUSIVE, eff.why or "no test possible"
-    sign_ok = eff.delta_pct < 0 if expect == "lower" else eff.delta_pct > 0
-    if p < alpha:
-        return (SUPPORTS if sign_ok else CONTRADICTS), f"Holm p {p:.3g}"
-    return INCONCLUSIVE, f"Holm p {p:.3g}; detectable |Δ| ≥ {eff.mde_pct:.2f}% at 80% power"
+        m, pt, p0 = c["margin_pct"], h.get("tost", nan), h.get("zero", nan)
+        if math.isfinite(pt) and pt < alpha:
+            return f"{EQUIVALENT} within ±{m:g}%", f"TOST Holm p {pt:.3g}", nan
+        if math.isfinite(p0) and p0 < alpha and abs(eff.delta_pct) > m:
+            return NOT_EQUIVALENT, f"differs from 0 (Holm p {p0:.3g}) by more than ±{m:g}%", nan
+        return INCONCLUSIVE, f"TOST Holm p {pt:.3g}: neither equivalence within ±{m:g}% nor a difference shown", nan
+    if expect in ("below", "above"):
+        m, pm = c["margin_pct"], h.get("margin", nan)
+        if not math.isfinite(pm):
+            return INCONCLUSIVE, eff.why or "no test possible", nan
+        claimed_side = eff.delta_pct < m if expect == "below" else eff.delta_pct > m
+        word = "<" if expect == "below" else ">"
+        if pm < alpha and claimed_side:
+            return REPLICATED, f"Δ {word} {m:+g}% shown (Holm p {pm:.3g})", nan
+        if pm < alpha:
+            x = _bound_toward(d, math.log1p(m / 100.0), r["margin"], pm, alpha)
+            return NOT_REPLICATED, f"Δ {word} {m:+g}% excluded: effects beyond {x:+.2f}% only (Holm p {pm:.3g})", x
+        return INCONCLUSIVE, f"Δ against {m:+g}%: Holm p {pm:.3g}", nan
+    p0, pe = h.get("zero", nan), h.get("effect", nan)
+    if not math.isfinite(p0):
+        return INCONCLUSIVE, eff.why or "no test possible", nan
+    want_lower = expect == "lower"  # token_multiplier: k > 1 expected, as `higher`
+    right = (eff.delta_pct < 0) == want_lower
+    if p0 < alpha and not right:
+        return OPPOSITE, f"Holm p {p0:.3g}", nan
+    if not math.isfinite(e_pct):
+        if p0 < alpha:
+            return DIRECTION, f"Holm p {p0:.3g}; no published size", nan
+        target = -1.0 if want_lower else 1.0
+        x = _bound_toward(d, target, r["zero"], p0, alpha)
+        return INCONCLUSIVE, f"Holm p {p0:.3g}; no published size; effects beyond {x:+.2f}% excluded", x
+    if p0 < alpha:
+        if math.isfinite(pe) and pe < alpha:
+            larger = abs(eff.delta_pct) > abs(e_pct)
+            return f"{SIZE_DIFFERS} ({'larger' if larger else 'smaller'})", f"vs E {e_pct:+.2f}%: Holm p {pe:.3g}", nan
+        return REPLICATED, f"Holm p {p0:.3g}; E {e_pct:+.2f}% not excluded (Holm p {pe:.3g})", nan
+    if math.isfinite(pe) and pe < alpha and abs(eff.delta_pct) < abs(e_pct) or (pe < alpha and not right):
+        x = _bound_toward(d, _log1p_pct(e_pct), r["effect"], pe, alpha)
+        return NOT_REPLICATED, f"effects beyond {x:+.2f}% excluded (E {e_pct:+.2f}%, Holm p {pe:.3g})", x
+    return INCONCLUSIVE, f"the interval holds 0 and E {e_pct:+.2f}% (Holm p {p0:.3g} vs 0, {pe:.3g} vs E)", nan
+
+
+def planned_tests(claim: Mapping[str, Any]) -> int:
+    """How many tests a claim puts in the study's Holm family (before any run: from the spec alone)."""
+    c = parse_claim(claim)
+    expect = c["expect"]
+    if c.get("is_control") or expect in ("below", "above"):
+        return 1
+    if expect == "same":
+        return 2
+    if expect.endswith("variance") or expect == "token_multiplier":
+        return 1 + int(math.isfinite(c["published_ratio"]))
+    has_e = bool(c["published"]) or math.isfinite(c["sesoi_pct"])
+    return 1 + int(has_e)
+
+
+def planned_effect(claim: Mapping[str, Any]) -> float:
+    """E of a claim in our unit (%) from the spec alone (nats per byte; nan when it has none)."""
+    c = parse_claim(claim)
+    return _target(c, PRIMARY_RULE, math.nan)[0]

@@ -1,11 +1,12 @@
 """Coupled QK dynamics (`coupled`) and the uncoupled control (`uncoupled_mlp`), arXiv 2604.01683 v1.
 
-Checks: SDPA == math in fp64 (forward, input and parameter gradients); causality; dt = 0 equals `standard` with the
-same weights exactly; the batched per-head MLP equals a loop of independent MLPs; closed-form -grad V equals
-autograd; leapfrog preserves volume and is reversible, and is symplectic (M^T J M = J) only for a gradient field;
-Euler's Jacobian determinant is det(I - dt^2 J_f); leapfrog of a gradient field conserves energy to second order;
-hand-counted parameters, the 60m fraction and the exact parameter parity of the uncoupled control at every head size
-and hidden width; cross-layer sharing; analytic FLOPs; option validation; shipped YAMLs; a tiny GPT trains.
+Checks (SDPA == math and causality: the contract harness, `tests/attention/test_contract.py`): dt = 0 equals
+`standard` with the same weights exactly; the batched per-head MLP equals a loop of independent MLPs; closed-form
+-grad V equals autograd; leapfrog preserves volume and is reversible, and is symplectic (M^T J M = J) only for a
+gradient field; Euler's Jacobian determinant is det(I - dt^2 J_f); leapfrog of a gradient field conserves energy to
+second order; hand-counted parameters, the 60m fraction and the exact parameter parity of the uncoupled control at
+every head size and hidden width; cross-layer sharing; analytic FLOPs; option validation; shipped YAMLs; a tiny GPT
+trains.
 """
 
 from __future__ import annotations
@@ -45,46 +46,6 @@ def make(name: str, seed: int = 0, n_embd: int = C, n_head: int = NH, **options)
     backend = build_attention(cfg, 0).double()
     cos, sin = build_rope_cache(T, cfg.head_size)
     return backend, AttentionContext(cos=cos.double(), sin=sin.double())
-
-
-VARIANTS = [
-    ("coupled", {}),
-    ("coupled", {"integrator": "euler", "rope_order": "post", "dt_scope": "head", "steps": 3}),
-    ("coupled", {"gradient_field": True, "qk_norm": True, "steps": 2, "share_dynamics": "layer"}),
-    ("coupled", {"dt_param": "exp", "hidden": 5}),
-    ("uncoupled_mlp", {}),
-    ("uncoupled_mlp", {"steps": 3, "dt_scope": "head", "rope_order": "post", "qk_norm": True, "hidden": 7}),
-]
-
-
-@pytest.mark.parametrize("name,options", VARIANTS)
-def test_sdpa_equals_math_forward_and_gradients_fp64(name, options):
-    a, ctx = make(name, impl="sdpa", **options)
-    b, _ = make(name, impl="math", **options)
-    b.load_state_dict(a.state_dict())
-    x = torch.randn(2, T, C, dtype=torch.float64)
-    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-    ya, yb = a(xa, ctx), b(xb, ctx)
-    assert rel_err(ya, yb) < 1e-10
-    g = torch.randn_like(ya)
-    ya.backward(g)
-    yb.backward(g)
-    assert rel_err(xa.grad, xb.grad) < 1e-10
-    for (n, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
-        assert pa.grad is not None and torch.isfinite(pa.grad).all(), n
-        assert rel_err(pa.grad, pb.grad) < 1e-10, n
-
-
-@pytest.mark.parametrize("name,options", VARIANTS)
-def test_causal(name, options):
-    a, ctx = make(name, **options)
-    x = torch.randn(2, T, C, dtype=torch.float64)
-    y = a(x, ctx)
-    x2 = x.clone()
-    x2[:, 7:] += torch.randn_like(x2[:, 7:])
-    y2 = a(x2, ctx)
-    torch.testing.assert_close(y2[:, :7], y[:, :7], rtol=0, atol=1e-12)
-    assert not torch.allclose(y2[:, 7:], y[:, 7:])
 
 
 def _standard_extras() -> list[dict]:

@@ -1,7 +1,8 @@
 """Shared Q/K/V projections and grouped K/V heads (options of `standard`; arXiv 2606.04032), and QK-norm.
 
-Checks, for every `qkv_sharing` x `n_kv_groups` setting: SDPA == math in fp64 (forward, input and parameter
-gradients), causality, finite forward/backward, tied roles are one parameter, exact equality with a standard MHA
+Checks, for every `qkv_sharing` x `n_kv_groups` setting (SDPA == math in fp64, causality and finiteness are in the
+contract harness, `tests/attention/test_contract.py`, over the settings of `tests/backend_cases.py`): tied roles are one
+parameter, exact equality with a standard MHA
 twin whose weights are the tied/repeated copies (the degenerate cases) including the gradient of every tied matrix,
 hand-counted parameters, the paper's 300M attention totals, KV-cache reductions of the paper's table, analytic
 FLOPs against `torch.utils.flop_counter`, config errors, a short training run on real text and the shipped YAML
@@ -19,6 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from flop_counting import analytic_sdpa_training_flops, counted_sdpa_flops
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -81,51 +83,6 @@ def run_fwd_bwd(attn: nn.Module, x: torch.Tensor, ctx: AttentionContext, g: torc
     y = attn(x, ctx)
     y.backward(g)
     return y.detach(), x.grad, {n: p.grad.clone() for n, p in attn.named_parameters()}
-
-
-# ------------------------------------------------------------------------------------------ paths and causality
-@pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
-@pytest.mark.parametrize("sharing,groups", SETTINGS, ids=IDS)
-def test_sdpa_equals_math_forward_and_backward_fp64(sharing, groups, qk_norm):
-    cfg, fast = make(sharing, groups, impl="sdpa", qk_norm=qk_norm, bias=True)
-    _, ref = make(sharing, groups, impl="math", qk_norm=qk_norm, bias=True, seed=1)
-    ref.load_state_dict(fast.state_dict())
-    x = torch.randn(2, T, C, dtype=torch.float64)
-    g = torch.randn(2, T, C, dtype=torch.float64)
-    ya, gxa, gpa = run_fwd_bwd(fast, x, context(cfg), g)
-    yb, gxb, gpb = run_fwd_bwd(ref, x, context(cfg), g)
-    assert rel(ya, yb) < 1e-10
-    assert rel(gxa, gxb) < 1e-10
-    assert gpa.keys() == gpb.keys()
-    for name in gpa:
-        assert rel(gpa[name], gpb[name]) < 1e-10, name
-
-
-@pytest.mark.parametrize("impl", ["sdpa", "math"])
-@pytest.mark.parametrize("sharing,groups", SETTINGS, ids=IDS)
-def test_causal(sharing, groups, impl):
-    cfg, attn = make(sharing, groups, impl=impl, qk_norm=True)
-    x = torch.randn(2, T, C, dtype=torch.float64)
-    y = attn(x, context(cfg))
-    x2 = x.clone()
-    x2[:, 7:] += torch.randn_like(x2[:, 7:])
-    y2 = attn(x2, context(cfg))
-    torch.testing.assert_close(y2[:, :7], y[:, :7], rtol=0, atol=1e-12)
-    assert (y2[:, 7:] - y[:, 7:]).abs().amin(dim=-1).gt(0).all(), "every later position must change"
-
-
-@pytest.mark.parametrize("sharing,groups", SETTINGS, ids=IDS)
-def test_forward_backward_finite_fp32_and_every_parameter_gets_a_gradient(sharing, groups):
-    cfg, attn = make(sharing, groups, qk_norm=True, bias=True)
-    attn = attn.float()
-    x = torch.randn(2, T, C, requires_grad=True)
-    ctx = AttentionContext(*(t.float() for t in (context(cfg).cos, context(cfg).sin)))
-    y = attn(x, ctx)
-    assert y.shape == (2, T, C) and torch.isfinite(y).all()
-    y.square().mean().backward()
-    assert torch.isfinite(x.grad).all()
-    for name, p in attn.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
 
 
 def test_every_setting_compiles_without_graph_breaks():
@@ -351,13 +308,18 @@ def counted_training_flops(config: ModelConfig, B: int, T_: int) -> int:
 
 @pytest.mark.parametrize("sharing,groups", SETTINGS, ids=IDS)
 def test_analytic_flops_match_flop_counter(sharing, groups):
-    """Math path: every matmul is visible to the counter, so the analytic count is exact. SDPA: within 15%."""
-    for impl, tolerance in (("math", 0.0), ("sdpa", 0.15)):
+    """Math path: every matmul is visible to the counter, so the analytic count is exact. SDPA: exact too once the
+    attention products are replaced by what the counter reports for the same SDPA call on this torch (it may not see
+    the CPU kernel at all, and counts its backward as five products rather than four: `flop_counting`)."""
+    B, T_, nh, hs = 2, 32, 4, 16
+    for impl in ("math", "sdpa"):
         options = dict(impl=impl, qkv_sharing=sharing, n_kv_groups=groups)
-        cfg = ModelConfig(vocab_size=97, n_layer=2, n_embd=64, n_head=4, block_size=32, attention_options=options)
-        analytic = training_flops_per_token(cfg, 32) * 2 * 32
-        measured = counted_training_flops(cfg, 2, 32)
-        assert abs(analytic - measured) <= tolerance * measured, (impl, analytic, measured)
+        cfg = ModelConfig(vocab_size=97, n_layer=2, n_embd=64, n_head=nh, block_size=T_, attention_options=options)
+        analytic = training_flops_per_token(cfg, T_) * B * T_
+        if impl == "sdpa":
+            per_layer = counted_sdpa_flops(B, nh, T_, hs, kv_heads=groups) - analytic_sdpa_training_flops(B, nh, T_, hs)
+            analytic += cfg.n_layer * per_layer
+        assert counted_training_flops(cfg, B, T_) == analytic, impl
 
 
 def test_forward_flops_formula_by_hand():
@@ -421,17 +383,6 @@ def test_qk_norm_normalises_each_head_and_changes_the_output():
     torch.testing.assert_close(q.square().mean(-1), ones, rtol=1e-4, atol=0)  # unit RMS per head (up to eps)
     torch.testing.assert_close(k.square().mean(-1), ones, rtol=1e-4, atol=0)
     assert rel(normed(x, context(cfg)), plain(x, context(cfg))) > 1e-3
-
-
-def test_qk_norm_sdpa_equals_math():
-    cfg, fast = make(qk_norm=True, impl="sdpa")
-    _, ref = make(qk_norm=True, impl="math", seed=1)
-    ref.load_state_dict(fast.state_dict())
-    x, g = torch.randn(2, T, C, dtype=torch.float64), torch.randn(2, T, C, dtype=torch.float64)
-    ya, gxa, gpa = run_fwd_bwd(fast, x, context(cfg), g)
-    yb, gxb, gpb = run_fwd_bwd(ref, x, context(cfg), g)
-    assert rel(ya, yb) < 1e-10 and rel(gxa, gxb) < 1e-10
-    assert all(rel(gpa[n], gpb[n]) < 1e-10 for n in gpa) and "q_norm.weight" in gpa
 
 
 # ------------------------------------------------------------------------------------------ training and YAML

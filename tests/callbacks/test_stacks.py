@@ -11,7 +11,8 @@ import yaml
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
 from lightning_cqk.callbacks import TokenBudget
-from lightning_cqk.cli import CQKCLI, main
+from lightning_cqk.cli import main
+from lightning_cqk.cli.trainer import CQKCLI
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"

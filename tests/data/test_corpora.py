@@ -13,6 +13,7 @@ import pytest
 from lightning_cqk.data import prepare
 from lightning_cqk.data.corpora import CORPORA, resolve_corpus, split_of
 from lightning_cqk.data.sources import iter_documents, iter_unit_documents, plan_work_units
+from lightning_cqk.errors import UnavailableError
 
 WIKI = (
     " = Alpha = \r\n \r\n Alpha is the first letter . \r\n = = History = = \r\n It is old . \r\n"
@@ -114,7 +115,7 @@ def test_unknown_corpus_and_missing_source_name_the_options(tmp_path: Path):
 
 def test_download_needs_datasets_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
-    with pytest.raises(ImportError, match="pip install datasets.*data.source"):
+    with pytest.raises(UnavailableError, match="`datasets` package is not installed.*data.source PATH"):
         resolve_corpus("c4", None, download_dir=tmp_path / "raw")
 
 
@@ -127,6 +128,7 @@ def test_download_writes_the_corpus_format_and_keeps_its_splits(tmp_path: Path, 
         return iter({"text": line} for line in lines)
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    monkeypatch.setattr("lightning_cqk.data.corpora.hub_unreachable", lambda: None)  # no network probe in tests
     resolved = resolve_corpus("wikitext2", None, download_dir=tmp_path / "raw", max_documents=9)
     assert calls[0] == ("Salesforce/wikitext", "wikitext-2-raw-v1", "train", True)
     train = list(iter_documents(resolved.source, documents="wikitext"))
@@ -149,6 +151,7 @@ def test_download_jsonl_corpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         )
     )
     monkeypatch.setitem(sys.modules, "datasets", module)
+    monkeypatch.setattr("lightning_cqk.data.corpora.hub_unreachable", lambda: None)  # no network probe in tests
     resolved = resolve_corpus("pubmed", None, download_dir=tmp_path / "raw")
     assert [json.loads(line)["text"] for line in Path(resolved.source[0]).read_text().splitlines()] == rows["train"]
     assert resolved.held_out == [str(tmp_path / "raw" / "test.jsonl")]

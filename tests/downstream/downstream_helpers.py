@@ -6,7 +6,7 @@ import random
 import sys
 from pathlib import Path
 
-from lightning_cqk.cli import CQKCLI
+from lightning_cqk.cli.trainer import CQKCLI
 
 REPO = Path(__file__).resolve().parents[2]
 

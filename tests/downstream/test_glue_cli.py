@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from lightning_cqk.cli import main
-from lightning_cqk.downstream.cli import names_downstream_model
+from lightning_cqk.cli.glue import names_downstream_model
 from lightning_cqk.downstream.glue_table import load_glue_table, render_side_by_side, side_by_side
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS
 
@@ -166,7 +166,7 @@ def test_make_glue_runs_the_glue_command():
 
 
 def test_test_stage_logs_under_test(lm_checkpoint: Path, glue_dir: Path, tmp_path: Path):
-    from lightning_cqk.downstream.cli import GlueCLI
+    from lightning_cqk.cli.glue import GlueCLI
 
     cli = GlueCLI(
         args=[

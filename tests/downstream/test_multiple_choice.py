@@ -20,7 +20,7 @@ from lightning_cqk.downstream.multiple_choice import (
     evaluate_mc,
     load_mc_jsonl,
 )
-from lightning_cqk.downstream.pretrained import load_pretrained
+from lightning_cqk.inference.pretrained import load_pretrained
 
 
 def _reference_logprob(model, tokenizer, prompt: str, continuation: str, block_size: int) -> float:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_cqk.downstream.classifier import GlueClassifier
-from lightning_cqk.downstream.pretrained import load_pretrained
+from lightning_cqk.inference.pretrained import load_pretrained
 from lightning_cqk.module import LitLM
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from decode_cases import Case, build_model
+from backend_cases import Case, build_model
 
 from lightning_cqk.attention.cache import LayerCache
 

@@ -1,15 +1,15 @@
-"""Decoding with a cache equals the full forward, for every backend and option set in `decode_cases.CASES`.
+"""Decoding with a cache, for every backend and option set in `backend_cases.CASES`, beyond the contract harness.
 
-In fp64: token by token from an empty cache, and prefill (1 token, several, chunked) then decode, give the full
-forward's logits to 1e-10; left-padded batches of prompts of different lengths give every row the logits it gets
-alone; the measured cache bytes per token equal `kv_cache_values_per_token` x the element size.
+Token by token and prefill-then-decode parity with the full forward is part of the contract harness
+(`tests/attention/test_contract.py`). Here, in fp64: left-padded batches of prompts of different lengths give every row
+the logits it gets alone; the measured cache bytes per token equal `kv_cache_values_per_token` x the element size.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from decode_cases import Case, build_model, case_params
+from backend_cases import Case, build_model, case_params
 
 TOL = 1e-10
 T = 10  # tokens per row (<= the test model's block_size 16)
@@ -20,39 +20,7 @@ def _tokens(model, B: int, n: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, model.config.vocab_size, (B, n), generator=g)  # (B, n)
 
 
-def _decode(model, idx: torch.Tensor, chunks: list[int], max_len: int | None = None) -> torch.Tensor:
-    """Logits of idx (B, T) fed through one cache in `chunks` (sizes summing to T), concatenated: (B, T, V)."""
-    assert sum(chunks) == idx.size(1)
-    cache = model.new_cache(idx.size(0), max_len or idx.size(1))
-    outs, start = [], 0
-    for n in chunks:
-        outs.append(model(idx[:, start : start + n], cache=cache))  # (B, n, V)
-        start += n
-    assert cache.length == idx.size(1)
-    return torch.cat(outs, dim=1)  # (B, T, V)
-
-
-@pytest.mark.parametrize("case", case_params())
-def test_decode_equals_full_forward(case: Case) -> None:
-    """Token by token from an empty cache, and prefill of 1 / several / chunked then one token at a time."""
-    model = build_model(case)
-    idx = _tokens(model, 2, T)  # (2, T)
-    with torch.no_grad():
-        full = model(idx)  # (2, T, V)
-        schedules = {
-            "token-by-token": [1] * T,
-            "prefill-1": [1] + [1] * (T - 1),
-            "prefill-6": [6] + [1] * (T - 6),
-            "chunked": [3, 4, 1, 2],
-            "one-shot": [T],
-        }
-        for label, chunks in schedules.items():
-            got = _decode(model, idx, chunks, max_len=T + 2)
-            err = (got - full).abs().max().item()
-            assert err < TOL, f"{label}: max |decoded - full| = {err:.3e}"
-
-
-@pytest.mark.parametrize("case", case_params())
+@pytest.mark.parametrize("case", case_params(decode=True))
 def test_left_padded_batch_equals_rows_alone(case: Case) -> None:
     """Prompts of lengths 7, 3, 5 left-padded into one batch, prefilled with a mask, then 3 decode steps: every
     row's logits equal its own unpadded full forward (positions count real tokens only)."""
@@ -80,7 +48,7 @@ def test_left_padded_batch_equals_rows_alone(case: Case) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("case", case_params())
+@pytest.mark.parametrize("case", case_params(decode=True))
 def test_measured_cache_bytes_equal_analytic_count(case: Case, dtype: torch.dtype) -> None:
     """Bytes per cached token (summed over layers) == sum of `kv_cache_values_per_token` x element size."""
     model = build_model(case, dtype=dtype)
@@ -92,7 +60,7 @@ def test_measured_cache_bytes_equal_analytic_count(case: Case, dtype: torch.dtyp
     assert cache.nbytes_per_token() == analytic * element
 
 
-@pytest.mark.parametrize("case", case_params())
+@pytest.mark.parametrize("case", case_params(decode=True))
 def test_cache_narrower_than_the_model(case: Case) -> None:
     """An fp32 model decodes against a bf16 cache (`new_cache(dtype=...)`): half the bytes, logits within bf16
     rounding of the full forward (the cached values are rounded, nothing else changes)."""

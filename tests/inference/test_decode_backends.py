@@ -1,6 +1,6 @@
 """Decoding with the paper's cache for mla, the deconstructed variants (arXiv 2510.11602) and hybrids (issue 16).
 
-Their option sets are in `decode_cases.CASES`, so `test_decode.py` checks them like every backend (fp64 parity to
+Their option sets are in `backend_cases.CASES`, so `test_decode.py` checks them like every backend (fp64 parity to
 1e-10 token by token, chunked and left-padded; measured bytes = the analytic count; a narrower cache). Here, for
 these backends: a left-padded prefill followed by a multi-token block (recurrent states and fixed-stream keys at
 per-row positions); MLA caches only the latent and never up-projects a cached token (absorbed form); recurrent states
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from decode_cases import CASES, Case, build_model, case_params
+from backend_cases import CASES, Case, build_model, case_params
 
 from lightning_cqk.attention.deconstructed_mixing import recurrent_state_values
 
 #: The backends whose decode paths live in mla.py, deconstructed_mixing.py and deconstructed_qk.py.
 MINE = {"mla", "mlp", "approximate", "non_approximate", "static_emb_qk", "rnd_emb_qk", "fixed_seq_qk"}
 MY_CASES = [case for case in CASES if case.backend in MINE]
-C, NH, LAYERS, VOCAB = 32, 4, 2, 61  # decode_cases.BASE_CONFIG
+C, NH, LAYERS, VOCAB = 32, 4, 2, 61  # backend_cases.BASE_CONFIG
 
 
 def build(attention: str, options: dict | None = None, config: dict | None = None):
@@ -30,7 +30,7 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     assert err < 1e-10, f"{what}: max |decoded - full| = {err:.3e}"
 
 
-@pytest.mark.parametrize("case", case_params(MY_CASES))
+@pytest.mark.parametrize("case", case_params(MY_CASES, decode=True))
 @torch.no_grad()
 def test_left_padded_prefill_then_chunk_then_tokens(case):
     """Rows of 3, 7 and 5 prompt tokens, left-padded to 7; then a 3-token chunk and 2 single tokens per row (a

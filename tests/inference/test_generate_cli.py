@@ -58,7 +58,7 @@ def test_streams_the_greedy_continuation_of_generate(checkpoint, monkeypatch):
     generate_command(
         ["--checkpoint", str(checkpoint), "--prompt", "ab", "--max_new_tokens", "12", "--temperature", "0"]
     )
-    from lightning_cqk.downstream.pretrained import load_pretrained
+    from lightning_cqk.inference.pretrained import load_pretrained
 
     model = load_pretrained(checkpoint).model
     tok = get_tokenizer("bytes")
@@ -97,7 +97,7 @@ def test_missing_and_invalid_checkpoints_are_clear_errors(tmp_path):
         generate_command(["--checkpoint", str(tmp_path / "nope.ckpt"), "--prompt", "a"])
     garbage = tmp_path / "garbage.ckpt"
     garbage.write_bytes(b"not a checkpoint at all")
-    with pytest.raises(SystemExit, match="cannot read .*garbage.ckpt"):
+    with pytest.raises(SystemExit, match="garbage.ckpt cannot be loaded: it is not a checkpoint"):
         generate_command(["--checkpoint", str(garbage), "--prompt", "a"])
     other = tmp_path / "other.ckpt"
     torch.save({"weights": torch.zeros(2)}, other)

@@ -10,10 +10,10 @@ import lightning
 import pytest
 import torch
 
+from lightning_cqk.cli.trainer import CQKCLI
 from lightning_cqk.config import ModelConfig, upgrade_config_dict, upgrade_run_config
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.module import LitLM, check_checkpoint_config
-from lightning_cqk.trainer_cli import CQKCLI
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
 SMALL = dict(preset="tiny", n_layer=1, n_head=2, n_embd=32, mlp_hidden=64, block_size=32, vocab_size=257)

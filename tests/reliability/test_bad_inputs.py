@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from lightning_cqk.callbacks import TokenBudget
-from lightning_cqk.cli import CQKCLI, main
+from lightning_cqk.cli import main
+from lightning_cqk.cli.trainer import CQKCLI
 from lightning_cqk.config import ModelConfig
 from lightning_cqk.data import TokenDataModule, prepare
 from lightning_cqk.module import LitLM

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_cqk.callbacks import AtomicCheckpointIO, CorruptCheckpointError, RunCheckpoint
-from lightning_cqk.callbacks.checkpoint import checkpoint_problem
+from lightning_cqk.callbacks import AtomicCheckpointIO, RunCheckpoint
+from lightning_cqk.checkpoint_files import CorruptCheckpointError, checkpoint_problem
 
 
 def ckpt_trainer(make_trainer, callback: RunCheckpoint, max_steps: int, **kwargs) -> L.Trainer:

@@ -24,9 +24,10 @@ import pytest
 import tiktoken
 import torch
 
-from lightning_cqk.callbacks import AtomicCheckpointIO, CorruptCheckpointError
-from lightning_cqk.callbacks.checkpoint import checkpoint_problem
-from lightning_cqk.cli import CQKCLI, main
+from lightning_cqk.callbacks import AtomicCheckpointIO
+from lightning_cqk.checkpoint_files import CorruptCheckpointError, checkpoint_problem
+from lightning_cqk.cli import main
+from lightning_cqk.cli.trainer import CQKCLI
 from lightning_cqk.config import ModelConfig
 from lightning_cqk.data import Manifest, TokenDataModule, prepare
 from lightning_cqk.data import tokenizers as tokenizers_module
@@ -268,7 +269,7 @@ def test_negative_gradient_clip_is_refused_and_a_long_warmup_warned(tmp_path):
     with pytest.raises(ValueError, match=r"trainer\.gradient_clip_val=-0\.5"):
         L.Trainer(max_steps=2, gradient_clip_val=-0.5, **kw).fit(module, data)
     assert module.global_step == 0
-    with pytest.warns(UserWarning, match=r"warmup_steps=5 is longer than the schedule's 2 steps"):
+    with pytest.warns(UserWarning, match=r"warmup_steps=5 is at least the schedule's 2 steps"):
         L.Trainer(max_steps=2, **kw).fit(module, data)
     with pytest.raises(ValueError, match=r"optim\.weight_decay=-1\.0 is not allowed"):
         main(["fit", *cli_args(tmp_path, tmp_path / "runs", "--data.source=null"), "--model.optim.weight_decay=-1"])

@@ -125,12 +125,14 @@ def test_resume_applies_a_changed_lr_refuses_a_changed_model_and_records_only_wh
     assert groups[0]["lr"] == pytest.approx(lr * warmup_cosine(6, 2, 6, 0.1))
     # Every attempt's configuration is kept; the record says what changed and from where it resumed.
     assert (run_dir / "config.yaml").read_bytes() == config
-    resume_cfg = yaml.safe_load((run_dir / "config.resume-1.yaml").read_text())
+    # (The pasted resume of the finished run trained no step: an attempt too, issue 25 class 3: config.resume-1.)
+    resume_cfg = yaml.safe_load((run_dir / "config.resume-2.yaml").read_text())
     assert resume_cfg["model"]["optim"]["lr"] == lr and resume_cfg["trainer"]["max_steps"] == 6
     attempts = json.loads((run_dir / "run.json").read_text())["attempts"]
-    assert [a["status"] for a in attempts] == ["finished", "finished"]
-    assert attempts[1]["from_step"] == 2 and attempts[1]["changed"]["model.optim.lr"] == [0.002, lr]
-    assert attempts[1]["ckpt_path"].endswith("step=00000002.ckpt")
+    assert [a["status"] for a in attempts] == ["finished", "finished", "finished"]
+    assert attempts[1]["trained_no_step"] is True and attempts[1]["config"] == "config.resume-1.yaml"
+    assert attempts[2]["from_step"] == 2 and attempts[2]["changed"]["model.optim.lr"] == [0.002, lr]
+    assert attempts[2]["ckpt_path"].endswith("step=00000002.ckpt")
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, seconds: float = 120) -> None:

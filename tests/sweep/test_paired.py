@@ -3,13 +3,14 @@ start from the same values for every parameter they have in common; another seed
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 import torch
 
-from lightning_cqk.cli import CQKCLI
+from lightning_cqk.cli.trainer import CQKCLI
 from lightning_cqk.sweep.spec import expand
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _instantiate(run, sweep_dir: Path, corpus: Path, shards: Path):
     """The run's own `lightning_cqk fit` arguments (shrunk data), instantiated in-process as the CLI does."""
+    run = dataclasses.replace(run, overrides={**run.overrides, "model.optim.lr": 0.002})  # the grid's choice
     args = run.cli_args(sweep_dir) + [
         f"--data.source={corpus}",
         f"--data.data_dir={shards}",

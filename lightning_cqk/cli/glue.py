@@ -20,18 +20,12 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lightning_cqk.errors import ConfigError
-from lightning_cqk.run_dir import RunDirectory, is_husk, is_rank_zero_process, next_free_name
+from lightning_cqk.checkpoint_files import check_checkpoint
+from lightning_cqk.errors import ConfigError, MissingInputError
+from lightning_cqk.launch import is_rank_zero_launch
+from lightning_cqk.run_dir import RunDirectory, checkpoint_run_name, is_husk, next_free_name
 
 DOWNSTREAM_PREFIX = "lightning_cqk.downstream"
-
-
-def checkpoint_run_name(checkpoint: str | Path) -> str:
-    """A short name for a checkpoint: its run directory's name (``.../<run>/checkpoints/x.ckpt``) or the file stem."""
-    path = Path(checkpoint)
-    if path.parent.name == "checkpoints" and path.parent.parent.name:
-        return path.parent.parent.name
-    return path.stem
 
 
 class GlueCLI(LightningCLI):
@@ -67,19 +61,26 @@ class GlueCLI(LightningCLI):
         parser.link_arguments("data.init_args.task", "model.init_args.task", apply_on="parse")
 
     def before_instantiate_classes(self) -> None:
-        from lightning_cqk.cli import _auto_precision, _is_tensorboard
+        from lightning_cqk.cli.trainer import auto_precision, is_tensorboard
 
         config = self.config[self.subcommand] if self.subcommand else self.config
         trainer = config.trainer
         if trainer.get("precision") is None:
-            trainer.precision = _auto_precision(trainer.get("accelerator"))
+            trainer.precision = auto_precision(trainer.get("accelerator"))
         checkpoint = config.model.init_args.get("checkpoint")
         if not checkpoint:
             raise ConfigError(
                 "Give the pretrained LM checkpoint: --model.checkpoint runs/<experiment>/<run>/checkpoints/last.ckpt"
             )
+        if not Path(checkpoint).is_file():
+            raise MissingInputError(
+                f"--model.checkpoint {checkpoint} does not exist. Give a .ckpt written by `lightning_cqk fit`, e.g. "
+                "runs/<experiment>/<run>/checkpoints/last.ckpt."
+            )
+        # Refused here, by name: inside the model's constructor jsonargparse would bury the message in its own.
+        check_checkpoint(checkpoint)
         logger = trainer.get("logger")
-        if not _is_tensorboard(logger):
+        if not is_tensorboard(logger):
             return
         args = logger.init_args
         root = Path(args.get("save_dir") or "runs") / str(args.get("name") or "glue")
@@ -91,13 +92,18 @@ class GlueCLI(LightningCLI):
                 f"{root / args.version} already holds a run; a new fine-tuning run must not write into it. Choose "
                 "another --trainer.logger.init_args.version, or leave it unset for a fresh name."
             )
-        if self.subcommand == "fit" and is_rank_zero_process():
+        if self.subcommand == "fit" and is_rank_zero_launch():
             self.run_directory = RunDirectory.claim(root / args.version)  # one live process per run directory
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
+        from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+        from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO
         from lightning_cqk.callbacks.progress import use_line_progress
 
         trainer = super().instantiate_trainer(**kwargs)
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # atomic saves; weights_only, clear errors
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         sub = self.subcommand
         use_line_progress(trainer, (self.config[sub] if sub else self.config).trainer.get("callbacks"))
         return trainer

@@ -7,6 +7,10 @@ A checkpoint written by ``lightning_cqk fit`` carries what is needed to rebuild 
 * ``datamodule_hyper_parameters``: the data module's arguments, among them ``tokenizer``, ``bpe_file`` and
   ``data_dir``; the shards' ``manifest.json`` there (when it is still readable) records the vocabulary fingerprint.
 
+Every command that reads a trained model (`generate`, `eval`, `glue`, `mc-eval`, downstream `--model.checkpoint`)
+loads it here, through `lightning_cqk.checkpoint_files.load_checkpoint`: `torch.load(weights_only=True)`, so a file
+from elsewhere cannot run code while it loads (docs/reliability.md, "Checkpoints from elsewhere").
+
 The tokenizer used downstream must be the one the model was trained with: a different tokenizer name, a vocabulary
 size that differs from the model's embedding, or a vocabulary whose fingerprint differs from the one in the training
 data's manifest is refused with an error saying which and how to fix it.
@@ -18,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from lightning_cqk.checkpoint_files import load_checkpoint
 from lightning_cqk.config import ModelConfig, upgrade_config_dict
 from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.tokenizers import Tokenizer, get_tokenizer, vocab_size_of
+from lightning_cqk.errors import ConfigError, MissingInputError
 from lightning_cqk.model import GPT
 
 
@@ -48,21 +52,21 @@ class Pretrained:
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint's dict (on the CPU), with a clear error when it is missing or not a `LitLM` checkpoint."""
+    """The checkpoint's dict (on the CPU), with a clear error when it is missing, truncated, corrupt, untrusted or not
+    a `LitLM` checkpoint (read by `checkpoint_files.load_checkpoint`: weights_only=True, zip CRCs checked)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"Checkpoint {path} does not exist. Give a .ckpt written by `lightning_cqk fit`, e.g. "
             "runs/<experiment>/<run>/checkpoints/last.ckpt."
         )
-    # Lightning checkpoints hold plain containers (LitLM stores its hyper-parameters as dicts), but callbacks may add
-    # other objects; they are our own files, so the full unpickler is used.
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    checkpoint = load_checkpoint(path)
     hparams = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
     if not isinstance(hparams, dict) or not isinstance(hparams.get("config"), dict) or "state_dict" not in checkpoint:
-        raise ValueError(
+        raise ConfigError(
             f"{path} is not a lightning_cqk language-model checkpoint (no hyper_parameters.config / state_dict); "
-            "downstream tasks start from a LitLM checkpoint written by `lightning_cqk fit`."
+            "generate, eval, glue, mc-eval and downstream fine-tuning start from a LitLM checkpoint written by "
+            "`lightning_cqk fit`."
         )
     return checkpoint
 
@@ -81,7 +85,8 @@ def load_pretrained(
         check_fingerprint: compare the tokenizer's vocabulary with the training data's manifest when it is readable.
 
     Raises:
-        ValueError: a tokenizer that is not the training one, or whose vocabulary size is not the model's.
+        ConfigError (a ValueError): a tokenizer that is not the training one, or whose vocabulary size is not the
+            model's.
     """
     path = Path(path)
     checkpoint = read_checkpoint(path)
@@ -89,19 +94,19 @@ def load_pretrained(
     data_hparams = checkpoint.get("datamodule_hyper_parameters") or {}
     recorded = data_hparams.get("tokenizer")
     if tokenizer is not None and recorded is not None and tokenizer != recorded:
-        raise ValueError(
+        raise ConfigError(
             f"{path} was trained with the {recorded!r} tokenizer, but tokenizer={tokenizer!r} was asked for: token ids "
             f"would mean different text. Leave the tokenizer unset (read from the checkpoint) or use {recorded!r}."
         )
     name = tokenizer or recorded
     if name is None:
-        raise ValueError(
+        raise ConfigError(
             f"{path} does not record its tokenizer (no datamodule_hyper_parameters.tokenizer: it was not trained "
             "through `lightning_cqk fit`). Name it: --model.tokenizer bytes|gpt2 (`lightning_cqk fit` with a GLUE "
             "config), or `lightning_cqk mc-eval ... --tokenizer bytes|gpt2`."
         )
     if vocab_size_of(name) != config.vocab_size:
-        raise ValueError(
+        raise ConfigError(
             f"Tokenizer {name!r} has {vocab_size_of(name):,} ids but the model in {path} has a vocabulary of "
             f"{config.vocab_size:,} (model.config.vocab_size): it was trained with another tokenizer. Use the "
             "tokenizer the checkpoint was trained with."
@@ -115,7 +120,7 @@ def load_pretrained(
     if check_fingerprint and isinstance(data_dir, str) and "://" not in data_dir and Manifest.exists(data_dir):
         manifest = Manifest.load(data_dir)
         if manifest.tokenizer_fingerprint != tok.fingerprint:
-            raise ValueError(
+            raise ConfigError(
                 f"The {name!r} vocabulary loaded here (fingerprint {tok.fingerprint[:12]}) is not the one {path} was "
                 f"trained with ({manifest.tokenizer_fingerprint[:12]}, {data_dir}/manifest.json). Give the training "
                 "vocabulary file (bpe_file / $LIGHTNING_CQK_GPT2_BPE)."

@@ -26,59 +26,56 @@ change (and applies a changed learning rate or schedule), locks the directory (`
 anything, and records each attempt (`run.json`; `config.yaml`, then `config.resume-<n>.yaml` per resume) once
 training has started. SIGTERM and a first Ctrl-C save a checkpoint and print the command that resumes.
 `validate/test/predict` save their configuration as `config.<subcommand>.yaml`. `fit` also installs
-`AtomicCheckpointIO` (atomic, verified checkpoints), and unknown config keys get a did-you-mean (`cli_hints.py`).
+`AtomicCheckpointIO` (atomic, verified checkpoints), and unknown config keys get a did-you-mean (`cli/hints.py`).
 
 Budgets: a `budget:` group (top-level key, `lightning_cqk.callbacks.TokenBudget`) is always present and does nothing
 unless set: `--budget.tokens 2e6`, `--budget.flops 1e15`, `--budget.wallclock 600`, or
 `--budget.match_to runs/<experiment>/<run> --budget.ratio 2.4 [--budget.match_on tokens]`. Every run writes
 `budget.json` (tokens, flops, wallclock, steps) into its run directory.
 
-Errors (`cli_errors.py`): a user error (`lightning_cqk.errors.UserError`, a refused resume, a run directory in use)
+Errors (`cli/errors.py`): a user error (`lightning_cqk.errors.UserError`, a refused resume, a run directory in use)
 prints as `lightning_cqk <command>: <message>` and exits 1; its traceback goes to ~/.cache/lightning_cqk/last-error.log
 (`--debug` or LIGHTNING_CQK_DEBUG=1 prints it). Any other exception keeps its traceback. Warnings that repeat on every
-run and that nobody can act on are hidden by message (`warning_filters.py`, the one list).
+run and that nobody can act on are hidden by message (`cli/warnings.py`, the one list).
 
 This module imports neither torch nor Lightning: `--help`, `attention`, `sweep` and `report` answer at once, and the
-trainer subcommands import `trainer_cli.py` (CQKCLI) when they run.
+trainer subcommands import `cli/trainer.py` (CQKCLI) when they run.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
-from lightning_cqk.cli_errors import pop_debug, user_errors_reported
+from lightning_cqk.cli.errors import pop_debug, user_errors_reported
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata would otherwise ping PyPI (offline runs)
 
 TRAINER_COMMANDS = ("fit", "validate", "test", "predict")
 _TORCH_COMMANDS = (*TRAINER_COMMANDS, "mc-eval", "glue")  # in-process model math: fp32 matmuls may use TF32 ("high")
-_TRAINER_CLI_NAMES = (  # `from lightning_cqk.cli import CQKCLI` keeps working (imported on first use)
-    "CQKCLI",
-    "_auto_precision",
-    "_is_tensorboard",
-    "_owning_run_dir",
-    "_model_size",
-    "_run_name",
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _TRAINER_CLI_NAMES:
-        from lightning_cqk import trainer_cli
-
-        return getattr(trainer_cli, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------------------------------ extra commands
 def _prepare_command(argv: list[str]) -> None:
+    import functools
+    import inspect
+
     from jsonargparse import CLI
 
     from lightning_cqk.data import prepare
 
-    CLI(prepare, args=argv, prog="lightning_cqk prepare", as_positional=False)
+    # jsonargparse makes a parameter without a default required, so `source` (None: download the named corpus)
+    # could not be left out: the command sees every parameter as keyword-only, `source` defaulting to None.
+    @functools.wraps(prepare)
+    def command(**kwargs):
+        return prepare(**kwargs)
+
+    params = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY, **({"default": None} if p.name == "source" else {}))
+        for p in inspect.signature(prepare).parameters.values()
+    ]
+    command.__signature__ = inspect.signature(prepare).replace(parameters=params)
+    CLI(command, args=argv, prog="lightning_cqk prepare", as_positional=False)
 
 
 def _attention_command(argv: list[str]) -> None:
@@ -100,13 +97,13 @@ def _report_command(argv: list[str]) -> None:
 
 
 def _glue_command(argv: list[str]) -> None:
-    from lightning_cqk.downstream.run_glue import glue_command
+    from lightning_cqk.cli.glue_command import glue_command
 
     glue_command(argv)
 
 
 def _glue_table_command(argv: list[str]) -> None:
-    from lightning_cqk.downstream.run_glue import glue_table_command
+    from lightning_cqk.cli.glue_command import glue_table_command
 
     glue_table_command(argv)
 
@@ -171,7 +168,7 @@ prints alone; --debug (or LIGHTNING_CQK_DEBUG=1) prints its traceback too.
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (`lightning_cqk` and `python -m lightning_cqk`).
 
-    From the shell, a user error prints alone and exits 1 (`cli_errors.py`); from Python (`main([...])`) every
+    From the shell, a user error prints alone and exits 1 (`cli/errors.py`); from Python (`main([...])`) every
     exception propagates.
     """
     from_command_line = argv is None
@@ -189,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _dispatch(argv: list[str], from_command_line: bool) -> None:
     if from_command_line:
-        from lightning_cqk import warning_filters
+        from lightning_cqk.cli import warnings as warning_filters
 
         warning_filters.install()
     if argv[0] in _TORCH_COMMANDS:
@@ -205,11 +202,14 @@ def _dispatch(argv: list[str], from_command_line: bool) -> None:
         argv = resolve_config_args(argv)
     except ConfigNotFound as err:
         sys.exit(f"lightning_cqk {argv[0]}: {err}")
+    from lightning_cqk.strict_yaml import check_config_args
+
+    check_config_args(argv)  # a key given twice in a --config file is refused, naming the line (strict_yaml.py)
     if from_command_line:
         sys.argv[1:] = argv
     # From the shell, LightningCLI reads sys.argv itself (passing it again as `args` makes it warn).
-    from lightning_cqk.downstream.cli import GlueCLI, names_downstream_model
-    from lightning_cqk.trainer_cli import CQKCLI
+    from lightning_cqk.cli.glue import GlueCLI, names_downstream_model
+    from lightning_cqk.cli.trainer import CQKCLI
 
     cli_class = GlueCLI if names_downstream_model(argv) else CQKCLI
     cli_class(args=None if from_command_line else argv)

@@ -24,10 +24,13 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
 
 from lightning_cqk.callbacks import RunSummary, TokenBudget  # noqa: E402
 from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO  # noqa: E402
+from lightning_cqk.callbacks.data_guard import DataFolderGuard  # noqa: E402
 from lightning_cqk.callbacks.progress import use_line_progress  # noqa: E402
 from lightning_cqk.callbacks.run_session import RunSession  # noqa: E402
-from lightning_cqk.cli_presets import PresetArgumentParser, unset_shape_defaults  # noqa: E402
+from lightning_cqk.checkpoint_files import CorruptCheckpointError, load_checkpoint  # noqa: E402
+from lightning_cqk.cli.presets import PresetArgumentParser, unset_shape_defaults  # noqa: E402
 from lightning_cqk.config import size_label, upgrade_config_dict, upgrade_run_config  # noqa: E402
+from lightning_cqk.launch import detect_launch, publish_failure, publish_plan, receive_plan  # noqa: E402
 from lightning_cqk.module import LitLM  # noqa: E402
 from lightning_cqk.run_dir import (  # noqa: E402
     FAILED,
@@ -37,14 +40,16 @@ from lightning_cqk.run_dir import (  # noqa: E402
     FitPlan,
     ResumeRefused,
     RunDirectory,
-    _command,
     base_run_name,
     changed_settings,
+    check_run_name_part,
+    checkpoint_run,
     classify_changes,
+    command_line,
     describe_changes,
-    is_rank_zero_process,
     next_free_name,
     numbered_dirs,
+    policy_table,
     resolve_fit,
     resumable_checkpoint,
 )
@@ -93,9 +98,16 @@ class CQKCLI(LightningCLI):
             "resume it (when the settings are unchanged; else refuse with the exact commands), new (a new run "
             "beside it) or refuse (docs/reliability.md).",
         )
+        parser.add_argument(
+            "--memory_check",
+            type=str,
+            default="refuse",
+            help="fit: refuse (default), warn about, or not check (off) a configuration whose analytic memory "
+            "estimate exceeds the memory of its device, before anything is prepared (lightning_cqk/memory_check.py).",
+        )
         # Always present, a no-op unless a budget is set: `--budget.tokens 1e6`, `--budget.match_to <run dir>`.
         parser.add_lightning_class_args(TokenBudget, "budget")
-        parser.set_defaults(unset_shape_defaults())  # shape fields left unset come from the preset (cli_presets.py)
+        parser.set_defaults(unset_shape_defaults())  # shape fields left unset come from the preset (cli/presets.py)
         _count_or_fraction_first_int(parser)
         parser.link_arguments("data.init_args.seq_len", "model.config.block_size", apply_on="parse")
         parser.link_arguments("data", "model.config.vocab_size", compute_fn=_vocab_size_of, apply_on="instantiate")
@@ -106,19 +118,29 @@ class CQKCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         sub = self.subcommand
         config = self.config[sub] if sub else self.config
+        attention_name = config.get("model.config.attention")
+        if isinstance(attention_name, str):  # a recipe's name (gqa) gets a pointer to its config file
+            from lightning_cqk.backends_doc import check_backend_name
+
+            check_backend_name(attention_name)
         logger = config.trainer.get("logger")
         ckpt = config.get("ckpt_path")
-        if sub == "fit" and _is_tensorboard(logger):
+        if is_tensorboard(logger):  # before anything is created: a run directory never leaves save_dir
+            check_run_name_part(logger.init_args.get("name"), "--trainer.logger.init_args.name")
+            check_run_name_part(logger.init_args.get("version"), "--trainer.logger.init_args.version")
+        if sub == "fit" and is_tensorboard(logger):
             self._plan_fit()  # ResumeRefused / RunDirectoryInUse: `main` prints them without a traceback
         elif sub is not None and ckpt and Path(ckpt).is_file():
             self._merge_checkpoint_hparams(ckpt)
         config = self.config[sub] if sub else self.config
         trainer = config.trainer
+        if sub == "fit" and is_tensorboard(trainer.get("logger")):  # no epoch chart, the curves to read first
+            trainer.logger.class_path = "lightning_cqk.callbacks.tensorboard.TensorBoardLogger"
         if trainer.get("precision") is None:
-            trainer.precision = _auto_precision(trainer.get("accelerator"))
+            trainer.precision = auto_precision(trainer.get("accelerator"))
         logger = trainer.get("logger")
-        if _is_tensorboard(logger) and logger.init_args.get("version") is None:  # validate / test / predict
-            owner = _owning_run_dir(config.get("ckpt_path"))
+        if is_tensorboard(logger) and logger.init_args.get("version") is None:  # validate / test / predict
+            owner = checkpoint_run(config.get("ckpt_path"))
             if owner is not None:  # evaluate beside the training curves of the run the checkpoint belongs to
                 args = logger.init_args
                 args.save_dir, args.name, args.version = str(owner.parent.parent), owner.parent.name, owner.name
@@ -131,15 +153,30 @@ class CQKCLI(LightningCLI):
         config = self.config.fit
         args = config.trainer.logger.init_args
         root = Path(args.get("save_dir") or "runs") / str(args.get("name") or "default")
+        launch = detect_launch()
+        if not launch.is_zero:  # rank zero alone plans, checks and locks; the others take its plan (launch.py)
+            return self._follow_plan(receive_plan(launch, root, log=lambda m: print(m, file=sys.stderr, flush=True)))
+        try:
+            apply_optimizer = self._make_plan(root)
+        except BaseException as err:
+            publish_failure(launch, root, f"{type(err).__name__}: {err}")  # the other ranks stop with this message
+            raise
+        plan = self.run_plan
+        publish_plan(
+            launch,
+            root,
+            {"run_dir": str(plan.run_dir), "ckpt_path": plan.ckpt_path, "apply_optimizer": apply_optimizer},
+        )
+
+    def _make_plan(self, root: Path) -> bool:
+        """Rank zero: resolve, check and lock the run; returns whether the resume changes the optimizer settings."""
+        config = self.config.fit
+        args = config.trainer.logger.init_args
         model_cfg = config.model.config
         base = base_run_name(model_cfg.attention, _model_size(model_cfg), config.seed_everything)
-        if not is_rank_zero_process() and os.environ.get(_RUN_ENV):  # rank zero decided before launching us
-            run_dir, ckpt = Path(os.environ[_RUN_ENV]), os.environ.get(_CKPT_ENV) or None
-            self.run_plan = FitPlan(run_dir, ckpt, ckpt is not None)
-        else:
-            self.run_plan = resolve_fit(
-                root, base, args.get("version"), config.get("ckpt_path"), config.get("on_unfinished"), self._argv
-            )
+        self.run_plan = resolve_fit(
+            root, base, args.get("version"), config.get("ckpt_path"), config.get("on_unfinished"), self._argv
+        )
         plan = self.run_plan
         changes: dict[str, tuple[Any, Any]] = {}
         if plan.ckpt_path is not None:
@@ -153,7 +190,7 @@ class CQKCLI(LightningCLI):
         )
         config.ckpt_path = plan.ckpt_path
         if config.trainer.get("precision") is None:
-            config.trainer.precision = _auto_precision(config.trainer.get("accelerator"))
+            config.trainer.precision = auto_precision(config.trainer.get("accelerator"))
         parser = self._parser("fit")
         config_text = parser.dump(config, skip_none=False)
         previous = plan.previous_config
@@ -167,24 +204,42 @@ class CQKCLI(LightningCLI):
             raise ResumeRefused(
                 f"{plan.run_dir} is an unfinished run of this name, and this command changes its settings "
                 f"({describe_changes(allowed)}). To continue it with these changes: "
-                f"{_command(self._argv, drop=('--ckpt_path', '--on_unfinished'), add=('--ckpt_path', 'last'))}\n"
+                f"{command_line(self._argv, drop=('--ckpt_path', '--on_unfinished'), add=('--ckpt_path', 'last'))}\n"
                 "To start a new run beside it: "
-                f"{_command(self._argv, drop=('--on_unfinished',), add=('--on_unfinished', 'new'))}"
+                f"{command_line(self._argv, drop=('--on_unfinished',), add=('--on_unfinished', 'new'))}"
             )
         for note in plan.notes:
             print(f"run: {note}", file=sys.stderr, flush=True)
-        if is_rank_zero_process():
-            # One live process per run directory, checked before anything is built (lightning_cqk/run_lock.py).
-            self.run_directory = RunDirectory.claim(plan.run_dir)
-            atexit.register(self._abandon_if_not_started)
-            os.environ[_RUN_ENV], os.environ[_CKPT_ENV] = str(plan.run_dir), plan.ckpt_path or ""
+        # One live process per run directory, checked before anything is built (lightning_cqk/run_lock.py).
+        self.run_directory = RunDirectory.claim(plan.run_dir)
+        atexit.register(self._abandon_if_not_started)
+        apply_optimizer = any(k in OPTIMIZER_KEYS for k in allowed)
         self._session = RunSession(
             self.run_directory,
             config_text,
             resumed_from=plan.ckpt_path,
             changes=allowed,
-            apply_optimizer=any(k in OPTIMIZER_KEYS for k in allowed),
+            apply_optimizer=apply_optimizer,
             notes=plan.notes,
+        )
+        return apply_optimizer
+
+    def _follow_plan(self, shared: dict[str, Any]) -> None:
+        """A rank other than zero: the run directory and checkpoint rank zero chose (the same model, the same state)."""
+        ckpt = shared.get("ckpt_path") or None
+        self.run_plan = FitPlan(Path(shared["run_dir"]), ckpt, ckpt is not None)
+        if ckpt is not None:
+            self._merge_checkpoint_hparams(ckpt)  # the same settings as rank zero's (checked there)
+        config = self.config.fit
+        args = config.trainer.logger.init_args
+        run_dir = self.run_plan.run_dir
+        args.save_dir, args.name, args.version = str(run_dir.parent.parent), run_dir.parent.name, run_dir.name
+        config.ckpt_path = ckpt
+        if config.trainer.get("precision") is None:
+            config.trainer.precision = auto_precision(config.trainer.get("accelerator"))
+        config_text = self._parser("fit").dump(config, skip_none=False)
+        self._session = RunSession(
+            None, config_text, resumed_from=ckpt, apply_optimizer=bool(shared.get("apply_optimizer"))
         )
 
     def _refusal(self, plan: FitPlan, refused: dict, previous: Path | None) -> str:
@@ -201,9 +256,7 @@ class CQKCLI(LightningCLI):
             f"Resuming {plan.run_dir} with settings that a resume cannot change ({describe_changes(refused)}; "
             f"compared with {where}). A resumed run must stay the same experiment: {keys} would not be (or could "
             f"not be) applied to the restored state. {fix}. To train with the new settings, start a new run: drop "
-            "--ckpt_path (with --on_unfinished new when an unfinished run of this name exists). "
-            "Settings a resume may change: the optimizer's lr, betas, eps, weight_decay, warmup_steps, "
-            "min_lr_ratio, decay_steps; trainer.*; budget.*; model.config.dropout."
+            "--ckpt_path (with --on_unfinished new when an unfinished run of this name exists).\n" + policy_table()
         )
 
     def _merge_checkpoint_hparams(self, ckpt: str) -> dict[str, tuple[Any, Any]]:
@@ -215,9 +268,9 @@ class CQKCLI(LightningCLI):
         for evaluation too). Returns {setting: (checkpoint's, this run's)}.
         """
         sub = self.subcommand
-        try:
-            hparams = torch.load(ckpt, weights_only=True, map_location="cpu").get("hyper_parameters") or {}
-        except Exception:  # noqa: BLE001 - a broken file is reported, by name, when it is loaded for real
+        try:  # an untrusted file is refused here, before anything is built (UntrustedCheckpointError)
+            hparams = load_checkpoint(ckpt, verify=False).get("hyper_parameters") or {}
+        except (CorruptCheckpointError, OSError, AttributeError):  # named when it is loaded for real (CRCs checked)
             return {}
         hparams = {k: v for k, v in hparams.items() if k in ("config", "optim", "compile")}
         if isinstance(hparams.get("config"), dict):  # a checkpoint of an older version: today's field names
@@ -266,16 +319,30 @@ class CQKCLI(LightningCLI):
             trainer.callbacks.insert(0, RunSummary())  # first: it records a validation before a checkpoint saves
         if self._session is not None:
             trainer.callbacks.append(self._session)
+        if self.subcommand == "fit" and not any(isinstance(cb, DataFolderGuard) for cb in trainer.callbacks):
+            trainer.callbacks.append(DataFolderGuard())  # after RunSession: a refused resume is a recorded attempt
         sub = self.subcommand
         use_line_progress(trainer, (self.config[sub] if sub else self.config).trainer.get("callbacks"))
         return trainer
 
+    def before_fit(self) -> None:
+        """Before shards are prepared or a step is taken: refuse a run that will not fit in memory (memory_check.py)."""
+        from lightning_cqk.memory_check import check_memory
+
+        check_memory(self.model, self.datamodule, self.trainer, self.config.fit.get("memory_check", "refuse"))
+
     def _run_subcommand(self, subcommand: str) -> None:
         """`fit`: record how the attempt ended in run.json, and after a signal say how to resume."""
         run = self.run_directory
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if subcommand == "fit" and run is None and self._session is not None:  # a rank other than zero
+            try:
+                return super()._run_subcommand(subcommand)
+            except SIGTERMException:  # rank zero saved, records and prints how to resume
+                sys.exit(143)
         if subcommand != "fit" or run is None:
             return super()._run_subcommand(subcommand)
-        from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         try:
             super()._run_subcommand(subcommand)
@@ -299,7 +366,7 @@ class CQKCLI(LightningCLI):
         run = self.run_directory
         ckpt, note = resumable_checkpoint(run.path)
         run.end_attempt(status=INTERRUPTED, signal=signal_name, step=self.trainer.global_step, checkpoint=str(ckpt))
-        resume = _command(self._argv, drop=("--ckpt_path", "--on_unfinished"), add=("--ckpt_path", "last"))
+        resume = command_line(self._argv, drop=("--ckpt_path", "--on_unfinished"), add=("--ckpt_path", "last"))
         if self.config.fit.trainer.logger.init_args.get("version") and "init_args.version" not in " ".join(self._argv):
             resume += f" --trainer.logger.init_args.version={run.path.name}"
         state = f"saved {ckpt}" if ckpt else "no checkpoint to resume from"
@@ -309,9 +376,6 @@ class CQKCLI(LightningCLI):
             file=sys.stderr,
             flush=True,
         )
-
-
-_RUN_ENV, _CKPT_ENV = "LIGHTNING_CQK_RUN_DIR", "LIGHTNING_CQK_RUN_CKPT"
 
 
 _COUNT_OR_FRACTION = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches")
@@ -329,28 +393,17 @@ def _count_or_fraction_first_int(parser: LightningArgumentParser) -> None:
             action._typehint = int | float | None
 
 
-def _is_tensorboard(logger: Any) -> bool:
+def is_tensorboard(logger: Any) -> bool:
     class_path = getattr(logger, "class_path", None) if logger is not None else None
     return class_path is not None and class_path.rsplit(".", 1)[-1] == TensorBoardLogger.__name__
 
 
-def _auto_precision(accelerator: Any) -> str:
+def auto_precision(accelerator: Any) -> str:
     """bf16-mixed where a bf16-capable GPU will be used, fp32 otherwise."""
     wants_gpu = accelerator in (None, "auto", "gpu", "cuda")
     if wants_gpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
         return "bf16-mixed"
     return "32-true"
-
-
-def _owning_run_dir(ckpt: Any) -> Path | None:
-    """The run directory of `<run>/checkpoints/<file>` when it is one (it has a record), else None."""
-    if not ckpt or not Path(str(ckpt)).is_file():
-        return None
-    path = Path(str(ckpt))
-    run = path.parent.parent
-    if path.parent.name == "checkpoints" and ((run / "run.json").is_file() or (run / "config.yaml").is_file()):
-        return run
-    return None
 
 
 def _model_size(model_cfg: Any) -> str:

@@ -21,18 +21,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.checkpoint_files import check_checkpoint
 from lightning_cqk.downstream.glue_table import render_table, summarise_seeds, write_glue_table
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS, TaskDataMissing, get_task, load_task
+from lightning_cqk.errors import MissingInputError
 from lightning_cqk.resources import find_config
-from lightning_cqk.run_dir import next_free_name
+from lightning_cqk.run_dir import checkpoint_run, next_free_name
 
 #: The GLUE task configs: `configs/glue/` of the working directory, else the copy shipped with the package.
 GLUE_CONFIGS = "configs/glue"
-
-
-def run_dir_of(checkpoint: Path) -> Path:
-    """The run directory of ``<run>/checkpoints/x.ckpt``, or the checkpoint's own folder."""
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
 
 
 def glue(
@@ -70,11 +67,12 @@ def glue(
         accelerator: ``trainer.accelerator``.
         extra_args: more ``lightning_cqk fit`` flags for every run (e.g. ``["--model.pooling=mean"]``).
     """
-    from lightning_cqk.downstream.cli import GlueCLI
+    from lightning_cqk.cli.glue import GlueCLI  # Lightning: imported when fine-tuning, not for glue-table
 
     ckpt = Path(checkpoint)
     if not ckpt.is_file():
-        raise FileNotFoundError(f"Checkpoint {ckpt} does not exist.")
+        raise MissingInputError(f"Checkpoint {ckpt} does not exist; give a .ckpt written by `lightning_cqk fit`.")
+    check_checkpoint(ckpt)  # truncated, corrupt or untrusted: refused once, before any task runs
     if data_dir is None and source != "hf":
         raise ValueError(
             "glue needs the GLUE data: --data_dir /path/to/glue (one sub-folder per task: CoLA/, SST-2/, ...), or "
@@ -83,7 +81,7 @@ def glue(
     names = [get_task(t).name for t in (tasks or list(GLUE_TASKS))]
     seeds = list(seeds or [1, 2, 3])
     configs = Path(config_dir) if config_dir else find_config(GLUE_CONFIGS)
-    logs = Path(log_dir) if log_dir else run_dir_of(ckpt) / "glue"
+    logs = Path(log_dir) if log_dir else (checkpoint_run(ckpt) or ckpt.parent) / "glue"
     out = Path(output_dir) if output_dir else ckpt.parent
     settings = {
         "max_steps": max_steps,

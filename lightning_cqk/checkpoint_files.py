@@ -1,0 +1,203 @@
+"""Reading checkpoint files: whether one is intact, and loading one without running code from it.
+
+Every `torch.load` of the package goes through `load_checkpoint`: `generate`, `eval`, `glue`, `mc-eval` and the
+downstream `--model.checkpoint` (`inference/pretrained.py`), `fit`/`validate`/`test`/`predict --ckpt_path`
+(`AtomicCheckpointIO`, and the settings `cli/trainer.py` reads first) and the NaN guard's rollback. A checkpoint may
+come from elsewhere (a colleague, a download), and a pickle can run any code while it loads, so:
+
+* **weights_only.** Files are read with `torch.load(weights_only=True)`: tensors, plain Python values (dict, list,
+  tuple, str, numbers, None) and the few types torch allows by default. `lightning_cqk fit` writes nothing else
+  (checked on real checkpoints by `tests/reliability/test_untrusted_checkpoints.py`: the RNG states are stored as
+  plain lists, the model's settings as dicts). `TRUSTED_GLOBALS` adds the one kind of object a run configured from
+  Python may leave in its hyper-parameters: `pathlib` paths, whose construction runs no code.
+* **Refused, by name.** A file holding any other pickled object (a class instance, `os.system`, ...) is refused
+  before anything of it is loaded: `UntrustedCheckpointError` names the file and the objects, says why, and how to
+  proceed with a file one trusts (copy its weights and settings into a plain file once).
+* **Intact.** The zip CRCs are checked first (`checkpoint_problem`; `torch.load` does not, so damaged tensor bytes
+  would load silently); a truncated or damaged file is `CorruptCheckpointError`, "truncated or corrupt", with the
+  newest intact checkpoint beside it.
+
+Standard library only at import (torch is imported when a file is loaded): `run_dir.py` and the light command line
+use `checkpoint_problem`.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from lightning_cqk.errors import ConfigError
+
+#: Objects other than tensors and plain values that a checkpoint of this framework may hold, allowed by
+#: `torch.serialization.safe_globals` while loading. Constructing them runs no code of the file.
+TRUSTED_GLOBALS: tuple[type, ...] = (
+    pathlib.PosixPath,
+    pathlib.WindowsPath,
+    pathlib.PurePosixPath,
+    pathlib.PureWindowsPath,
+)
+
+
+class CorruptCheckpointError(ConfigError):
+    """A checkpoint file that cannot be read: truncated (a crash while writing), damaged, or not a checkpoint."""
+
+
+class UntrustedCheckpointError(ConfigError):
+    """A checkpoint holding a pickled object that is not plain data: loading it could run code from the file."""
+
+
+# --------------------------------------------------------------------------------------------------- intact?
+def checkpoint_problem(path: str | Path) -> str | None:
+    """What is wrong with a `torch.save` checkpoint file (a zip archive), or None when it reads back intact.
+
+    Checks the zip structure and every member's CRC: a truncated file has no central directory, a damaged one fails
+    a CRC. A file that is not a zip at all, or a zip without the ``<name>/data.pkl`` that ``torch.save`` writes, is
+    named as not a checkpoint. (A legacy non-zip ``torch.save`` file, a pickle, is left to ``torch.load``.) Reads
+    the whole file once.
+    """
+    path = Path(path)
+    try:
+        if path.stat().st_size == 0:
+            return "the file is empty"
+        with path.open("rb") as f:
+            head = f.read(4)
+        if head[:1] != b"\x80" and head != b"PK\x03\x04":  # neither a pickle nor a zip archive
+            return (
+                f"it is not a checkpoint: a checkpoint is the zip archive torch.save writes, and this file starts "
+                f"with {head!r}"
+            )
+        if head[:1] == b"\x80":
+            return None
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+                shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+                return (
+                    f"it is a zip archive but not a checkpoint: torch.save writes <name>/data.pkl, and this archive "
+                    f"holds {shown or 'nothing'}"
+                )
+            bad = archive.testzip()
+    except zipfile.BadZipFile as err:
+        return f"not a complete checkpoint archive ({err}); it was probably cut short while being written"
+    except (OSError, EOFError, ValueError) as err:
+        return f"unreadable ({type(err).__name__}: {err})"
+    return None if bad is None else f"member {bad!r} fails its CRC check (the file is damaged)"
+
+
+def newest_intact_checkpoint(folder: str | Path, exclude: str | Path | None = None) -> Path | None:
+    """The most recently modified `*.ckpt` in `folder` (other than `exclude`) that reads back intact."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    skip = Path(exclude).resolve() if exclude is not None else None
+    candidates = [p for p in folder.glob("*.ckpt") if p.is_file() and p.resolve() != skip]
+    for candidate in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
+        if checkpoint_problem(candidate) is None:
+            return candidate
+    return None
+
+
+def corrupt_checkpoint_message(path: str | Path, problem: str) -> str:
+    """The error for an unreadable checkpoint: which file, what is wrong, and the newest good one to use instead."""
+    good = newest_intact_checkpoint(Path(path).parent, exclude=path)
+    fix = (
+        f"The newest intact checkpoint beside it is {good}: use that one (to resume: `--ckpt_path {good}`), or "
+        "delete the broken file."
+        if good is not None
+        else "There is no intact checkpoint beside it: use another checkpoint (to resume a run: start it again "
+        "without --ckpt_path, or point --ckpt_path at a copy from elsewhere)."
+    )
+    return (
+        f"Checkpoint {path} cannot be loaded: {problem}. The file is truncated or corrupt (or not a checkpoint). {fix}"
+    )
+
+
+# ----------------------------------------------------------------------------------------------- trusted?
+def untrusted_message(path: str | Path, objects: list[str] | str) -> str:
+    """The refusal of a checkpoint that holds pickled objects other than plain data."""
+    what = ", ".join(sorted(objects)) if isinstance(objects, list) else objects
+    plain = Path(path).with_name(Path(path).stem + ".plain.ckpt")
+    keys = "('state_dict', 'hyper_parameters', 'datamodule_hyper_parameters', 'tokens_seen')"
+    return (
+        f"Checkpoint {path} holds pickled objects that are not plain data ({what}): loading it could run code from "
+        "the file, so it is refused (checkpoints are read with torch.load(weights_only=True); `lightning_cqk fit` "
+        "writes only tensors and plain values). Do not use a file you cannot vouch for. If you trust it, copy its "
+        f"weights and settings into a plain file once and give that one (it cannot resume training: no optimizer "
+        f"state): python -c \"import torch; c = torch.load('{path}', weights_only=False); "
+        f"torch.save({{k: c[k] for k in {keys} if k in c}}, '{plain}')\""
+    )
+
+
+def untrusted_objects(path: str | Path) -> list[str]:
+    """The pickled globals of a zip checkpoint that neither torch nor `TRUSTED_GLOBALS` allow (read, not run)."""
+    import torch
+
+    with torch.serialization.safe_globals(list(TRUSTED_GLOBALS)):
+        return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+
+
+def check_checkpoint(path: str | Path) -> None:
+    """Refuse a checkpoint that is truncated, corrupt or holds untrusted objects, without loading its tensors.
+
+    For a caller that must fail before another library gets to the file (e.g. before jsonargparse instantiates a
+    model whose constructor loads it, and would bury the message in its own).
+    """
+    path = Path(path)
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise CorruptCheckpointError(corrupt_checkpoint_message(path, problem))
+    if zipfile.is_zipfile(path):
+        objects = untrusted_objects(path)
+        if objects:
+            raise UntrustedCheckpointError(untrusted_message(path, objects))
+    else:  # a legacy (non-zip) torch.save file: only loading it tells
+        load_checkpoint(path, verify=False)
+
+
+# ----------------------------------------------------------------------------------------------------- load
+def load_checkpoint(path: str | Path, map_location: Any = "cpu", verify: bool = True) -> Any:
+    """`torch.load(path, weights_only=True)` with `TRUSTED_GLOBALS` allowed, and clear errors (module docstring).
+
+    Args:
+        path: a local checkpoint file.
+        map_location: as for `torch.load` (default: the CPU).
+        verify: check the zip CRCs first (one extra sequential read, about a second per GB).
+
+    Raises:
+        FileNotFoundError: no such file.
+        CorruptCheckpointError: truncated, damaged or not a checkpoint ("truncated or corrupt").
+        UntrustedCheckpointError: it holds pickled objects other than tensors and plain values.
+    """
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Checkpoint {path} does not exist.")
+    if verify:
+        problem = checkpoint_problem(path)
+        if problem is not None:
+            raise CorruptCheckpointError(corrupt_checkpoint_message(path, problem))
+    try:
+        with torch.serialization.safe_globals(list(TRUSTED_GLOBALS)):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights only" in str(err).lower() or "weights_only" in str(err):
+            objects = untrusted_objects(path) if zipfile.is_zipfile(path) else []
+            raise UntrustedCheckpointError(untrusted_message(path, objects or _first_line(err))) from err
+        raise CorruptCheckpointError(corrupt_checkpoint_message(path, f"it does not unpickle ({err})")) from err
+    except EOFError as err:  # a legacy (non-zip) file cut short
+        raise CorruptCheckpointError(corrupt_checkpoint_message(path, "it ends early (EOFError)")) from err
+    except (RuntimeError, ValueError) as err:  # a damaged archive, unless the file is intact (e.g. CUDA tensors here)
+        problem = checkpoint_problem(path)
+        if problem is None:
+            raise
+        raise CorruptCheckpointError(corrupt_checkpoint_message(path, problem)) from err
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    useful = [line for line in lines if "global" in line.lower()] or lines
+    return useful[0][:300] if useful else type(err).__name__

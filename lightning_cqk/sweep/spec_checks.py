@@ -1,0 +1,203 @@
+"""Checks that keep a sweep spec from silently changing the experiment; each refusal names the spec's line.
+
+`spec.load_spec` reads a spec with `read` and, once its structure is known to be sound, calls `check`:
+
+- duplicate mapping keys anywhere (level names, override keys, claims, profiles) are refused by the YAML reader
+  (`lightning_cqk.strict_yaml`); `yaml.safe_load` would keep the last of two and drop the first without a word;
+- every name that becomes part of a path (study, profile, level, control; hence group and run names) is a plain
+  name (`NAME`: letters, digits, `_ . + = -`, not starting with `.`), so `--profile ../../../x` or a profile key of
+  that shape cannot put a sweep directory outside `runs/`, and `owned_run_dir` lets the runner delete only
+  directories directly inside its own sweep directory;
+- `slurm:` lines are `#SBATCH` directives only (they are copied into the array script, where any other line would
+  run as shell code on the cluster);
+- seeds are integers in numpy's range [0, 2**32 - 1] (a float 1.9 would become 1, a bool True 1, and Lightning
+  replaces an out-of-range seed by 0, each silently); `jobs` is a positive integer;
+- a claim compares two different groups (`group == vs`, or a group in both `plus` and `minus`, cancels itself out)
+  and names only groups some profile of the spec produces (a profile's own `claims:` only groups of that profile):
+  a typo would otherwise be reported as "not in this profile" and never judged. A spec-level claim of a level that
+  only one profile runs stays fine: the other profile names it as not judged.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+from lightning_cqk.strict_yaml import YAMLInputError, load
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
+NAME_RULE = "letters, digits and _ . + = - only, starting with a letter or digit"
+SEED_MAX = 2**32 - 1  # numpy's (and so Lightning's seed_everything's) largest seed
+_SHOWN = 12  # groups listed in a message before "..."
+
+
+def _spec_error(message: str) -> Exception:
+    from lightning_cqk.sweep.spec import SpecError
+
+    return SpecError(message)
+
+
+def read(path: str | Path) -> tuple[Any, dict[tuple[str, ...], int]]:
+    """The spec's data and the line of every key, refusing syntax errors and duplicate keys (naming the line)."""
+    try:
+        return load(path)
+    except YAMLInputError as err:
+        raise _spec_error(str(err)) from None
+
+
+def is_safe_name(name: Any) -> bool:
+    """A plain name that is one path component and cannot climb out of a folder (`..`, `/`, `~`, spaces...)."""
+    return isinstance(name, str) and bool(NAME.match(name))
+
+
+def _at(where: str, lines: dict[tuple[str, ...], int], *path: Any) -> str:
+    """`where, line N` for the deepest path of `path` whose line is known."""
+    keys = tuple(str(p) for p in path)
+    for end in range(len(keys), 0, -1):
+        if keys[:end] in lines:
+            return f"{where}, line {lines[keys[:end]]}"
+    return where
+
+
+def check_profile_name(profile: Any, where: str) -> None:
+    """Refuse a profile name (a spec key or `--profile`) that cannot be one plain path component."""
+    if not is_safe_name(profile):
+        raise _spec_error(
+            f"{where}: profile name {profile!r} is not a plain name ({NAME_RULE}): it becomes part of the sweep "
+            "directory's name (runs/<study>-<profile>), so it must not hold `/`, `..` or spaces. Use one of the "
+            "spec's profiles, e.g. --profile cpu."
+        )
+
+
+def owned_run_dir(sweep_dir: Path, name: str) -> Path:
+    """`sweep_dir / name`, refusing a run name that would reach outside the sweep directory (the runner deletes
+    partial run directories: only ever one directly inside its own sweep directory)."""
+    path = Path(sweep_dir) / name
+    if not is_safe_name(name) or path.parent != Path(sweep_dir):
+        raise _spec_error(
+            f"run name {name!r} is not a plain name ({NAME_RULE}); the sweep in {sweep_dir} only writes and deletes "
+            "run directories directly inside it. Rename the spec's levels."
+        )
+    return path
+
+
+def check(spec: dict[str, Any], where: str, lines: dict[tuple[str, ...], int]) -> None:
+    """Every check of the module docstring on a structurally valid spec (`spec.load_spec` has run its own)."""
+    for name, profile in spec["profiles"].items():
+        check_profile_name(name, _at(where, lines, "profiles", name))
+        _check_seeds(profile.get("seeds", [1337]), name, where, lines)
+        jobs = profile.get("jobs", 1)
+        if type(jobs) is not int or jobs < 1:
+            raise _spec_error(
+                f"{_at(where, lines, 'profiles', name, 'jobs')}: profile {name!r}: jobs is the number of runs at a "
+                f"time, a positive integer; got {jobs!r}."
+            )
+        _check_slurm(profile.get("slurm", []), name, where, lines)
+    groups = {name: profile_groups(spec, name) for name in spec["profiles"]}
+    # the spec's claims are judged at the profiles without claims of their own
+    users = [name for name, profile in spec["profiles"].items() if "claims" not in profile]
+    every = sorted(set().union(*(groups[name] for name in users))) if users else []
+    for i, claim in enumerate(spec.get("claims") or [] if users else []):
+        _check_claim(claim, ("claims", i), every, "no profile of the spec produces", where, lines)
+    for name, profile in spec["profiles"].items():
+        for i, claim in enumerate(profile.get("claims") or []):
+            own = sorted(groups[name])
+            _check_claim(
+                claim, ("profiles", name, "claims", i), own, f"profile {name!r} does not produce", where, lines
+            )
+
+
+def _check_slurm(value: Any, profile: str, where: str, lines: dict[tuple[str, ...], int]) -> None:
+    """`slurm:` lines go verbatim into the array script: only `#SBATCH` directives, one per line."""
+    items = value if isinstance(value, list) else [value]
+    for i, line in enumerate(items):
+        if not isinstance(line, str) or not line.startswith("#SBATCH ") or "\n" in line or "\r" in line:
+            raise _spec_error(
+                f"{_at(where, lines, 'profiles', profile, 'slurm', i)}: profile {profile!r}: slurm line {line!r} is "
+                "not one `#SBATCH ...` directive. These lines are copied into the array script before its commands: "
+                "anything else would run as shell code on the cluster (and end sbatch's reading of the directives "
+                'after it). Give a list of directives, e.g. slurm: ["#SBATCH --gpus-per-node=1"].'
+            )
+
+
+def _check_seeds(seeds: Any, profile: str, where: str, lines: dict[tuple[str, ...], int]) -> None:
+    at = _at(where, lines, "profiles", profile, "seeds")
+    if not isinstance(seeds, list) or not seeds:
+        raise _spec_error(
+            f"{at}: profile {profile!r}: seeds is a non-empty list of integers, e.g. [1, 2, 3]; got {seeds!r}."
+        )
+    for i, seed in enumerate(seeds):
+        if type(seed) is not int or not 0 <= seed <= SEED_MAX:
+            why = (
+                f"a seed is an integer in [0, {SEED_MAX}] (Lightning would replace {seed} by 0)"
+                if type(seed) is int
+                else f"a seed is an integer, and {type(seed).__name__} {seed!r} would be turned into one silently"
+            )
+            raise _spec_error(
+                f"{_at(where, lines, 'profiles', profile, 'seeds', i)}: profile {profile!r}: seed {seed!r} is refused: "
+                f"{why}. Write whole numbers, e.g. seeds: [1, 2, 3]."
+            )
+    if len(set(seeds)) != len(seeds):
+        raise _spec_error(f"{at}: profile {profile!r} needs distinct seeds, got {seeds}.")
+
+
+def profile_groups(spec: dict[str, Any], profile: str) -> set[str]:
+    """The groups (run names without the seed) that `profile` produces: its grid less `exclude`, plus the control."""
+    prof = spec["profiles"][profile]
+    axes = {axis: list(levels) for axis, levels in spec["axes"].items()}
+    for axis, levels in (prof.get("axes") or {}).items():
+        axes[axis] = list(levels)
+    raw = prof.get("exclude") if isinstance(prof.get("exclude"), list) else []  # malformed: expand() says so
+    exclude = [{str(a): str(v) for a, v in p.items()} for p in raw if isinstance(p, dict)]
+    groups = set()
+    for combo in itertools.product(*axes.values()):
+        levels = {axis: str(level) for axis, level in zip(axes, combo, strict=True)}
+        if not any(all(levels.get(a) == v for a, v in partial.items()) for partial in exclude):
+            groups.add("-".join(levels.values()))
+    control = prof.get("control", spec.get("control"))
+    if isinstance(control, dict) and control.get("name") is not None:
+        first_axis = next(iter(spec["baseline"]))
+        at = control.get("at") or {}
+        levels = {a: str(at.get(a, spec["baseline"].get(a, next(iter(lv), "")))) for a, lv in axes.items()}
+        levels[first_axis] = str(control["name"])
+        groups.add("-".join(levels.values()))
+    return groups
+
+
+def _check_claim(
+    claim: Any, path: tuple[Any, ...], groups: list[str], absent: str, where: str, lines: dict[tuple[str, ...], int]
+) -> None:
+    if not isinstance(claim, dict):
+        return  # the claim parser names the malformed claim
+    name = claim.get("name")
+    if "group" in claim:
+        named = [("group", claim.get("group")), ("vs", claim.get("vs"))]
+        if str(claim.get("group")) == str(claim.get("vs")):
+            raise _spec_error(
+                f"{_at(where, lines, *path, 'vs')}: claim {name!r} compares group {claim.get('group')!r} with itself "
+                "(group == vs): its change is 0 by construction and says nothing. Name the group it is compared "
+                "against in `vs`."
+            )
+    else:
+        plus, minus = claim.get("plus") or [], claim.get("minus") or []
+        named = [(f"plus.{i}", g) for i, g in enumerate(plus)] + [(f"minus.{i}", g) for i, g in enumerate(minus)]
+        both = sorted({str(g) for g in plus} & {str(g) for g in minus})
+        if both:
+            raise _spec_error(
+                f"{_at(where, lines, *path)}: claim {name!r} has {', '.join(both)} in both plus and minus: the group "
+                "cancels out of the contrast. Each group appears on one side only."
+            )
+    for key, group in named:
+        if str(group) in groups:
+            continue
+        close = difflib.get_close_matches(str(group), groups, n=3)
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        shown = ", ".join(groups[:_SHOWN]) + (f", ... ({len(groups)} in all)" if len(groups) > _SHOWN else "")
+        raise _spec_error(
+            f"{_at(where, lines, *path, *key.split('.'))}: claim {name!r} names group {group!r}, which {absent} "
+            f"(groups: {shown}).{hint} A group is a run's name without its seed: the levels joined by '-' in axis "
+            "order; otherwise the claim would never be judged."
+        )

@@ -1,0 +1,124 @@
+"""The training step reads nothing from the device outside logging steps and validation (issue 24, item 2).
+
+A `SyncCounter` (tests/callbacks/sync_counter.py: item, bool, float, int, tolist, numpy, cpu, to(cpu)) is active from
+the start of optimizer step FIRST to the start of step LAST of a real `fit` through the CLI with each shipped callback
+stack (the quickstart's own list and callbacks/*.yaml), with no logging step and no validation in between. The reads
+per optimizer step must stay at the allowance docs/speed.md states: one, NonFiniteGuard's verdict (the update must be
+decided before it happens). Before issue 24 the quickstart stack made 3 (the guard's bool, the `train/tokens_seen`
+float logged every batch, Lightning's `.item()` of the progress-bar loss), the stacks with gradient-norm rules more.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import yaml
+
+from lightning_cqk.cli.trainer import CQKCLI
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sync_counter import SyncCounter  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+STACKS = [None, *sorted((REPO / "callbacks").glob("*.yaml"))]
+FIRST, LAST = 3, 7  # counted steps: [FIRST, LAST)
+ALLOWANCE = 1  # reads per optimizer step outside logging steps and validation (docs/speed.md)
+TEXT = "Instruments watch training from the side. The quick brown fox jumps over the lazy dog. "
+
+
+class CountSteps(L.Callback):
+    """Counts the reads between the start of optimizer step FIRST and the start of step LAST."""
+
+    def __init__(self) -> None:
+        self.counter = SyncCounter()
+        self.state = "before"
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == FIRST and self.state == "before":
+            self.counter.__enter__()
+            self.state = "counting"
+        elif trainer.global_step == LAST and self.state == "counting":
+            self.counter.__exit__(None, None, None)
+            self.state = "done"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("sync_corpus") / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": f"Doc {i}. " + TEXT * (3 + i % 4)}) + "\n" for i in range(40)))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _plain_argv(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
+
+
+def count(tmp_path: Path, corpus: Path, stack: Path | None, *extra: str) -> SyncCounter:
+    configs = ["--config", str(QUICKSTART), *(["--config", str(stack)] if stack else [])]
+    args = [
+        *configs,
+        f"--data.source={corpus}",
+        f"--data.data_dir={corpus.parent / 'shards'}",
+        "--data.seq_len=16",
+        "--data.batch_size=4",
+        "--data.val_fraction=0.2",
+        "--model.config.n_layer=1",
+        "--model.config.n_embd=16",
+        "--model.config.n_head=2",
+        f"--trainer.max_steps={LAST + 1}",
+        "--trainer.val_check_interval=1000",
+        "--trainer.limit_val_batches=1",
+        "--trainer.log_every_n_steps=1000",
+        "--trainer.accelerator=cpu",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        "--model.optim.warmup_steps=1",
+        *extra,
+    ]
+    cli = CQKCLI(args=args, run=False)
+    probe = CountSteps()
+    cli.trainer.callbacks.append(probe)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert cli.trainer.global_step == LAST + 1
+    return probe.counter
+
+
+def deciding_stack(folder: Path) -> Path:
+    """callbacks/stability.yaml with every rule that decides before the update on: the spike monitor skipping spikes
+    and updates above a gradient norm (configs/papers/qkv_sharing), the guard, the gradient-norm instrument."""
+    config = yaml.safe_load((REPO / "callbacks" / "stability.yaml").read_text())
+    for callback in config["trainer"]["callbacks"]:
+        if callback["class_path"].endswith("LossSpikeMonitor"):
+            callback["init_args"].update(action="skip", max_grad_norm=100.0)
+    path = folder / "deciding.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("stack", [*STACKS, "deciding"], ids=lambda p: getattr(p, "name", p or "quickstart"))
+def test_a_training_step_reads_the_device_once(stack, tmp_path, corpus, capsys):
+    stack = deciding_stack(tmp_path) if stack == "deciding" else stack
+    counter = count(tmp_path, corpus, stack)
+    per_step = counter.total / (LAST - FIRST)
+    with capsys.disabled():
+        print(f"\n{stack.name if stack else 'quickstart'}: {per_step:g} reads per step {dict(counter.where)}")
+    assert per_step <= ALLOWANCE, dict(counter.where)
+
+
+def test_accumulation_and_a_terminal_progress_bar_add_no_read(tmp_path, corpus, monkeypatch):
+    """Micro-batches between optimizer steps read nothing; the tqdm bar (stdout a terminal) refreshes on log steps."""
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    counter = count(
+        tmp_path,
+        corpus,
+        None,
+        "--trainer.accumulate_grad_batches=3",
+        "--trainer.enable_progress_bar=true",
+        "--trainer.val_check_interval=999",
+    )
+    assert counter.total / (LAST - FIRST) <= ALLOWANCE, dict(counter.where)

@@ -1,0 +1,152 @@
+"""The GPU suite (`pytest -m gpu`; skipped without CUDA, so CI on CPU only imports it).
+
+    every backend at 60m, T 1024, bf16, eager and compiled: 200 steps, finite losses, the flash or cuDNN SDPA kernel
+        forced (`sdpa_kernel`: a backend that could not use one raises) where the backend can use one
+    5 optimizer steps of the shipped quickstart callback stack under torch.cuda.set_sync_debug_mode("error")
+    the fused invertible coupling vs its compiled reference path under bf16 autocast
+    2-GPU DDP through the real command line (skipped with fewer than 2 GPUs)
+
+None of this could run where it was written (no GPU lent): run `pytest -m gpu tests/gpu -q` on a GPU machine first.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_cqk.config import ModelConfig
+from lightning_cqk.model import GPT
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU suite needs a CUDA device"),
+]
+REPO = Path(__file__).resolve().parents[2]
+BF16 = torch.bfloat16
+
+#: name -> (attention, options, can use a fused SDPA kernel in bf16: docs/backends table, audit section 2)
+BACKENDS: dict[str, tuple[str, dict, bool]] = {
+    "standard": ("standard", {}, True),
+    "gqa": ("standard", {"n_kv_groups": 4}, True),
+    "k_eq_v": ("standard", {"qkv_sharing": "k_eq_v"}, True),
+    "q_eq_k": ("standard", {"qkv_sharing": "q_eq_k"}, True),
+    "coupled": ("coupled", {}, True),
+    "uncoupled_mlp": ("uncoupled_mlp", {}, True),
+    "invertible": ("standard", {"qk_transform": {"kind": "invertible"}}, True),
+    "differential": ("differential", {}, True),
+    "mla": ("mla", {}, True),
+    "static_emb_qk": ("static_emb_qk", {}, True),
+    "rnd_emb_qk": ("rnd_emb_qk", {}, False),  # SDPA on batch-expanded (stride 0) q/k: kernel choice unverified
+    "fixed_seq_qk": ("fixed_seq_qk", {}, False),
+    "approximate": ("approximate", {}, False),  # no softmax: never calls SDPA
+    "non_approximate": ("non_approximate", {}, False),
+    "mlp": ("mlp", {}, False),
+}
+
+
+def _fused_kernels():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION])
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_backend_trains_200_steps_bf16(name, compiled):
+    attention, options, fused = BACKENDS[name]
+    torch.manual_seed(0)
+    cfg = ModelConfig(preset="60m", block_size=1024, vocab_size=50304, attention=attention, attention_options=options)
+    model = GPT(cfg).cuda()
+    if compiled:
+        for block in model.blocks:
+            block.compile()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    losses = []
+    with _fused_kernels() if fused else torch.enable_grad():
+        for _ in range(200):
+            batch = torch.randint(0, 50304, (4, 1025), device="cuda", generator=gen)
+            with torch.autocast("cuda", dtype=BF16):
+                logits = model(batch[:, :-1])  # (B, T, V)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+    losses = torch.stack(losses).cpu()
+    assert torch.isfinite(losses).all()
+    assert losses[-20:].mean() < math.log(50304) + 0.5  # random tokens: near the uniform loss, not diverged
+
+
+def test_fused_invertible_matches_compiled_bf16():
+    from lightning_cqk.attention.coupling import InvertibleCoupling
+    from lightning_cqk.attention.transform import parse_transform
+
+    cfg = ModelConfig(preset="tiny", n_layer=1, n_head=4, n_embd=256, block_size=256)
+    _, options = parse_transform({"kind": "invertible", "layers": 2})
+    torch.manual_seed(0)
+    fused = InvertibleCoupling(cfg, 0, options, 4, 64).cuda()
+    with torch.no_grad():
+        for p in fused.conditioners.parameters():
+            p.normal_(0.0, 0.1)  # non-zero conditioners: the map is not the identity
+    reference = InvertibleCoupling(cfg, 0, type(options)(**{**vars(options), "fused": False}), 4, 64).cuda()
+    reference.load_state_dict(fused.state_dict())
+    compiled = torch.compile(reference)
+    q = torch.randn(2, 4, 256, 64, device="cuda", requires_grad=True)
+    k = torch.randn(2, 4, 256, 64, device="cuda", requires_grad=True)
+    outs, grads = [], []
+    for module in (fused, compiled):
+        with torch.autocast("cuda", dtype=BF16):
+            q_b, k_b = q.to(BF16), k.to(BF16)
+            q2, k2 = module(q_b, k_b)
+        (q2.float().square().sum() + k2.float().sum()).backward()
+        outs.append((q2.float(), k2.float()))
+        grads.append([q.grad.clone(), k.grad.clone(), *(p.grad.clone() for p in module.parameters())])
+        q.grad = k.grad = None
+        module.zero_grad()
+    for a, b in zip(outs[0], outs[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+    for a, b in zip(grads[0], grads[1], strict=True):
+        assert (a - b).norm() / b.norm().clamp_min(1e-12) < 2e-2
+
+
+def test_shipped_callbacks_do_not_sync_the_step(tmp_path, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sync_probe import SyncErrorSteps
+
+    from lightning_cqk.cli.trainer import CQKCLI
+
+    monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
+    args = [
+        "--config", str(REPO / "configs" / "quickstart.yaml"),
+        "--trainer.max_steps=7", "--trainer.limit_val_batches=0", "--trainer.log_every_n_steps=1000",
+        "--trainer.enable_progress_bar=false", f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        "--model.optim.warmup_steps=1", f"--data.data_dir={tmp_path / 'shards'}",
+    ]  # fmt: skip
+    cli = CQKCLI(args=args, run=False)
+    probe = SyncErrorSteps(first=1, last=5)
+    cli.trainer.callbacks.append(probe)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert probe.checked == 5
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="2-GPU DDP needs 2 CUDA devices")
+def test_two_gpu_ddp_through_the_cli(tmp_path):
+    cmd = [
+        sys.executable, "-m", "lightning_cqk", "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
+        "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.max_steps=20", "--trainer.limit_val_batches=2",
+        "--trainer.val_check_interval=10", f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        f"--data.data_dir={tmp_path / 'shards'}",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    checkpoints = list((tmp_path / "runs").rglob("last.ckpt"))
+    assert len(checkpoints) == 1  # one run directory

@@ -1,0 +1,123 @@
+"""Tuning parity (lightning_cqk/sweep/tuning.py): a learning-rate grid per mechanism whose choice reads only the
+held-out validation windows, never the windows the verdicts read; the runs of a tuned level start at the choice."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightning_cqk.sweep.runner import fit_command
+from lightning_cqk.sweep.spec import SpecError, expand
+from lightning_cqk.sweep.tuning import TuningError, choose, held_out_loss
+
+REPO = Path(__file__).resolve().parents[2]
+VERDICT_WINDOWS = 4 * 8  # limit_val_batches x val_batch_size of the spec below
+SPEC = {
+    "study": "tuned",
+    "baseline": {"attention": "standard"},
+    "axes": {
+        "attention": {
+            "standard": {"model.config.attention": "standard"},
+            "coupled": {"model.config.attention": "coupled"},
+        }
+    },
+    "profiles": {
+        "paper": {"configs": ["configs/quickstart.yaml"]},
+        "cpu": {
+            "configs": ["configs/quickstart.yaml"],
+            "seeds": [1, 2],
+            "overrides": {"trainer.limit_val_batches": 4, "data.val_batch_size": 8},
+            "control": {"name": "fewer", "overrides": {"budget.tokens": 1000}, "expect": "higher"},
+            "tuning": {
+                "axis": "attention",
+                "lrs": [1e-3, 2e-3, 4e-3],
+                "seed": 0,
+                "held_out": [32, 64],
+                "overrides": {"trainer.limit_val_batches": 8},
+            },
+        },
+    },
+}
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
+
+
+def _spec(tmp_path: Path, **tuning) -> Path:
+    spec = json.loads(json.dumps(SPEC))
+    spec["profiles"]["cpu"]["tuning"].update(tuning)
+    path = tmp_path / "tuned.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _windows(verdict_part: float, held_part: float) -> dict:
+    """val_windows.json of 64 windows: the verdicts' 32 at one loss, the held-out 32 at another."""
+    nll = [verdict_part * 100.0] * VERDICT_WINDOWS + [held_part * 100.0] * 32
+    return {"step": 10, "nll": nll, "tokens": [100.0] * 64}
+
+
+def test_the_choice_reads_only_the_held_out_windows():
+    # the verdicts' windows would choose 4e-3 (loss 1.0), the held-out ones choose 1e-3: the held-out ones decide
+    losses = {
+        1e-3: held_out_loss(_windows(3.0, 2.0), [32, 64]),
+        2e-3: held_out_loss(_windows(2.0, 2.5), [32, 64]),
+        4e-3: held_out_loss(_windows(1.0, 3.0), [32, 64]),
+    }
+    assert losses[1e-3] == pytest.approx(2.0) and choose(losses) == 1e-3
+    poisoned = _windows(float("nan"), 2.0)  # whatever the verdicts' windows hold, they are never read
+    assert held_out_loss(poisoned, [32, 64]) == pytest.approx(2.0)
+    assert math.isnan(held_out_loss(_windows(1.0, 2.0) | {"nll": [1.0] * 40}, [32, 64]))  # too few windows: no loss
+    assert choose({1e-3: math.nan, 2e-3: 5.0}) == 2e-3 and math.isnan(choose({1e-3: math.nan}))
+
+
+def test_the_grid_expands_and_tuned_runs_wait_for_it(tmp_path: Path):
+    sweep = expand(_spec(tmp_path), "cpu", tmp_path / "out")
+    tune = [r for r in sweep.runs if r.role == "tuning"]
+    assert sorted(r.name for r in tune) == sorted(
+        f"tune-{level}-lr{lr}-s0" for level in ("standard", "coupled") for lr in ("0.001", "0.002", "0.004")
+    )
+    assert all(r.overrides["trainer.limit_val_batches"] == 8 for r in tune)
+    coupled = sweep.run("coupled-s1")
+    assert coupled.overrides["model.optim.lr"] == "{tuned_lr:coupled}"
+    assert sorted(coupled.depends_on) == sorted(r.name for r in tune if r.levels["attention"] == "coupled")
+    control = sweep.run("fewer-s1")  # the planted control trains at the baseline's rate
+    assert control.overrides["model.optim.lr"] == "{tuned_lr:standard}"
+    assert "tune-standard-lr0.001" not in {c for claim in sweep.spec.get("claims", []) for c in claim}
+    # launching a tuned run fills the choice in from the grid runs' held-out windows
+    for r in tune:
+        (sweep.sweep_dir / r.name).mkdir(parents=True)
+        held = {0.001: 2.5, 0.002: 2.0, 0.004: 2.2}[r.overrides["model.optim.lr"]]
+        verdict = 0.5 if r.overrides["model.optim.lr"] == 0.004 else 3.0  # would pick 4e-3 if it were read
+        (sweep.sweep_dir / r.name / "val_windows.json").write_text(json.dumps(_windows(verdict, held)))
+    assert "--model.optim.lr=0.002" in fit_command(sweep, coupled)
+    (sweep.sweep_dir / "tune-standard-lr0.001-s0" / "val_windows.json").unlink()
+    assert "--model.optim.lr=0.002" in fit_command(sweep, control)  # a missing grid run is never chosen
+    for lr in ("0.002", "0.004"):
+        (sweep.sweep_dir / f"tune-standard-lr{lr}-s0" / "val_windows.json").unlink()
+    with pytest.raises(TuningError, match="no learning rate of level 'standard'"):
+        fit_command(sweep, control)
+
+
+@pytest.mark.parametrize(
+    "tuning, message",
+    [
+        ({"held_out": [0, 32]}, "overlaps the verdicts' validation windows \\[0, 32\\)"),
+        ({"held_out": [16, 64]}, "overlaps"),
+        ({"lrs": [1e-3, 2e-3]}, "3 or more"),
+        ({"seed": 1}, "no verdict run uses"),
+        ({"overrides": {}}, "trainer.limit_val_batches: 8"),
+        ({"axis": "size"}, "not an axis"),
+    ],
+)
+def test_a_grid_that_could_read_the_verdicts_windows_is_refused(tmp_path: Path, tuning: dict, message: str):
+    with pytest.raises(SpecError, match=message):
+        expand(_spec(tmp_path, **tuning), "cpu", tmp_path / "out")

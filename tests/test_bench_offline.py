@@ -1,0 +1,47 @@
+"""`make bench` without ../shared and offline (issue 26): the default presets run without their gpt2 rows and say so
+in one line; a preset that names gpt2 stops with that line. The bench is run from a copy of benchmarks/ in a folder
+with no ../shared beside it; tiktoken's download is refused through a closed local proxy port."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _offline_env(tmp_path: Path) -> dict[str, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", TIKTOKEN_CACHE_DIR=str(tmp_path / "tiktoken"))
+    env.update(HTTPS_PROXY=f"http://127.0.0.1:{port}", https_proxy=f"http://127.0.0.1:{port}")
+    env.pop("LIGHTNING_CQK_GPT2_BPE", None)
+    return env
+
+
+@pytest.mark.slow
+def test_bench_without_the_gpt2_vocabulary_runs_the_bytes_rows_and_says_what_it_needs(tmp_path: Path):
+    bench = tmp_path / "repo" / "benchmarks"
+    shutil.copytree(REPO / "benchmarks", bench, ignore=shutil.ignore_patterns("__pycache__"))
+    script = [sys.executable, str(bench / "bench.py"), "--device", "cpu", "--threads", "1"]
+    quick = ["--only", "backends", "--backends", "k_eq_v", "--steps", "1", "--warmup", "0", "--rounds", "1"]
+    run = subprocess.run([*script, *quick], env=_offline_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    (said,) = [line for line in run.stderr.splitlines() if line.startswith("bench: gpt2 rows skipped")]
+    assert "--bpe_file" in said and "gpt2_bpe" in said
+    assert "tiny/bytes 16x256" in run.stdout and "gpt2" not in run.stdout.split("\n", 1)[1]
+
+    explicit = subprocess.run(
+        [*script, *quick, "--presets", "tiny:gpt2:2x16"], env=_offline_env(tmp_path), capture_output=True, text=True
+    )
+    assert explicit.returncode == 1 and "Traceback" not in explicit.stderr
+    assert explicit.stderr.strip().startswith("bench: they need the GPT-2 vocabulary")
+    assert len(explicit.stderr.strip().splitlines()) == 1

@@ -1,0 +1,141 @@
+"""A configuration that will not fit in memory is refused before anything is prepared or trained, with the numbers
+and the flag to override (issue 26; lightning_cqk/memory_check.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_cqk import memory_check
+from lightning_cqk.cli import main
+from lightning_cqk.errors import UserError
+from lightning_cqk.memory_check import MemoryRefused, estimate, largest_fitting_batch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _plain_argv(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
+    monkeypatch.chdir(tmp_path)
+
+
+def test_the_estimate_adds_weights_gradients_adam_activations_and_logits():
+    est = estimate(
+        n_params=1000, n_layer=2, n_embd=8, mlp_hidden=32, vocab_rows=50, micro_batch=3, seq_len=4, precision="32-true"
+    )
+    assert (est.parameters, est.gradients, est.optimizer) == (4000, 4000, 8000)
+    assert est.activations == 2 * 12 * (9 * 8 + 2 * 32) * 4
+    assert est.logits == 12 * 50 * (4 + 8)
+    half = estimate(1000, 2, 8, 32, 50, 3, 4, precision="bf16-mixed", shards=4)
+    assert half.activations == est.activations / 2 and half.parameters == 1000 and half.logits == 12 * 50 * 10
+    assert est.total == sum((est.parameters, est.gradients, est.optimizer, est.activations, est.logits))
+
+
+def test_the_largest_fitting_micro_batch_divides_the_asked_one():
+    assert largest_fitting_batch(lambda b: b <= 5, 32) == 4
+    assert largest_fitting_batch(lambda b: b <= 5, 12) == 3
+    assert largest_fitting_batch(lambda b: False, 32) is None
+
+
+def _small_host(monkeypatch, gigabytes: float) -> None:
+    monkeypatch.setattr(memory_check, "available_bytes", lambda device: (gigabytes * 1e9, "host memory available"))
+
+
+def test_the_paper_config_on_a_small_host_is_refused_before_its_data_is_prepared(tmp_path, monkeypatch):
+    _small_host(monkeypatch, 8.0)
+    data_dir = tmp_path / "shards"
+    (tmp_path / "abstracts.jsonl").write_text('{"text": "An abstract."}\n')
+    args = [
+        "fit",
+        "--config",
+        str(REPO / "configs" / "pubmed.yaml"),
+        "--data.source",
+        str(tmp_path / "abstracts.jsonl"),
+    ]
+    with pytest.raises(MemoryRefused) as refused:
+        main([*args, f"--data.data_dir={data_dir}", "--data.tokenizer=bytes", "--trainer.accelerator=cpu"])
+    message = str(refused.value)
+    assert isinstance(refused.value, UserError)
+    assert "needs at least" in message and "host memory available is 8.0 GB" in message
+    assert "micro-batch of 32 x 1024 tokens" in message and "--memory_check warn" in message
+    assert "--data.batch_size 16" in message  # the largest micro-batch that fits, with the accumulation to scale
+    assert not data_dir.exists(), "refused before the shards were prepared"
+    assert not list((tmp_path / "runs").rglob("run.json")), "and before a run was recorded"
+
+
+def test_warn_goes_on_and_off_skips(tmp_path, monkeypatch, capsys):
+    _small_host(monkeypatch, 1e-6)
+    args = [
+        "fit",
+        "--config",
+        str(REPO / "configs" / "quickstart.yaml"),
+        f"--data.data_dir={tmp_path / 'shards'}",
+        "--data.seq_len=16",
+        "--data.batch_size=2",
+        "--model.config.n_layer=1",
+        "--model.config.n_embd=16",
+        "--model.config.n_head=2",
+        "--model.optim.warmup_steps=1",
+        "--trainer.max_steps=1",
+        "--trainer.val_check_interval=1",
+        "--trainer.limit_val_batches=1",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.accelerator=cpu",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+    ]
+    with pytest.raises(MemoryRefused):
+        main(args)
+    main([*args, "--memory_check=warn"])
+    assert "WARNING (--memory_check warn): this configuration needs at least" in capsys.readouterr().err
+    assert list((tmp_path / "runs").rglob("run.json"))
+    assert memory_check.check_memory(object(), object(), object(), "off") is None
+    with pytest.raises(MemoryRefused, match="--memory_check must be one of refuse, warn, off"):
+        memory_check.check_memory(object(), object(), object(), "sometimes")
+
+
+def test_a_warmup_as_long_as_the_run_is_named_with_a_scaled_one():
+    from lightning_cqk.optim.config import OptimConfig, check_schedule
+
+    message = check_schedule(OptimConfig(warmup_steps=500), 200)  # the paper's warmup in a 200-step CPU run
+    assert message.startswith("THE LEARNING RATE NEVER LEAVES ITS WARMUP") and "at most 0.4 x lr" in message
+    assert "--model.optim.warmup_steps 20" in message
+    assert check_schedule(OptimConfig(warmup_steps=200), 200) is not None  # peak only at the very last step
+    assert check_schedule(OptimConfig(warmup_steps=199), 200) is None
+
+
+def test_the_cpu_size_recipe_of_the_docs_scales_its_warmup(capsys, monkeypatch):
+    """docs/configs-and-data.md's "paper config at CPU size" command, resolved by the real parser: its warmup is a
+    tenth of its steps, so check_schedule says nothing."""
+    import re
+    import shlex
+
+    import yaml
+
+    from lightning_cqk.optim.config import OptimConfig, check_schedule
+
+    text = (REPO / "docs" / "configs-and-data.md").read_text().split("### A paper config at CPU size", 1)[1]
+    command = shlex.split(re.search(r"```bash\n(.*?)```", text, re.S).group(1).replace("\\\n", " "))
+    assert command[:2] == ["lightning_cqk", "fit"]
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) as done:
+        main([*command[1:], "--print_config"])
+    assert done.value.code in (0, None)
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    steps, optim = resolved["trainer"]["max_steps"], resolved["model"]["optim"]
+    assert optim["warmup_steps"] * 10 == steps and check_schedule(OptimConfig(**optim), steps) is None
+    assert resolved["model"]["config"]["mlp_hidden"] == 4 * resolved["model"]["config"]["n_embd"]
+
+
+def test_activation_checkpointing_and_the_chunked_loss_shrink_the_estimate_by_their_rule():
+    """Checkpointing keeps one block input per layer plus one block rebuilt; a loss chunk holds N tokens of logits."""
+    shape = dict(n_params=1000, n_layer=4, n_embd=8, mlp_hidden=32, vocab_rows=50, micro_batch=2, seq_len=16)
+    plain = estimate(**shape)
+    checkpointed = estimate(**shape, activation_checkpointing=True, loss_chunk=8)
+    tokens, block = 2 * 16, 9 * 8 + 2 * 32
+    assert plain.activations == tokens * 4 * block * 4
+    assert checkpointed.activations == tokens * (4 * 8 + block) * 4
+    assert plain.logits == tokens * 50 * 12 and checkpointed.logits == 8 * 50 * 12
+    assert estimate(**shape, loss_chunk=10_000).logits == plain.logits  # a chunk longer than the batch is the batch
