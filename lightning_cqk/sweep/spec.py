@@ -40,9 +40,9 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
          published: {value: -6.6, unit: token_ppl, tokenizer: gpt2, corpus: wikitext, baseline: 24.22}}
     control:                              # the planted control: one extra group with an effect of known small size
       name: fewer_tokens                  # its level on the baseline axis (the first axis of `baseline`)
-      overrides: {budget.tokens: 460800}  # e.g. the baseline on 90% of the tokens
+      overrides: {budget.tokens: 307200}  # e.g. the baseline on 60% of the tokens
       expect: higher                      # it must be significant at the Holm level, else every verdict is void
-      expected_pct: 3.55                  # its size, predicted before the run (printed by --dry-run)
+      expected_pct: 4.6                   # its size, predicted before the run (printed by --dry-run)
       at: {}                              # levels of the other axes (default: their baseline, else first, level)
 
 A claim whose groups are not all in a profile's grid (a level that profile leaves out) is not judged there; the
