@@ -172,7 +172,12 @@ def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> 
                 late = len(xs) // 5  # the first validations move by tens of %: the limits hold the last 80%
                 fit_limits(ax, lo[late:] + hi[late:] + [0.0] + ([target] if math.isfinite(target) else []), log=False)
                 label = "control " if j.is_control else ""
-                ax.set_title(f"{label}{j.name}\nfinal {ms[-1]:+.2f}% · {j.verdict}", fontsize=7)
+                # The title holds the table's change (each run's last validation); where the groups end at different
+                # steps (a control on fewer tokens), the curve can only pair the steps they share.
+                ends = {max(s for s, _ in r["scalars"].get(metric) or [(-1, 0)]) for g in [*j.plus, *j.minus]
+                        for r in groups[g]["runs"]}  # fmt: skip
+                shared = f" (curve: the steps both logged, to {xs[-1]})" if len(ends) > 1 else ""
+                ax.set_title(f"{label}{j.name}\nfinal {j.effect.delta_pct:+.2f}% · {j.verdict}{shared}", fontsize=7)
             else:
                 ax.text(0.5, 0.5, "no paired seeds", ha="center", va="center", transform=ax.transAxes)
                 ax.set_title(j.name, fontsize=7)
