@@ -557,6 +557,9 @@ def _control_prediction(data: dict[str, Any], control: Judgement) -> str:
     ctrl, base = groups.get(control.plus[0]), groups.get(control.minus[0])
     if not ctrl or not base or not ctrl["runs"] or not base["runs"]:
         return ""
+    scale = (data["manifest"]["spec"].get("control") or {}).get("lr_scale")
+    if scale is not None:
+        return _lr_control_prediction(data, float(scale))
     metric = data["manifest"]["spec"].get("metric", "val/ppl")
     t_ctrl = mean([float(r["budget"].get("tokens", math.nan)) for r in ctrl["runs"]])
     t_base = mean([float(r["budget"].get("tokens", math.nan)) for r in base["runs"]])
@@ -576,6 +579,35 @@ def _control_prediction(data: dict[str, Any], control: Judgement) -> str:
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
     return f"{100 * math.expm1(slope * math.log(t_ctrl / t_base)):+.2f}% from the baseline's own validation curve"
+
+
+def _lr_control_prediction(data: dict[str, Any], scale: float) -> str:
+    """The size of a control at `scale` times the baseline's tuned rate, predicted from the baseline level's own
+    learning-rate grid: its held-out loss L(lr) interpolated linearly in log(lr) between grid points,
+    Δ = exp(L(scale * chosen) - L(chosen)) - 1 for perplexity, L(scale * chosen) / L(chosen) - 1 for a loss (one
+    seed, held-out windows; "" outside the grid)."""
+    spec = data["manifest"]["spec"]
+    tuning = spec.get("tuning") or {}
+    level = spec["baseline"].get(tuning.get("axis"))
+    level = (tuning.get("same_as") or {}).get(level, level)
+    points = sorted((lr, loss) for lv, lr, _, loss in data["tuning"]["rows"] if lv == level and math.isfinite(loss))
+    chosen = data["tuning"]["chosen"].get(level, math.nan)
+    if len(points) < 2 or not math.isfinite(chosen):
+        return ""
+
+    def at(lr: float) -> float:
+        x = math.log(lr)
+        for (lr0, l0), (lr1, l1) in zip(points, points[1:], strict=False):
+            x0, x1 = math.log(lr0), math.log(lr1)
+            if x0 - 1e-12 <= x <= x1 + 1e-12:
+                return l0 + (l1 - l0) * (x - x0) / (x1 - x0)
+        return math.nan
+
+    low, high = at(chosen), at(chosen * scale)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return ""
+    change = math.expm1(high - low) if spec.get("metric", "val/ppl") == "val/ppl" else high / low - 1.0  # ppl | loss
+    return f"{100 * change:+.2f}% from the baseline's own learning-rate grid (seed {tuning.get('seed')})"
 
 
 def tuning_lines(data: dict[str, Any]) -> list[str]:

@@ -85,7 +85,13 @@ def run_lr(entry: dict[str, Any], data: dict[str, Any]) -> float:
     """A run's learning rate: its override (a tuned level's: the grid's choice), else its config files'."""
     value = (entry.get("overrides") or {}).get("model.optim.lr")
     if isinstance(value, str) and value.startswith("{tuned_lr:"):
-        return float(data.get("tuning", {}).get("chosen", {}).get(value[len("{tuned_lr:") : -1], math.nan))
+        from lightning_cqk.sweep.tuning import TUNED_LR
+
+        match = TUNED_LR.match(value)
+        if not match:
+            return math.nan
+        chosen = float(data.get("tuning", {}).get("chosen", {}).get(match.group(1), math.nan))
+        return chosen * float(match.group(2)) if match.group(2) else chosen
     if value is not None:
         return float(value)
     from lightning_cqk.sweep.estimate import resolve

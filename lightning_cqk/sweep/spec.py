@@ -39,10 +39,13 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
       - {name: coupled-vs-standard, group: coupled-leapfrog, vs: standard, expect: lower,
          published: {value: -6.6, unit: token_ppl, tokenizer: gpt2, corpus: wikitext, baseline: 24.22}}
     control:                              # the planted control: one extra group with an effect of known small size
-      name: fewer_tokens                  # its level on the baseline axis (the first axis of `baseline`)
-      overrides: {budget.tokens: 307200}  # e.g. the baseline on 60% of the tokens
+      name: half_lr                       # its level on the baseline axis (the first axis of `baseline`)
+      overrides: {}                       # e.g. {budget.tokens: 307200}: the baseline on 60% of the tokens
+      lr_scale: 0.5                       # optional: the baseline at this multiple of its learning rate (the tuned
+                                          # one, or the profile's `model.optim.lr`); the report predicts its size
+                                          # from the baseline's own grid
       expect: higher                      # it must be significant at the Holm level, else every verdict is void
-      expected_pct: 4.6                   # its size, predicted before the run (printed by --dry-run)
+      expected_pct: 3.9                   # its size, predicted before the run (printed by --dry-run)
       at: {}                              # levels of the other axes (default: their baseline, else first, level)
 
 A claim whose groups are not all in a profile's grid (a level that profile leaves out) is not judged there; the
@@ -274,6 +277,18 @@ def _check_control(control: Any, spec: dict[str, Any], where: str) -> None:
     expected = control.get("expected_pct")
     if expected is not None and not isinstance(expected, (int, float)):
         raise SpecError(f"{where}: control expected_pct is a number (the planted change in %), got {expected!r}.")
+    scale = control.get("lr_scale")
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < 1e3 or scale == 1:
+            raise SpecError(
+                f"{where}: control lr_scale multiplies the baseline's learning rate: a positive number other than 1, "
+                f"e.g. `lr_scale: 0.5` (half the rate); got {scale!r}."
+            )
+        if "model.optim.lr" in control["overrides"]:
+            raise SpecError(
+                f"{where}: control sets both lr_scale and model.optim.lr in its overrides: keep one "
+                "(lr_scale follows the baseline's tuned rate; a literal rate does not)."
+            )
 
 
 def _check_tuning(tuning: Any, spec: dict[str, Any], profile: dict[str, Any], where: str) -> None:
@@ -437,6 +452,14 @@ def expand(
         else:
             control_group = spec["control"]["group"] if control is not None else None
             runs = _tuning_runs(tuning, spec, axes, runs, configs, prof, placeholders, control_group, where)
+    if control is not None and control.get("lr_scale") is not None:
+        unset = [r.name for r in runs if r.group == spec["control"]["group"] and "model.optim.lr" not in r.overrides]
+        if unset:
+            raise SpecError(
+                f"{where}: control lr_scale {control['lr_scale']} scales the baseline's rate, but the baseline "
+                f"has none here ({unset[0]}): tune its axis (`tuning:`) or set `model.optim.lr: <rate>` in the "
+                "profile's overrides."
+            )
     groups = {r.group for r in runs if r.role != "tuning"}
     kept, left_out = [], []
     for claim in spec.get("claims") or []:
@@ -514,15 +537,18 @@ def _tuning_runs(
     for run in runs:
         level = run.levels.get(axis)
         level = same_as.get(level, level)  # a level that takes another's rate (e.g. the baseline at more tokens)
+        scale = None
         if run.group == control_group:
             if "model.optim.lr" in spec["control"]["overrides"]:
                 continue  # a control that sets its own rate keeps it
             if axis == next(iter(spec["baseline"])):
                 level = base_level  # the control stands in this axis for its baseline level: that level's rate
+            scale = spec["control"].get("lr_scale")
         if level not in grid or "model.optim.lr" in _level_overrides(run, axes, axis):
             continue
         run.overrides.pop("model.optim.lr", None)
-        run.overrides["model.optim.lr"] = "{tuned_lr:" + level + "}"
+        times = "" if scale is None else f"*{float(scale)!r}"
+        run.overrides["model.optim.lr"] = "{tuned_lr:" + level + times + "}"
         run.depends_on = [*run.depends_on, *grid[level].values()]
     spec["tuning"] = {
         "axis": axis,
@@ -570,6 +596,7 @@ def _control_claim(control: dict[str, Any], spec: dict[str, Any], axes: dict[str
         "expect": control["expect"],
         "overrides": control["overrides"],
         "expected_pct": control.get("expected_pct"),
+        "lr_scale": control.get("lr_scale"),
     }
 
 
@@ -608,6 +635,11 @@ def _control_runs(
         for key, value in control["overrides"].items():
             overrides.pop(key, None)
             overrides[key] = _fill(copy.deepcopy(value), placeholders)
+        scale = control.get("lr_scale")
+        if scale is not None:  # a literal base rate is scaled here; a tuned one when the grid has chosen (tuning.py)
+            base_lr = overrides.pop("model.optim.lr", None)
+            if isinstance(base_lr, (int, float)) and not isinstance(base_lr, bool):
+                overrides["model.optim.lr"] = float(base_lr) * float(scale)
         runs.append(
             Run(
                 f"{group}-s{seed}",

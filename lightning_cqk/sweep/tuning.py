@@ -16,7 +16,8 @@ profile's fixed validation set); the held-out windows start at or after its end 
 the choice and the verdicts share no validation text. The choice is the learning rate with the lowest loss (summed
 NLL / tokens) over the held-out windows of the grid run's final validation; a grid run without finite held-out
 losses is never chosen. Every run of a tuned level (and the control built on it) waits for its grid and is started
-with the chosen rate: its override `model.optim.lr: "{tuned_lr:<level>}"` is filled in when it is launched.
+with the chosen rate: its override `model.optim.lr: "{tuned_lr:<level>}"` is filled in when it is launched. A
+control with `lr_scale: s` (the baseline at s times its rate) gets "{tuned_lr:<level>*s}": the chosen rate times s.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 from lightning_cqk.sweep.spec import SpecError
 
-TUNED_LR = re.compile(r"^\{tuned_lr:([^}]+)\}$")
+TUNED_LR = re.compile(r"^\{tuned_lr:([^}*]+)(?:\*([0-9.eE+-]+))?\}$")  # "{tuned_lr:<level>}" or "...<level>*0.5}"
 WINDOWS_FILE = "val_windows.json"
 
 
@@ -90,5 +91,5 @@ def resolve_overrides(overrides: dict[str, Any], spec: Mapping[str, Any], sweep_
                 f"no learning rate of level {level!r}'s grid ({', '.join(grid.values())}) has a finite loss on the "
                 f"held-out windows {tuning['held_out']} (val_windows.json): rerun them, or change the grid."
             )
-        out[key] = lr
+        out[key] = lr * float(match.group(2)) if match.group(2) else lr
     return out

@@ -209,7 +209,7 @@ def test_runs_that_share_shards_share_a_data_key_and_finished_shards_are_ready(t
     runs = {r.name: r for r in expand(REPO / "configs" / "ablations" / "deconstruction.yaml", "cpu").runs}
     # the seed orders the windows and a level's attention config holds no data: one shard setting for all of them
     assert _data_key(runs["standard-s1"]) == _data_key(runs["standard-s3"]) == _data_key(runs["approximate-hybrid-s2"])
-    assert _data_key(runs["tune-standard-lr0.001-s0"]) == _data_key(runs["standard-s1"])  # the lr grid: the same shards
+    assert _data_key(runs["tune-standard-lr0.002-s0"]) == _data_key(runs["standard-s1"])  # the lr grid: the same shards
     corpus = {r.name: r for r in expand(REPO / "configs" / "ablations" / "corpus.yaml", "cpu").runs}
     assert _data_key(corpus["wikitext-standard-s1"]) != _data_key(corpus["pubmed-standard-s1"])
     run = corpus["pubmed-coupled-s2"]

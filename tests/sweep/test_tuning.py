@@ -121,3 +121,80 @@ def test_the_grid_expands_and_tuned_runs_wait_for_it(tmp_path: Path):
 def test_a_grid_that_could_read_the_verdicts_windows_is_refused(tmp_path: Path, tuning: dict, message: str):
     with pytest.raises(SpecError, match=message):
         expand(_spec(tmp_path, **tuning), "cpu", tmp_path / "out")
+
+
+def _lr_control_spec(tmp_path: Path, control: dict, tuned: bool = True, **overrides) -> Path:
+    spec = json.loads(json.dumps(SPEC))
+    cpu = spec["profiles"]["cpu"]
+    cpu["control"] = control
+    cpu["overrides"].update(overrides)
+    if not tuned:
+        del cpu["tuning"]
+    path = tmp_path / "tuned.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_control_at_a_fraction_of_the_tuned_rate_starts_at_the_choice_times_it(tmp_path: Path):
+    control = {"name": "half_lr", "overrides": {}, "lr_scale": 0.5, "expect": "higher", "expected_pct": 3.9}
+    sweep = expand(_lr_control_spec(tmp_path, control), "cpu", tmp_path / "out")
+    run = sweep.run("half_lr-s1")
+    assert run.overrides["model.optim.lr"] == "{tuned_lr:standard*0.5}"
+    assert sorted(run.depends_on) == sorted(f"tune-standard-lr{lr}-s0" for lr in ("0.001", "0.002", "0.004"))
+    assert sweep.spec["control"]["lr_scale"] == 0.5
+    for r in (r for r in sweep.runs if r.role == "tuning"):
+        (sweep.sweep_dir / r.name).mkdir(parents=True)
+        held = {0.001: 2.5, 0.002: 2.2, 0.004: 2.0}[r.overrides["model.optim.lr"]]
+        (sweep.sweep_dir / r.name / "val_windows.json").write_text(json.dumps(_windows(3.0, held)))
+    assert "--model.optim.lr=0.002" in fit_command(sweep, run)  # 0.5 x the choice 4e-3
+    assert "--model.optim.lr=0.004" in fit_command(sweep, sweep.run("standard-s1"))  # the baseline keeps the choice
+
+
+def test_an_untuned_control_scales_the_stated_rate_or_is_refused(tmp_path: Path):
+    control = {"name": "lower_lr", "overrides": {}, "lr_scale": 0.8, "expect": "higher"}
+    sweep = expand(_lr_control_spec(tmp_path, control, tuned=False, **{"model.optim.lr": 2e-3}), "cpu", tmp_path / "o")
+    assert sweep.run("lower_lr-s1").overrides["model.optim.lr"] == pytest.approx(1.6e-3)
+    assert sweep.run("standard-s1").overrides["model.optim.lr"] == 2e-3
+    with pytest.raises(SpecError, match="set `model.optim.lr: <rate>` in the profile's overrides"):
+        expand(_lr_control_spec(tmp_path, control, tuned=False), "cpu", tmp_path / "o2")
+
+
+@pytest.mark.parametrize(
+    "control, message",
+    [
+        ({"lr_scale": 1}, "other than 1"),
+        ({"lr_scale": -0.5}, "a positive number"),
+        ({"lr_scale": "half"}, "a positive number"),
+        ({"lr_scale": 0.5, "overrides": {"model.optim.lr": 1e-3}}, "keep one"),
+    ],
+)
+def test_a_bad_lr_scale_is_refused(tmp_path: Path, control: dict, message: str):
+    control = {"name": "half_lr", "overrides": {}, "expect": "higher", **control}
+    with pytest.raises(SpecError, match=message):
+        expand(_lr_control_spec(tmp_path, control), "cpu", tmp_path / "out")
+
+
+def test_the_report_predicts_an_lr_controls_size_from_the_baselines_own_grid():
+    """Δ = exp(L(scale x chosen) - L(chosen)) - 1, L interpolated linearly in log(lr) between the grid's held-out
+    losses; a rate outside the grid predicts nothing."""
+    from lightning_cqk.sweep.report import _lr_control_prediction
+
+    rows = [("standard", 2e-3, "a", 2.20), ("standard", 4e-3, "b", 2.10), ("standard", 8e-3, "c", 2.05)]
+    rows += [("coupled", 4e-3, "d", 9.0)]  # another level's grid is never read
+    spec = {"baseline": {"attention": "standard"}, "tuning": {"axis": "attention", "seed": 0}, "metric": "val/ppl"}
+    data = {"manifest": {"spec": spec}, "tuning": {"rows": rows, "chosen": {"standard": 8e-3, "coupled": 4e-3}}}
+    assert _lr_control_prediction(data, 0.5).startswith(f"{100 * math.expm1(2.10 - 2.05):+.2f}%")  # a grid point
+    mid = 2.20 + (2.10 - 2.20) * math.log(8e-3 * 0.35 / 2e-3) / math.log(2)  # between 2e-3 and 4e-3
+    assert _lr_control_prediction(data, 0.35).startswith(f"{100 * math.expm1(mid - 2.05):+.2f}%")
+    assert _lr_control_prediction(data, 0.1) == ""  # 8e-4: below the grid
+    spec["metric"] = "val/loss"
+    assert _lr_control_prediction(data, 0.5).startswith(f"{100 * (2.10 / 2.05 - 1):+.2f}%")
+
+
+def test_runs_csv_records_a_scaled_controls_rate():
+    from lightning_cqk.sweep.results import run_lr
+
+    data = {"tuning": {"chosen": {"standard": 4e-3}}}
+    assert run_lr({"overrides": {"model.optim.lr": "{tuned_lr:standard*0.5}"}}, data) == pytest.approx(2e-3)
+    assert run_lr({"overrides": {"model.optim.lr": "{tuned_lr:standard}"}}, data) == pytest.approx(4e-3)
+    assert math.isnan(run_lr({"overrides": {"model.optim.lr": "{tuned_lr:coupled*0.5}"}}, data))
