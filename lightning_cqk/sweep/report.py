@@ -582,14 +582,20 @@ def _control_prediction(data: dict[str, Any], control: Judgement) -> str:
 
 
 def _lr_control_prediction(data: dict[str, Any], scale: float) -> str:
-    """The size of a control at `scale` times the baseline's tuned rate, predicted from the baseline level's own
-    learning-rate grid: its held-out loss L(lr) interpolated linearly in log(lr) between grid points,
-    Δ = exp(L(scale * chosen) - L(chosen)) - 1 for perplexity, L(scale * chosen) / L(chosen) - 1 for a loss (one
-    seed, held-out windows; "" outside the grid)."""
+    """The size of a control at `scale` times the baseline's tuned rate, predicted from the grid of the level whose
+    rate it scales (the level in its runs' "{tuned_lr:<level>*scale}"): that level's held-out loss L(lr)
+    interpolated linearly in log(lr) between grid points, Δ = exp(L(scale * chosen) - L(chosen)) - 1 for
+    perplexity, L(scale * chosen) / L(chosen) - 1 for a loss (one seed, held-out windows; "" outside the grid)."""
+    from lightning_cqk.sweep.tuning import TUNED_LR
+
     spec = data["manifest"]["spec"]
     tuning = spec.get("tuning") or {}
-    level = spec["baseline"].get(tuning.get("axis"))
-    level = (tuning.get("same_as") or {}).get(level, level)
+    group = (spec.get("control") or {}).get("group")
+    rates = [
+        (r.get("overrides") or {}).get("model.optim.lr") for r in data["manifest"]["runs"] if r.get("group") == group
+    ]
+    found = [m.group(1) for m in (TUNED_LR.match(x) for x in rates if isinstance(x, str)) if m]
+    level = found[0] if found else None  # the level whose rate the control scales (e.g. `at: {mechanism: standard}`)
     points = sorted((lr, loss) for lv, lr, _, loss in data["tuning"]["rows"] if lv == level and math.isfinite(loss))
     chosen = data["tuning"]["chosen"].get(level, math.nan)
     if len(points) < 2 or not math.isfinite(chosen):

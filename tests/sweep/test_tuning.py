@@ -175,20 +175,25 @@ def test_a_bad_lr_scale_is_refused(tmp_path: Path, control: dict, message: str):
 
 
 def test_the_report_predicts_an_lr_controls_size_from_the_baselines_own_grid():
-    """Δ = exp(L(scale x chosen) - L(chosen)) - 1, L interpolated linearly in log(lr) between the grid's held-out
-    losses; a rate outside the grid predicts nothing."""
+    """Δ = exp(L(scale x chosen) - L(chosen)) - 1 on the grid of the level the control's runs scale, L interpolated
+    linearly in log(lr) between the grid's held-out losses; a rate outside the grid predicts nothing."""
     from lightning_cqk.sweep.report import _lr_control_prediction
 
     rows = [("standard", 2e-3, "a", 2.20), ("standard", 4e-3, "b", 2.10), ("standard", 8e-3, "c", 2.05)]
     rows += [("coupled", 4e-3, "d", 9.0)]  # another level's grid is never read
-    spec = {"baseline": {"attention": "standard"}, "tuning": {"axis": "attention", "seed": 0}, "metric": "val/ppl"}
-    data = {"manifest": {"spec": spec}, "tuning": {"rows": rows, "chosen": {"standard": 8e-3, "coupled": 4e-3}}}
+    spec = {"tuning": {"axis": "attention", "seed": 0}, "metric": "val/ppl", "control": {"group": "half_lr"}}
+    runs = [{"name": "half_lr-s1", "group": "half_lr", "overrides": {"model.optim.lr": "{tuned_lr:standard*0.5}"}}]
+    runs += [{"name": "coupled-s1", "group": "coupled", "overrides": {"model.optim.lr": "{tuned_lr:coupled}"}}]
+    chosen = {"standard": 8e-3, "coupled": 4e-3}
+    data = {"manifest": {"spec": spec, "runs": runs}, "tuning": {"rows": rows, "chosen": chosen}}
     assert _lr_control_prediction(data, 0.5).startswith(f"{100 * math.expm1(2.10 - 2.05):+.2f}%")  # a grid point
     mid = 2.20 + (2.10 - 2.20) * math.log(8e-3 * 0.35 / 2e-3) / math.log(2)  # between 2e-3 and 4e-3
     assert _lr_control_prediction(data, 0.35).startswith(f"{100 * math.expm1(mid - 2.05):+.2f}%")
     assert _lr_control_prediction(data, 0.1) == ""  # 8e-4: below the grid
     spec["metric"] = "val/loss"
     assert _lr_control_prediction(data, 0.5).startswith(f"{100 * (2.10 / 2.05 - 1):+.2f}%")
+    runs[0]["overrides"]["model.optim.lr"] = "{tuned_lr:coupled*0.5}"  # a control that scales another level's rate
+    assert _lr_control_prediction(data, 0.5) == ""  # coupled's grid holds one rate: nothing to interpolate
 
 
 def test_runs_csv_records_a_scaled_controls_rate():
