@@ -135,9 +135,10 @@ def _steps(run, budget: dict, trainer: dict, tokens_per_step: int, step_s: float
 
 def power_lines(sweep) -> list[str]:
     """The power plan printed before the run: per claim (and the control) its E in our unit, its seeds and the
-    detectable effect at 80% power at alpha / k (k: the study's planned Holm family), from the paired standard
-    deviation the profile declares (`planning: {sd_pct: {default: 0.8, <claim>: ...}}`, from earlier runs)."""
-    from lightning_cqk.sweep.stats import ALPHA, mde_log, pct
+    detectable effect at 80% power at alpha / k (k: the study's planned Holm family), and the paired seeds that would
+    detect |E| there, from the paired standard deviation the profile declares (`planning: {sd_pct: {default: 0.8,
+    <claim>: ...}}`, measured by the study's committed report)."""
+    from lightning_cqk.sweep.stats import ALPHA, mde_log, pct, seeds_needed
     from lightning_cqk.sweep.verdict import planned_effect, planned_tests
 
     spec = sweep.spec
@@ -165,7 +166,8 @@ def power_lines(sweep) -> list[str]:
         n = len(seeds)
         sd = sds.get(claim["name"], sds.get("default"))
         if claim.get("is_control"):
-            e_text = f"planted {float(claim['expected_pct']):+.2f}%" if claim.get("expected_pct") is not None else "–"
+            e = float(claim["expected_pct"]) if claim.get("expected_pct") is not None else math.nan
+            e_text = f"planted {e:+.2f}%" if math.isfinite(e) else "–"
         else:
             e = planned_effect(claim)
             e_text = f"E {e:+.2f}%" if math.isfinite(e) else "E –"
@@ -176,6 +178,9 @@ def power_lines(sweep) -> list[str]:
         else:
             mde = pct(mde_log(float(sd) / 100.0 / math.sqrt(n), n - 1, level))
             mde_text = f"detectable {mde:.2f}% (sd {float(sd):g}%)"
+            need = seeds_needed(float(sd) / 100.0, math.log1p(e / 100.0), level) if math.isfinite(e) else 0
+            if need:
+                mde_text += f"; {'over 200' if need > 200 else need} seeds would detect {abs(e):.2f}%"
         lines.append(f"  {claim['name']:<40} {n:>3} seeds  {e_text:<16} {mde_text}")
     return lines
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -154,6 +155,24 @@ def test_dry_run_prints_the_estimate(capsys):
     assert f"{step_s * 1000:.0f} ms" in line and "0.51M tokens" in line
     assert "study: 26 runs, 16,800 steps" in out and "min wall with 2 jobs" in out
     assert "Power plan: 5 tests in the Holm family" in out and "planted +3.90%" in out
+
+
+def test_power_plan_gives_the_seeds_that_would_detect_the_effect(capsys):
+    """Each claim's line: its detectable effect at the study's seeds and the paired seeds that would detect |E|,
+    both at alpha / k from the planning sd (checked against stats.seeds_needed computed by hand here)."""
+    from lightning_cqk.sweep.estimate import power_lines
+    from lightning_cqk.sweep.stats import ALPHA, seeds_needed
+
+    sweep = expand(REPO / "configs" / "ablations" / "corpus.yaml", "cpu")
+    sweep.spec["profiles"]["cpu"]["planning"] = {"sd_pct": {"default": 1.5, "coupled-vs-standard-pubmed": 1.1}}
+    lines = power_lines(sweep)
+    k = int(lines[0].split("Power plan: ")[1].split()[0])
+    line = next(x for x in lines if "coupled-vs-standard-pubmed" in x)
+    e = math.exp(math.log(1 - 0.045) / 4.43) - 1  # -4.5% per GPT-2 token at ~4.43 bytes per token, per byte
+    need = seeds_needed(0.011, math.log1p(e), ALPHA / k)
+    assert 10 < need < 200 and f"; {need} seeds would detect 1.0" in line and "(sd 1.1%)" in line
+    control = next(x for x in lines if "control-fewer_tokens" in x)
+    assert "seeds would detect 4.60%" in control  # the planted size, at the default sd
 
 
 def test_claims_of_levels_a_profile_leaves_out_are_named_not_judged():
