@@ -559,7 +559,7 @@ def _control_prediction(data: dict[str, Any], control: Judgement) -> str:
         return ""
     scale = (data["manifest"]["spec"].get("control") or {}).get("lr_scale")
     if scale is not None:
-        return _lr_control_prediction(data, float(scale))
+        return _lr_control_prediction(data, None if scale == "auto" else float(scale))
     metric = data["manifest"]["spec"].get("metric", "val/ppl")
     t_ctrl = mean([float(r["budget"].get("tokens", math.nan)) for r in ctrl["runs"]])
     t_base = mean([float(r["budget"].get("tokens", math.nan)) for r in base["runs"]])
@@ -581,12 +581,11 @@ def _control_prediction(data: dict[str, Any], control: Judgement) -> str:
     return f"{100 * math.expm1(slope * math.log(t_ctrl / t_base)):+.2f}% from the baseline's own validation curve"
 
 
-def _lr_control_prediction(data: dict[str, Any], scale: float) -> str:
-    """The size of a control at `scale` times the baseline's tuned rate, predicted from the grid of the level whose
-    rate it scales (the level in its runs' "{tuned_lr:<level>*scale}"): that level's held-out loss L(lr)
-    interpolated linearly in log(lr) between grid points, Δ = exp(L(scale * chosen) - L(chosen)) - 1 for
-    perplexity, L(scale * chosen) / L(chosen) - 1 for a loss (one seed, held-out windows; "" outside the grid)."""
-    from lightning_cqk.sweep.tuning import TUNED_LR
+def _lr_control_prediction(data: dict[str, Any], scale: float | None) -> str:
+    """The size of a control at `scale` times the baseline's tuned rate (None: `lr_scale: auto`, the scale its runs'
+    "{tuned_lr:<level>*auto(<target>)}" takes from the grid), predicted from the grid of the level whose rate it
+    scales: tuning.predicted_change, one seed, held-out windows; "" outside the grid."""
+    from lightning_cqk.sweep.tuning import TuningError, auto_scale, parse_tuned, predicted_change
 
     spec = data["manifest"]["spec"]
     tuning = spec.get("tuning") or {}
@@ -594,26 +593,26 @@ def _lr_control_prediction(data: dict[str, Any], scale: float) -> str:
     rates = [
         (r.get("overrides") or {}).get("model.optim.lr") for r in data["manifest"]["runs"] if r.get("group") == group
     ]
-    found = [m.group(1) for m in (TUNED_LR.match(x) for x in rates if isinstance(x, str)) if m]
-    level = found[0] if found else None  # the level whose rate the control scales (e.g. `at: {mechanism: standard}`)
+    found = [p for p in map(parse_tuned, rates) if p]
+    if not found:
+        return ""
+    level, _, target = found[0]  # the level whose rate the control scales (e.g. `at: {mechanism: standard}`)
     points = sorted((lr, loss) for lv, lr, _, loss in data["tuning"]["rows"] if lv == level and math.isfinite(loss))
     chosen = data["tuning"]["chosen"].get(level, math.nan)
+    metric = spec.get("metric", "val/ppl")
     if len(points) < 2 or not math.isfinite(chosen):
         return ""
-
-    def at(lr: float) -> float:
-        x = math.log(lr)
-        for (lr0, l0), (lr1, l1) in zip(points, points[1:], strict=False):
-            x0, x1 = math.log(lr0), math.log(lr1)
-            if x0 - 1e-12 <= x <= x1 + 1e-12:
-                return l0 + (l1 - l0) * (x - x0) / (x1 - x0)
-        return math.nan
-
-    low, high = at(chosen), at(chosen * scale)
-    if not (math.isfinite(low) and math.isfinite(high)):
+    how = ""
+    if target is not None:
+        try:
+            scale = auto_scale(points, chosen, target, metric)
+        except TuningError:
+            return ""
+        how = f" at lr_scale {scale:.3g}, which the grid chose for a target of {target:+.2f}%"
+    change = predicted_change(points, chosen, float(scale), metric)
+    if not math.isfinite(change):
         return ""
-    change = math.expm1(high - low) if spec.get("metric", "val/ppl") == "val/ppl" else high / low - 1.0  # ppl | loss
-    return f"{100 * change:+.2f}% from the baseline's own learning-rate grid (seed {tuning.get('seed')})"
+    return f"{100 * change:+.2f}% from the baseline's own learning-rate grid (seed {tuning.get('seed')}){how}"
 
 
 def tuning_lines(data: dict[str, Any]) -> list[str]:

@@ -85,13 +85,22 @@ def run_lr(entry: dict[str, Any], data: dict[str, Any]) -> float:
     """A run's learning rate: its override (a tuned level's: the grid's choice), else its config files'."""
     value = (entry.get("overrides") or {}).get("model.optim.lr")
     if isinstance(value, str) and value.startswith("{tuned_lr:"):
-        from lightning_cqk.sweep.tuning import TUNED_LR
+        from lightning_cqk.sweep.tuning import TuningError, auto_scale, parse_tuned
 
-        match = TUNED_LR.match(value)
-        if not match:
+        parsed = parse_tuned(value)
+        if not parsed:
             return math.nan
-        chosen = float(data.get("tuning", {}).get("chosen", {}).get(match.group(1), math.nan))
-        return chosen * float(match.group(2)) if match.group(2) else chosen
+        level, scale, target = parsed
+        chosen = float(data.get("tuning", {}).get("chosen", {}).get(level, math.nan))
+        if target is not None and math.isfinite(chosen):  # lr_scale auto: the scale the grid chose at launch
+            rows = data.get("tuning", {}).get("rows") or []
+            points = [(lr, loss) for lv, lr, _, loss in rows if lv == level]
+            metric = data.get("manifest", {}).get("spec", {}).get("metric", "val/ppl")
+            try:
+                scale = auto_scale(points, chosen, target, metric)
+            except TuningError:
+                return math.nan
+        return chosen * scale if scale is not None else chosen
     if value is not None:
         return float(value)
     from lightning_cqk.sweep.estimate import resolve

@@ -43,7 +43,8 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
       overrides: {}                       # e.g. {budget.tokens: 307200}: the baseline on 60% of the tokens
       lr_scale: 0.5                       # optional: the baseline at this multiple of its learning rate (the tuned
                                           # one, or the profile's `model.optim.lr`); the report predicts its size
-                                          # from the baseline's own grid
+                                          # from the baseline's own grid. `auto`: the grid chooses the scale whose
+                                          # predicted size is expected_pct (sweep/tuning.py; needs a `tuning:` grid)
       expect: higher                      # it must be significant at the Holm level, else every verdict is void
       expected_pct: 3.9                   # its size, predicted before the run (printed by --dry-run)
       at: {}                              # levels of the other axes (default: their baseline, else first, level)
@@ -278,11 +279,20 @@ def _check_control(control: Any, spec: dict[str, Any], where: str) -> None:
     if expected is not None and not isinstance(expected, (int, float)):
         raise SpecError(f"{where}: control expected_pct is a number (the planted change in %), got {expected!r}.")
     scale = control.get("lr_scale")
+    if scale == "auto":
+        if not (isinstance(expected, (int, float)) and 0 < expected <= 50) or control.get("expect") != "higher":
+            raise SpecError(
+                f"{where}: control `lr_scale: auto` takes its scale from the baseline's grid so that the grid predicts "
+                "`expected_pct`: give `expect: higher` and `expected_pct` between 0 and 50, e.g. `expected_pct: 4.0`; "
+                f"got expect {control.get('expect')!r}, expected_pct {expected!r}."
+            )
     if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < 1e3 or scale == 1:
+        if scale == "auto":
+            pass
+        elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < 1e3 or scale == 1:
             raise SpecError(
                 f"{where}: control lr_scale multiplies the baseline's learning rate: a positive number other than 1, "
-                f"e.g. `lr_scale: 0.5` (half the rate); got {scale!r}."
+                f"e.g. `lr_scale: 0.5` (half the rate), or `auto` (chosen from the grid); got {scale!r}."
             )
         if "model.optim.lr" in control["overrides"]:
             raise SpecError(
@@ -452,6 +462,18 @@ def expand(
         else:
             control_group = spec["control"]["group"] if control is not None else None
             runs = _tuning_runs(tuning, spec, axes, runs, configs, prof, placeholders, control_group, where)
+    if control is not None and control.get("lr_scale") == "auto":
+        untuned = [
+            r.name
+            for r in runs
+            if r.group == spec["control"]["group"] and "*auto(" not in str(r.overrides.get("model.optim.lr", ""))
+        ]
+        if untuned:
+            raise SpecError(
+                f"{where}: control `lr_scale: auto` chooses its scale from the baseline's learning-rate grid, but the "
+                f"baseline has no grid here ({untuned[0]}): add a `tuning:` block that tunes its level, or give a "
+                "number, e.g. `lr_scale: 0.5`."
+            )
     if control is not None and control.get("lr_scale") is not None:
         unset = [r.name for r in runs if r.group == spec["control"]["group"] and "model.optim.lr" not in r.overrides]
         if unset:
@@ -547,7 +569,10 @@ def _tuning_runs(
         if level not in grid or "model.optim.lr" in _level_overrides(run, axes, axis):
             continue
         run.overrides.pop("model.optim.lr", None)
-        times = "" if scale is None else f"*{float(scale)!r}"
+        if scale == "auto":  # the grid chooses the scale at launch (tuning.auto_scale)
+            times = f"*auto({float(spec['control']['expected_pct'])!r})"
+        else:
+            times = "" if scale is None else f"*{float(scale)!r}"
         run.overrides["model.optim.lr"] = "{tuned_lr:" + level + times + "}"
         run.depends_on = [*run.depends_on, *grid[level].values()]
     spec["tuning"] = {
@@ -638,7 +663,7 @@ def _control_runs(
         scale = control.get("lr_scale")
         if scale is not None:  # a literal base rate is scaled here; a tuned one when the grid has chosen (tuning.py)
             base_lr = overrides.pop("model.optim.lr", None)
-            if isinstance(base_lr, (int, float)) and not isinstance(base_lr, bool):
+            if scale != "auto" and isinstance(base_lr, (int, float)) and not isinstance(base_lr, bool):
                 overrides["model.optim.lr"] = float(base_lr) * float(scale)
         runs.append(
             Run(

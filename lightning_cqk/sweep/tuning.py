@@ -18,6 +18,13 @@ NLL / tokens) over the held-out windows of the grid run's final validation; a gr
 losses is never chosen. Every run of a tuned level (and the control built on it) waits for its grid and is started
 with the chosen rate: its override `model.optim.lr: "{tuned_lr:<level>}"` is filled in when it is launched. A
 control with `lr_scale: s` (the baseline at s times its rate) gets "{tuned_lr:<level>*s}": the chosen rate times s.
+
+A control with `lr_scale: auto` gets "{tuned_lr:<level>*auto(<expected_pct>)}": its scale is an output of the
+level's grid, not an input. The grid's held-out loss L(lr), interpolated linearly in log(lr) between grid points,
+predicts the control's change Δ(s) = exp(L(s·lr*) − L(lr*)) − 1 of perplexity (L(s·lr*) / L(lr*) − 1 of a loss
+metric); `auto_scale` picks the s < 1 with Δ(s) = expected_pct (a lower rate: the gentler perturbation), else the
+s > 1, both within the grid; where the grid is too flat for either, the grid end with the largest Δ (the report
+prints the Δ it predicts beside the target, so a control smaller than planned is seen before its verdict).
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ from typing import Any
 
 from lightning_cqk.sweep.spec import SpecError
 
-TUNED_LR = re.compile(r"^\{tuned_lr:([^}*]+)(?:\*([0-9.eE+-]+))?\}$")  # "{tuned_lr:<level>}" or "...<level>*0.5}"
+# "{tuned_lr:<level>}", "{tuned_lr:<level>*0.5}" or "{tuned_lr:<level>*auto(4.0)}"
+TUNED_LR = re.compile(r"^\{tuned_lr:([^}*]+)(?:\*(?:([0-9.eE+-]+)|auto\(([0-9.eE+-]+)\)))?\}$")
 WINDOWS_FILE = "val_windows.json"
 
 
@@ -63,6 +71,66 @@ def choose(losses: Mapping[float, float]) -> float:
     return min(finite, key=lambda lr: (finite[lr], lr))
 
 
+def parse_tuned(value: Any) -> tuple[str, float | None, float | None] | None:
+    """(level, scale, target %) of a "{tuned_lr:...}" override (scale and target None where absent); None otherwise."""
+    match = TUNED_LR.match(value) if isinstance(value, str) else None
+    if not match:
+        return None
+    level, scale, target = match.groups()
+    return level, None if scale is None else float(scale), None if target is None else float(target)
+
+
+def loss_at(points: Sequence[tuple[float, float]], lr: float) -> float:
+    """The held-out loss at `lr`, interpolated linearly in log(lr) between the grid's (lr, loss) points (sorted by
+    lr, finite losses); nan outside the grid."""
+    if not lr > 0:
+        return math.nan
+    x = math.log(lr)
+    for lr0, l0 in points:  # a grid point itself (also a grid of one point)
+        if abs(x - math.log(lr0)) <= 1e-12:
+            return l0
+    for (lr0, l0), (lr1, l1) in zip(points, points[1:], strict=False):
+        x0, x1 = math.log(lr0), math.log(lr1)
+        if x0 <= x <= x1:
+            return l0 + (l1 - l0) * (x - x0) / (x1 - x0)
+    return math.nan
+
+
+def predicted_change(points: Sequence[tuple[float, float]], chosen: float, scale: float, metric: str) -> float:
+    """Δ (a fraction) of a run at `scale` x the chosen rate against the chosen rate, from the grid: exp(L(s·lr*) -
+    L(lr*)) - 1 for perplexity, L(s·lr*) / L(lr*) - 1 for a loss metric; nan outside the grid."""
+    low, high = loss_at(points, chosen), loss_at(points, chosen * scale)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return math.nan
+    return math.expm1(high - low) if metric == "val/ppl" else high / low - 1.0
+
+
+def auto_scale(points: Sequence[tuple[float, float]], chosen: float, target_pct: float, metric: str) -> float:
+    """The scale s of `lr_scale: auto` (module docstring): Δ(s) = target on the low side of the chosen rate, else on
+    the high side, else the grid end with the largest Δ. Raises TuningError when no other grid rate has a finite loss
+    above the chosen one's (no rate control can be planted from this grid)."""
+    points = sorted((float(lr), float(loss)) for lr, loss in points if math.isfinite(loss))
+    base = loss_at(points, chosen)
+    if not math.isfinite(base):
+        raise TuningError(f"lr_scale auto: the chosen rate {chosen:g} has no finite held-out loss in its grid.")
+    goal = base + math.log1p(target_pct / 100.0) if metric == "val/ppl" else base * (1.0 + target_pct / 100.0)
+    below = [p for p in points if p[0] <= chosen][::-1]  # from the chosen rate down
+    above = [p for p in points if p[0] >= chosen]  # from the chosen rate up
+    for side in (below, above):
+        for (lr0, l0), (lr1, l1) in zip(side, side[1:], strict=False):
+            if l0 < goal <= l1:
+                x = math.log(lr0) + (goal - l0) / (l1 - l0) * (math.log(lr1) - math.log(lr0))
+                return math.exp(x) / chosen
+    ends = [p for p in (points[0], points[-1]) if p[0] != chosen and p[1] > base]
+    if not ends:
+        raise TuningError(
+            f"lr_scale auto: no grid rate has a higher held-out loss than the chosen {chosen:g} "
+            f"({', '.join(f'{lr:g}: {loss:.4f}' for lr, loss in points)}): a rate control cannot be planted from "
+            "this grid; widen the grid or give the control a number (`lr_scale: 0.5`)."
+        )
+    return max(ends, key=lambda p: p[1])[0] / chosen
+
+
 def grid_losses(sweep_dir: Path, grid: Mapping[str, str], held_out: Sequence[int]) -> dict[float, float]:
     """{lr: held-out loss} of one level's grid runs ({lr as text: run name}) from their run directories."""
     out = {}
@@ -73,14 +141,15 @@ def grid_losses(sweep_dir: Path, grid: Mapping[str, str], held_out: Sequence[int
 
 
 def resolve_overrides(overrides: dict[str, Any], spec: Mapping[str, Any], sweep_dir: Path) -> dict[str, Any]:
-    """`overrides` with every "{tuned_lr:<level>}" replaced by the level's chosen rate (read from the grid runs)."""
+    """`overrides` with every "{tuned_lr:<level>}" replaced by the level's chosen rate (read from the grid runs), times
+    the scale ("*0.5") or the scale `auto_scale` takes from the grid ("*auto(4.0)")."""
     tuning = spec.get("tuning") or {}
     out = dict(overrides)
     for key, value in overrides.items():
-        match = TUNED_LR.match(value) if isinstance(value, str) else None
-        if not match:
+        parsed = parse_tuned(value)
+        if not parsed:
             continue
-        level = match.group(1)
+        level, scale, target = parsed
         grid = (tuning.get("grid") or {}).get(level)
         if not grid:
             raise TuningError(f"{key}={value}: level {level!r} has no tuning grid in this sweep's spec.")
@@ -91,5 +160,7 @@ def resolve_overrides(overrides: dict[str, Any], spec: Mapping[str, Any], sweep_
                 f"no learning rate of level {level!r}'s grid ({', '.join(grid.values())}) has a finite loss on the "
                 f"held-out windows {tuning['held_out']} (val_windows.json): rerun them, or change the grid."
             )
-        out[key] = lr * float(match.group(2)) if match.group(2) else lr
+        if target is not None:
+            scale = auto_scale(list(losses.items()), lr, target, spec.get("metric", "val/ppl"))
+        out[key] = lr * scale if scale is not None else lr
     return out

@@ -203,3 +203,70 @@ def test_runs_csv_records_a_scaled_controls_rate():
     assert run_lr({"overrides": {"model.optim.lr": "{tuned_lr:standard*0.5}"}}, data) == pytest.approx(2e-3)
     assert run_lr({"overrides": {"model.optim.lr": "{tuned_lr:standard}"}}, data) == pytest.approx(4e-3)
     assert math.isnan(run_lr({"overrides": {"model.optim.lr": "{tuned_lr:coupled*0.5}"}}, data))
+
+
+def test_auto_scale_solves_the_grid_for_the_target_on_the_low_side_first():
+    """Δ(s) = exp(L(s·lr*) - L(lr*)) - 1 equals the target at the returned s, L linear in log(lr) between points
+    (hand computation); the high side only when the low side cannot reach it; else the grid end of largest Δ."""
+    from lightning_cqk.sweep.tuning import auto_scale, predicted_change
+
+    steep = [(2e-3, 2.20), (4e-3, 2.10), (8e-3, 2.30)]
+    s = auto_scale(steep, 4e-3, 4.0, "val/ppl")
+    frac = math.log1p(0.04) / (2.20 - 2.10)  # the share of the 4e-3 -> 2e-3 segment that rises by log(1.04)
+    assert s == pytest.approx(math.exp(-frac * math.log(2)))  # below 1: a lower rate
+    assert 100 * predicted_change(steep, 4e-3, s, "val/ppl") == pytest.approx(4.0)
+    flat_below = [(2e-3, 2.105), (4e-3, 2.10), (8e-3, 2.30)]  # +0.5% at half the rate: the high side is used
+    s = auto_scale(flat_below, 4e-3, 4.0, "val/ppl")
+    assert s > 1 and 100 * predicted_change(flat_below, 4e-3, s, "val/ppl") == pytest.approx(4.0)
+    flat = [(2e-3, 2.105), (4e-3, 2.10), (8e-3, 2.11)]  # nowhere +4%: the end with the largest Δ (8e-3)
+    assert auto_scale(flat, 4e-3, 4.0, "val/ppl") == pytest.approx(2.0)
+    loss = [(2e-3, 2.20), (4e-3, 2.00), (8e-3, 2.50)]  # a loss metric: L(s·lr*) / L(lr*) = 1.04
+    s = auto_scale(loss, 4e-3, 4.0, "val/loss")
+    assert 100 * predicted_change(loss, 4e-3, s, "val/loss") == pytest.approx(4.0) and s < 1
+    with pytest.raises(TuningError, match="cannot be planted"):
+        auto_scale([(2e-3, 2.1), (4e-3, 2.1)], 2e-3, 4.0, "val/ppl")  # a tie: no rate is worse than the choice
+
+
+def test_an_auto_scaled_control_starts_where_its_grid_predicts_the_target(tmp_path: Path):
+    control = {"name": "lower_lr", "overrides": {}, "lr_scale": "auto", "expect": "higher", "expected_pct": 4.0}
+    sweep = expand(_lr_control_spec(tmp_path, control), "cpu", tmp_path / "out")
+    run = sweep.run("lower_lr-s1")
+    assert run.overrides["model.optim.lr"] == "{tuned_lr:standard*auto(4.0)}"
+    held = {0.001: 2.3, 0.002: 2.2, 0.004: 2.0}
+    for r in (r for r in sweep.runs if r.role == "tuning"):
+        (sweep.sweep_dir / r.name).mkdir(parents=True)
+        (sweep.sweep_dir / r.name / "val_windows.json").write_text(
+            json.dumps(_windows(3.0, held[r.overrides["model.optim.lr"]]))
+        )
+    lr = 4e-3 * math.exp(-math.log1p(0.04) / 0.2 * math.log(2))  # 4e-3 -> 2e-3 rises by 0.2 nats
+    arg = next(a for a in fit_command(sweep, run) if a.startswith("--model.optim.lr="))
+    assert float(arg.split("=")[1]) == pytest.approx(lr)
+    assert "--model.optim.lr=0.004" in fit_command(sweep, sweep.run("standard-s1"))
+
+    from lightning_cqk.sweep.report import _lr_control_prediction
+    from lightning_cqk.sweep.results import run_lr
+
+    rows = [("standard", lr_, f"tune-{lr_}", loss) for lr_, loss in held.items()]
+    spec = {"tuning": {"seed": 0}, "metric": "val/ppl", "control": {"group": "lower_lr"}}
+    runs = [
+        {"name": "lower_lr-s1", "group": "lower_lr", "overrides": {"model.optim.lr": run.overrides["model.optim.lr"]}}
+    ]
+    data = {"manifest": {"spec": spec, "runs": runs}, "tuning": {"rows": rows, "chosen": {"standard": 4e-3}}}
+    assert run_lr(runs[0], data) == pytest.approx(lr)  # runs.csv: the rate the run started at
+    text = _lr_control_prediction(data, None)
+    assert text.startswith("+4.00% from the baseline's own learning-rate grid") and "target of +4.00%" in text
+
+
+@pytest.mark.parametrize(
+    "control, tuned, message",
+    [
+        ({"expected_pct": None}, True, "expected_pct` between 0 and 50"),
+        ({"expected_pct": 4.0, "expect": "lower"}, True, "give `expect: higher`"),
+        ({"expected_pct": 4.0}, False, "add a `tuning:` block"),
+    ],
+)
+def test_an_auto_scale_without_a_target_or_a_grid_is_refused(tmp_path: Path, control: dict, tuned: bool, message):
+    control = {"name": "lower_lr", "overrides": {}, "lr_scale": "auto", "expect": "higher", **control}
+    extra = {} if tuned else {"model.optim.lr": 2e-3}
+    with pytest.raises(SpecError, match=message):
+        expand(_lr_control_spec(tmp_path, control, tuned=tuned, **extra), "cpu", tmp_path / "out")
