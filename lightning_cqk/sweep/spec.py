@@ -105,6 +105,7 @@ class Run:
     overrides: dict[str, Any]  # flag -> value (resolved placeholders), in the order they are passed
     depends_on: list[str]  # names of runs this one waits for ({run:<level>} references)
     role: str = ""  # "" (a run of the grid or the control) | "tuning" (a learning-rate grid run, spec `tuning:`)
+    tuned_by: dict[str, Any] = dataclasses.field(default_factory=dict)  # level -> its grid (config hashes, windows)
 
     def cli_args(self, sweep_dir: Path) -> list[str]:
         """Arguments of `lightning_cqk fit` for this run (without the resume checkpoint)."""
@@ -125,13 +126,18 @@ class Run:
         """sha256 (16 hex digits) of everything that determines the run's resolved config.
 
         The contents of the --config files (not just their paths), the overrides and the seed: a finished run whose
-        hash changed (the spec or a config file was edited) is refused rather than silently mixed into a sweep.
+        hash changed (the spec or a config file was edited) is refused rather than silently mixed into a sweep. A run
+        that starts at a grid's choice ("{tuned_lr:<level>}") also hashes that grid (its runs' hashes and the held-out
+        windows), so a run whose rate came from an edited grid is refused too.
         """
         files = []
         for config in self.configs:
             path = Path(config)
             files.append([config, path.read_text() if path.is_file() else None])
-        blob = json.dumps({"configs": files, "overrides": self.overrides, "seed": self.seed}, sort_keys=True)
+        what = {"configs": files, "overrides": self.overrides, "seed": self.seed}
+        if self.tuned_by:  # only tuned runs: the hash of every other run is what it always was
+            what["tuned_by"] = self.tuned_by
+        blob = json.dumps(what, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -554,6 +560,8 @@ def _tuning_runs(
             tune.append(
                 Run(name, group, seed, dict(at), [_fill(c, placeholders) for c in run_configs], overrides, [], "tuning")
             )
+    by_name = {r.name: r for r in tune}
+    grid_hashes = {lv: {lr: by_name[name].config_hash() for lr, name in g.items()} for lv, g in grid.items()}
     base_level = spec["baseline"].get(axis)
     same_as = {str(k): str(v) for k, v in (tuning.get("same_as") or {}).items()}
     for run in runs:
@@ -575,6 +583,7 @@ def _tuning_runs(
             times = "" if scale is None else f"*{float(scale)!r}"
         run.overrides["model.optim.lr"] = "{tuned_lr:" + level + times + "}"
         run.depends_on = [*run.depends_on, *grid[level].values()]
+        run.tuned_by = {level: {"held_out": [int(x) for x in tuning["held_out"]], "grid": grid_hashes[level]}}
     spec["tuning"] = {
         "axis": axis,
         "levels": levels,

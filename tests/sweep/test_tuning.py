@@ -270,3 +270,17 @@ def test_an_auto_scale_without_a_target_or_a_grid_is_refused(tmp_path: Path, con
     extra = {} if tuned else {"model.optim.lr": 2e-3}
     with pytest.raises(SpecError, match=message):
         expand(_lr_control_spec(tmp_path, control, tuned=tuned, **extra), "cpu", tmp_path / "out")
+
+
+def test_a_run_that_starts_at_a_grids_choice_hashes_the_grid(tmp_path: Path):
+    """Editing the grid (its rates or held-out windows) changes the hash of every run that starts at its choice, so a
+    finished run whose rate came from the old grid is refused on resume; runs that no grid sets keep their hash."""
+    base = expand(_spec(tmp_path, levels=["coupled"]), "cpu", tmp_path / "out")
+    same = expand(_spec(tmp_path, levels=["coupled"]), "cpu", tmp_path / "out")
+    rates = expand(_spec(tmp_path, levels=["coupled"], lrs=[1e-3, 2e-3, 8e-3]), "cpu", tmp_path / "out")
+    windows = expand(_spec(tmp_path, levels=["coupled"], held_out=[32, 48]), "cpu", tmp_path / "out")
+    tuned, untuned = "coupled-s1", "standard-s1"
+    assert base.run(tuned).config_hash() == same.run(tuned).config_hash()
+    assert base.run(tuned).config_hash() != rates.run(tuned).config_hash()
+    assert base.run(tuned).config_hash() != windows.run(tuned).config_hash()
+    assert base.run(untuned).config_hash() == rates.run(untuned).config_hash() == windows.run(untuned).config_hash()
