@@ -751,6 +751,15 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
             + "; ".join(f"{study}: {', '.join(names)}" for study, names in shared.items())
             + "."
         )
+    same = data.get("same_results") or {}
+    if same:
+        notes.append(
+            "Runs with the same results as another study's runs under another name (seed, learning rate, tokens, "
+            "steps and final validation perplexity and loss equal to the last digit: the same settings, "
+            "deterministic training; counted in both): "
+            + "; ".join(f"{study}: {', '.join(pairs)}" for study, pairs in same.items())
+            + "."
+        )
     diverged = [r["name"] for g in data["groups"].values() for r in g["runs"] if not math.isfinite(final(r, metric))]
     if diverged:
         notes.append(f"Diverged (non-finite final {metric}; counted, never averaged): {', '.join(diverged)}.")
@@ -903,10 +912,11 @@ def write_report(
                 else ""
             )
         )
-    from lightning_cqk.sweep.results import COMMITTED, shared_runs, write_committed
+    from lightning_cqk.sweep.results import COMMITTED, same_results, shared_runs, write_committed
 
     out = Path(output) if output is not None else (sweep_dir if data["committed"] else sweep_dir / "report")
     data["shared"] = shared_runs(out, data["manifest"])
+    data["same_results"] = same_results(out, data)
     study = data["manifest"]["study"]
     rows = table_rows(data)
     judgements = verdicts(data)

@@ -241,3 +241,62 @@ def shared_runs(folder: Path, manifest: dict[str, Any]) -> dict[str, list[str]]:
         if same:
             out[other.name] = same
     return out
+
+
+def _fingerprint(seed: Any, lr: Any, tokens: Any, steps: Any, ppl: Any, loss: Any) -> tuple[Any, ...] | None:
+    """(seed, lr, tokens, steps, final val ppl, final val loss) as floats (the loss as text: a run that logged none
+    has "nan" on both sides); None unless the first five are finite (an unfinished run)."""
+    try:
+        values = tuple(float(x) for x in (seed, lr, tokens, steps, ppl))
+        last = repr(float(loss)) if loss not in (None, "") else "nan"
+    except (TypeError, ValueError):
+        return None
+    return (*values, last) if all(math.isfinite(v) for v in values) else None
+
+
+def same_results(folder: Path, data: dict[str, Any]) -> dict[str, list[str]]:
+    """{other study: ["<run> = <its run>"]} for this study's finished runs whose seed, learning rate, tokens, steps,
+    final validation perplexity and loss equal, to the last digit, those of a run under another config hash in a
+    sibling folder of committed results: the same settings run again under another name (a level called
+    `standard-B` here and `standard` there; training is deterministic), which `shared_runs` cannot see because the
+    hashes hold the levels' names. Runs with the same config hash are left to `shared_runs`."""
+    entries = {e["name"]: e for e in data["manifest"].get("runs", [])}
+    finished = [r for g in data["groups"].values() for r in g["runs"]] + list(data.get("tuning_runs", []))
+    mine: dict[tuple[float, ...], list[tuple[str, str]]] = {}
+    for run in finished:
+        entry = entries.get(run["name"], {})
+        budget = run.get("budget") or {}
+        key = _fingerprint(
+            entry.get("seed"),
+            run_lr(entry, data),
+            budget.get("tokens"),
+            budget.get("steps"),
+            _final(run, "val/ppl"),
+            _final(run, "val/loss"),
+        )
+        if key is not None:
+            mine.setdefault(key, []).append((run["name"], entry.get("config_hash", "")))
+    out: dict[str, list[str]] = {}
+    if not folder.parent.is_dir():
+        return out
+    for other in sorted(folder.parent.iterdir()):
+        path = other / RUNS_FILE
+        if other.resolve() == folder.resolve() or not path.is_file():
+            continue
+        pairs = []
+        with open(path, newline="") as handle:
+            for row in csv.DictReader(handle):
+                key = _fingerprint(
+                    row.get("seed"),
+                    row.get("lr"),
+                    row.get("tokens"),
+                    row.get("steps"),
+                    row.get("val_ppl"),
+                    row.get("val_loss"),
+                )
+                for name, config_hash in mine.get(key, []) if key is not None else []:
+                    if config_hash != row.get("config_hash"):
+                        pairs.append(f"{name} = {row['run']}")
+        if pairs:
+            out[other.name] = sorted(pairs)
+    return out

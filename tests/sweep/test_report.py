@@ -327,3 +327,30 @@ def test_runs_shared_with_another_study_are_named(sweep_dir: Path, tmp_path: Pat
     text = write_report(results / "toy", quiet=True)["markdown"].read_text()
     assert "Runs shared with other studies (identical configs, overrides and seed" in text
     assert "other: base-s2." in text
+
+
+def test_runs_with_the_same_results_under_another_name_are_named(sweep_dir: Path, tmp_path: Path):
+    """A run of another study with another config hash (its level has another name) but the same seed, rate,
+    tokens, steps and final validation loss to the last digit is named as the same run; one digit off is not."""
+    import shutil
+
+    manifest = json.loads((sweep_dir / "manifest.json").read_text())
+    for run in manifest["runs"]:
+        run["overrides"] = {"model.optim.lr": 1e-3}
+    (sweep_dir / "manifest.json").write_text(json.dumps(manifest))
+    results = tmp_path / "results"
+    write_report(sweep_dir, results / "toy", quiet=True)
+    shutil.copytree(results / "toy", results / "other")
+    with open(results / "other" / "runs.csv", newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["run"] in ("base-s1", "base-s2")]
+    for row in rows:
+        row["config_hash"], row["run"] = "another-hash", row["run"].replace("base", "standard-B")
+    ppl = float(rows[0]["val_ppl"])
+    rows[0]["val_ppl"] = repr(math.nextafter(ppl, math.inf))  # base-s1's twin is one float away: not the same
+    with open(results / "other" / "runs.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    text = write_report(results / "toy", quiet=True)["markdown"].read_text()
+    assert "Runs with the same results as another study's runs under another name" in text
+    assert "other: base-s2 = standard-B-s2." in text and "base-s1 = " not in text
