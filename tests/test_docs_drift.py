@@ -131,6 +131,38 @@ def test_the_results_index_quotes_each_reports_runs_estimate_and_revision(studie
         assert stated is None or stated.group(1) in code, f"{study}: its README names {stated.group(1)}"
 
 
+def _measured_paired_sds(study: str) -> dict[str, float]:
+    """{claim: paired sd (%) of its log metric} of a committed report's paired-t claims, from the 95% interval and n
+    in claims.csv (half-width = t(0.975, n - 1) x sd / sqrt(n) in log space)."""
+    import csv
+    import math
+
+    from scipy import stats
+
+    out = {}
+    with (REPO / "docs" / "results" / study / "claims.csv").open() as f:
+        for row in csv.DictReader(f):
+            if row["test"] != "paired t":
+                continue
+            n = int(row["n"])
+            half = (math.log1p(float(row["ci_high_pct"]) / 100) - math.log1p(float(row["ci_low_pct"]) / 100)) / 2
+            out[row["claim"]] = 100 * half * math.sqrt(n) / float(stats.t.ppf(0.975, n - 1))
+    return out
+
+
+@pytest.mark.parametrize("study", sorted(p.stem for p in (REPO / "configs" / "ablations").glob("*.yaml")))
+def test_the_dry_runs_power_plan_uses_the_paired_sds_the_committed_report_measured(study: str):
+    """A spec's `planning: sd_pct` names each judged claim with the paired sd its committed report measured (to 0.1),
+    so `--dry-run` says what the study can detect; rerunning a study means updating its planning."""
+    if not (REPO / "docs" / "results" / study / "claims.csv").is_file():
+        pytest.skip(f"{study}: no committed claims.csv")
+    planned = yaml.safe_load((REPO / "configs" / "ablations" / f"{study}.yaml").read_text())["profiles"]["cpu"]
+    sds = (planned.get("planning") or {}).get("sd_pct") or {}
+    for claim, sd in _measured_paired_sds(study).items():
+        assert claim in sds, f"{study}: planning sd_pct names no {claim} (measured {sd:.2f}%)"
+        assert abs(float(sds[claim]) - sd) <= 0.051, f"{study}: {claim} planned {sds[claim]}%, measured {sd:.2f}%"
+
+
 def test_no_page_names_a_path_of_the_machine_that_wrote_it():
     for page in PAGES:
         found = re.findall(r"(?<![\w.])/(?:work|home|root|Users|tmp)/[\w./-]+", page.read_text())

@@ -639,7 +639,8 @@ def tuning_lines(data: dict[str, Any]) -> list[str]:
         "| level | " + " | ".join(f"lr {lr:g}" for lr in spec["lrs"]) + " | chosen |",
         "|---|" + "---|" * (len(spec["lrs"]) + 1),
     ]
-    for level in spec["grid"]:
+    order = [lv for lv in spec.get("levels") or [] if lv in spec["grid"]]  # the spec's order: a list survives the
+    for level in order + [lv for lv in spec["grid"] if lv not in order]:  # sorted keys of study.json, a dict does not
         cells = {lr: loss for lv, lr, _, loss in table["rows"] if lv == level}
         chosen = table["chosen"].get(level, math.nan)
         row = [_fmt(cells.get(float(lr), math.nan), ".4f") for lr in spec["lrs"]]

@@ -159,7 +159,8 @@ def parse_claim(claim: Mapping[str, Any], where: str = "spec") -> dict[str, Any]
                 f"{where}: claim {name!r} expects token_multiplier: give curve, the baseline's groups at two or "
                 "more token budgets as multiples of the group's, e.g. {standard-B: 1.0, standard-2.4B: 2.4}."
             )
-        minus = [str(g) for g in curve]
+        curve = dict(sorted(curve.items(), key=lambda item: (float(item[1]), str(item[0]))))  # by budget: the
+        minus = [str(g) for g in curve]  # same order whether the spec or study.json (sorted keys) gave the mapping
     if expect.endswith("variance") and (len(plus) != 1 or len(minus) != 1):
         raise ClaimError(f"{where}: claim {name!r}: a variance claim compares one group with one (group + vs).")
     if expect in ("same", "below", "above") and not float(claim.get("margin_pct") or 0) > 0:
