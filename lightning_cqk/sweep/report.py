@@ -597,10 +597,10 @@ def _lr_control_prediction(data: dict[str, Any], scale: float | None) -> str:
     if not found:
         return ""
     level, _, target = found[0]  # the level whose rate the control scales (e.g. `at: {mechanism: standard}`)
-    points = sorted((lr, loss) for lv, lr, _, loss in data["tuning"]["rows"] if lv == level and math.isfinite(loss))
+    points = sorted((lr, loss) for lv, lr, _, loss in data["tuning"]["rows"] if lv == level)  # a nan: never crossed
     chosen = data["tuning"]["chosen"].get(level, math.nan)
     metric = spec.get("metric", "val/ppl")
-    if len(points) < 2 or not math.isfinite(chosen):
+    if sum(math.isfinite(loss) for _, loss in points) < 2 or not math.isfinite(chosen):
         return ""
     how = ""
     if target is not None:

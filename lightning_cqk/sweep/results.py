@@ -24,6 +24,7 @@ import io
 import json
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -224,22 +225,27 @@ def read_committed(folder: str | Path) -> tuple[dict[str, Any], dict[str, dict[s
     return manifest, runs, other
 
 
-def shared_runs(folder: Path, manifest: dict[str, Any]) -> dict[str, list[str]]:
-    """{other study: [runs of this study with the same config hash]} over the sibling folders of committed results
-    (a run with identical configs, overrides and seed is the same run: the report names it in both studies)."""
-    mine = {r.get("config_hash"): r["name"] for r in manifest.get("runs", []) if r.get("config_hash")}
-    out: dict[str, list[str]] = {}
+def _sibling_runs(folder: Path) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """(study, rows of its runs.csv) of every sibling folder of committed results beside `folder`."""
     if not folder.parent.is_dir():
-        return out
+        return
     for other in sorted(folder.parent.iterdir()):
         path = other / RUNS_FILE
         if other.resolve() == folder.resolve() or not path.is_file():
             continue
         with open(path, newline="") as handle:
-            hashes = {r.get("config_hash") for r in csv.DictReader(handle)}
-        same = sorted(mine[h] for h in hashes if h in mine)
+            yield other.name, list(csv.DictReader(handle))
+
+
+def shared_runs(folder: Path, manifest: dict[str, Any]) -> dict[str, list[str]]:
+    """{other study: [runs of this study with the same config hash]} over the sibling folders of committed results
+    (a run with identical configs, overrides and seed is the same run: the report names it in both studies)."""
+    mine = {r.get("config_hash"): r["name"] for r in manifest.get("runs", []) if r.get("config_hash")}
+    out: dict[str, list[str]] = {}
+    for study, rows in _sibling_runs(folder):
+        same = sorted(mine[h] for h in {r.get("config_hash") for r in rows} if h in mine)
         if same:
-            out[other.name] = same
+            out[study] = same
     return out
 
 
@@ -277,8 +283,16 @@ def same_results(folder: Path, data: dict[str, Any]) -> dict[str, list[str]]:
         if key is not None:
             mine.setdefault(key, []).append((run["name"], entry.get("config_hash", "")))
     out: dict[str, list[str]] = {}
-    if not folder.parent.is_dir():
-        return out
+    for study, rows in _sibling_runs(folder):
+        pairs = []
+        for row in rows:
+            key = _fingerprint(*(row.get(k) for k in ("seed", "lr", "tokens", "steps", "val_ppl", "val_loss")))
+            for name, config_hash in mine.get(key, []) if key is not None else []:
+                if config_hash != row.get("config_hash"):
+                    pairs.append(f"{name} = {row['run']}")
+        if pairs:
+            out[study] = sorted(pairs)
+    return out
     for other in sorted(folder.parent.iterdir()):
         path = other / RUNS_FILE
         if other.resolve() == folder.resolve() or not path.is_file():

@@ -293,9 +293,9 @@ def _check_control(control: Any, spec: dict[str, Any], where: str) -> None:
                 f"got expect {control.get('expect')!r}, expected_pct {expected!r}."
             )
     if scale is not None:
-        if scale == "auto":
-            pass
-        elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < 1e3 or scale == 1:
+        if scale != "auto" and (
+            isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < 1e3 or scale == 1
+        ):
             raise SpecError(
                 f"{where}: control lr_scale multiplies the baseline's learning rate: a positive number other than 1, "
                 f"e.g. `lr_scale: 0.5` (half the rate), or `auto` (chosen from the grid); got {scale!r}."

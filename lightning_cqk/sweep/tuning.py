@@ -82,7 +82,8 @@ def parse_tuned(value: Any) -> tuple[str, float | None, float | None] | None:
 
 def loss_at(points: Sequence[tuple[float, float]], lr: float) -> float:
     """The held-out loss at `lr`, interpolated linearly in log(lr) between the grid's (lr, loss) points (sorted by
-    lr, finite losses); nan outside the grid."""
+    lr); nan outside the grid, and nan next to a grid point without a finite loss (never interpolated across a rate
+    that diverged)."""
     if not lr > 0:
         return math.nan
     x = math.log(lr)
@@ -92,7 +93,7 @@ def loss_at(points: Sequence[tuple[float, float]], lr: float) -> float:
     for (lr0, l0), (lr1, l1) in zip(points, points[1:], strict=False):
         x0, x1 = math.log(lr0), math.log(lr1)
         if x0 <= x <= x1:
-            return l0 + (l1 - l0) * (x - x0) / (x1 - x0)
+            return l0 + (l1 - l0) * (x - x0) / (x1 - x0)  # nan when either end is nan
     return math.nan
 
 
@@ -109,26 +110,37 @@ def auto_scale(points: Sequence[tuple[float, float]], chosen: float, target_pct:
     """The scale s of `lr_scale: auto` (module docstring): Δ(s) = target on the low side of the chosen rate, else on
     the high side, else the grid end with the largest Δ. Raises TuningError when no other grid rate has a finite loss
     above the chosen one's (no rate control can be planted from this grid)."""
-    points = sorted((float(lr), float(loss)) for lr, loss in points if math.isfinite(loss))
+    points = sorted((float(lr), float(loss)) for lr, loss in points)
     base = loss_at(points, chosen)
     if not math.isfinite(base):
         raise TuningError(f"lr_scale auto: the chosen rate {chosen:g} has no finite held-out loss in its grid.")
     goal = base + math.log1p(target_pct / 100.0) if metric == "val/ppl" else base * (1.0 + target_pct / 100.0)
-    below = [p for p in points if p[0] <= chosen][::-1]  # from the chosen rate down
-    above = [p for p in points if p[0] >= chosen]  # from the chosen rate up
+    below = _finite_run([p for p in points if p[0] <= chosen][::-1])  # from the chosen rate down, up to a divergence
+    above = _finite_run([p for p in points if p[0] >= chosen])  # from the chosen rate up, likewise
     for side in (below, above):
         for (lr0, l0), (lr1, l1) in zip(side, side[1:], strict=False):
             if l0 < goal <= l1:
                 x = math.log(lr0) + (goal - l0) / (l1 - l0) * (math.log(lr1) - math.log(lr0))
                 return math.exp(x) / chosen
-    ends = [p for p in (points[0], points[-1]) if p[0] != chosen and p[1] > base]
+    ends = [side[-1] for side in (below, above) if len(side) > 1 and side[-1][1] > base]
     if not ends:
         raise TuningError(
-            f"lr_scale auto: no grid rate has a higher held-out loss than the chosen {chosen:g} "
+            f"lr_scale auto: no grid rate reachable without crossing a diverged one has a higher held-out loss than "
+            f"the chosen {chosen:g} "
             f"({', '.join(f'{lr:g}: {loss:.4f}' for lr, loss in points)}): a rate control cannot be planted from "
             "this grid; widen the grid or give the control a number (`lr_scale: 0.5`)."
         )
     return max(ends, key=lambda p: p[1])[0] / chosen
+
+
+def _finite_run(side: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The leading points of `side` (ordered away from the chosen rate) up to the first without a finite loss."""
+    out = []
+    for point in side:
+        if not math.isfinite(point[1]):
+            break
+        out.append(point)
+    return out
 
 
 def grid_losses(sweep_dir: Path, grid: Mapping[str, str], held_out: Sequence[int]) -> dict[float, float]:

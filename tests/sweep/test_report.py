@@ -307,23 +307,33 @@ def test_results_written_by_the_old_code_say_what_to_regenerate(tmp_path: Path):
         report_command([str(old)])
 
 
+def _another_study(sweep_dir: Path, results: Path, keep: list[str], edit=None) -> None:
+    """results/toy: the toy study's report; results/other: a study whose runs.csv holds only the `keep` runs of it,
+    each passed through `edit`."""
+    import shutil
+
+    write_report(sweep_dir, results / "toy", quiet=True)
+    shutil.copytree(results / "toy", results / "other")
+    with open(results / "other" / "runs.csv", newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["run"] in keep]
+    for row in rows:
+        if edit:
+            edit(row)
+    with open(results / "other" / "runs.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def test_runs_shared_with_another_study_are_named(sweep_dir: Path, tmp_path: Path):
     """Two studies that ran the same run (the same config hash) name it in both reports."""
-    import shutil
 
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
     for run in manifest["runs"]:
         run["config_hash"] = f"hash-{run['name']}"
     (sweep_dir / "manifest.json").write_text(json.dumps(manifest))
     results = tmp_path / "results"
-    write_report(sweep_dir, results / "toy", quiet=True)
-    shutil.copytree(results / "toy", results / "other")
-    with open(results / "other" / "runs.csv", newline="") as handle:  # the other study shares base-s2 only
-        rows = [r for r in csv.DictReader(handle) if r["run"] == "base-s2"]
-    with open(results / "other" / "runs.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    _another_study(sweep_dir, results, ["base-s2"])  # the other study shares base-s2 only
     text = write_report(results / "toy", quiet=True)["markdown"].read_text()
     assert "Runs shared with other studies (identical configs, overrides and seed" in text
     assert "other: base-s2." in text
@@ -332,25 +342,19 @@ def test_runs_shared_with_another_study_are_named(sweep_dir: Path, tmp_path: Pat
 def test_runs_with_the_same_results_under_another_name_are_named(sweep_dir: Path, tmp_path: Path):
     """A run of another study with another config hash (its level has another name) but the same seed, rate,
     tokens, steps and final validation loss to the last digit is named as the same run; one digit off is not."""
-    import shutil
 
     manifest = json.loads((sweep_dir / "manifest.json").read_text())
     for run in manifest["runs"]:
         run["overrides"] = {"model.optim.lr": 1e-3}
     (sweep_dir / "manifest.json").write_text(json.dumps(manifest))
     results = tmp_path / "results"
-    write_report(sweep_dir, results / "toy", quiet=True)
-    shutil.copytree(results / "toy", results / "other")
-    with open(results / "other" / "runs.csv", newline="") as handle:
-        rows = [r for r in csv.DictReader(handle) if r["run"] in ("base-s1", "base-s2")]
-    for row in rows:
+
+    def rename(row: dict[str, str]) -> None:  # another level name, hence another config hash
         row["config_hash"], row["run"] = "another-hash", row["run"].replace("base", "standard-B")
-    ppl = float(rows[0]["val_ppl"])
-    rows[0]["val_ppl"] = repr(math.nextafter(ppl, math.inf))  # base-s1's twin is one float away: not the same
-    with open(results / "other" / "runs.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+        if row["run"] == "standard-B-s1":  # base-s1's twin is one float away: not the same
+            row["val_ppl"] = repr(math.nextafter(float(row["val_ppl"]), math.inf))
+
+    _another_study(sweep_dir, results, ["base-s1", "base-s2"], rename)
     text = write_report(results / "toy", quiet=True)["markdown"].read_text()
     assert "Runs with the same results as another study's runs under another name" in text
     assert "other: base-s2 = standard-B-s2." in text and "base-s1 = " not in text

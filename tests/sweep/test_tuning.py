@@ -225,6 +225,12 @@ def test_auto_scale_solves_the_grid_for_the_target_on_the_low_side_first():
     assert 100 * predicted_change(loss, 4e-3, s, "val/loss") == pytest.approx(4.0) and s < 1
     with pytest.raises(TuningError, match="cannot be planted"):
         auto_scale([(2e-3, 2.1), (4e-3, 2.1)], 2e-3, 4.0, "val/ppl")  # a tie: no rate is worse than the choice
+    gap = [(1e-3, 2.50), (2e-3, math.nan), (4e-3, 2.10), (8e-3, 2.30)]  # 2e-3 diverged: never interpolated across
+    s = auto_scale(gap, 4e-3, 4.0, "val/ppl")
+    assert s > 1 and 100 * predicted_change(gap, 4e-3, s, "val/ppl") == pytest.approx(4.0)
+    assert math.isnan(predicted_change(gap, 4e-3, 0.4, "val/ppl"))  # 1.6e-3 lies next to the diverged rate
+    with pytest.raises(TuningError, match="crossing a diverged one"):
+        auto_scale([(1e-3, 2.5), (2e-3, math.nan), (4e-3, 2.1)], 4e-3, 4.0, "val/ppl")
 
 
 def test_an_auto_scaled_control_starts_where_its_grid_predicts_the_target(tmp_path: Path):
