@@ -32,9 +32,11 @@ class GlueCLI(LightningCLI):
     """LightningCLI for `GlueClassifier` + `GlueDataModule` (or subclasses), linked by the task name."""
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        from lightning_cqk.cli import class_paths
         from lightning_cqk.downstream.classifier import GlueClassifier
         from lightning_cqk.downstream.glue_data import GlueDataModule
 
+        class_paths.install()  # values typed Any stay data; class paths only from the allow-list
         self.run_directory: RunDirectory | None = None
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("seed_everything_default", 1)

@@ -52,6 +52,7 @@ from lightning_cqk.cli.errors import pop_debug, user_errors_reported
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata would otherwise ping PyPI (offline runs)
 
 TRAINER_COMMANDS = ("fit", "validate", "test", "predict")
+_JSONARGPARSE_COMMANDS = (*TRAINER_COMMANDS, "prepare", "glue", "mc-eval", "eval")  # parsers that build classes
 _TORCH_COMMANDS = (*TRAINER_COMMANDS, "mc-eval", "glue")  # in-process model math: fp32 matmuls may use TF32 ("high")
 
 
@@ -185,6 +186,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _dispatch(argv: list[str], from_command_line: bool) -> None:
+    if argv[0] in _JSONARGPARSE_COMMANDS:
+        from lightning_cqk.cli import class_paths
+
+        class_paths.install()  # before any parser reads a value: the allow-list of classes (cli/class_paths.py)
     if from_command_line:
         from lightning_cqk.cli import warnings as warning_filters
 

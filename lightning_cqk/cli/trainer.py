@@ -28,6 +28,7 @@ from lightning_cqk.callbacks.data_guard import DataFolderGuard  # noqa: E402
 from lightning_cqk.callbacks.progress import use_line_progress  # noqa: E402
 from lightning_cqk.callbacks.run_session import RunSession  # noqa: E402
 from lightning_cqk.checkpoint_files import CorruptCheckpointError, load_checkpoint  # noqa: E402
+from lightning_cqk.cli import class_paths  # noqa: E402
 from lightning_cqk.cli.presets import PresetArgumentParser, unset_shape_defaults  # noqa: E402
 from lightning_cqk.config import size_label, upgrade_config_dict, upgrade_run_config  # noqa: E402
 from lightning_cqk.launch import detect_launch, publish_failure, publish_plan, receive_plan  # noqa: E402
@@ -63,6 +64,7 @@ class CQKCLI(LightningCLI):
     """LightningCLI with the links, defaults and run-directory handling of this framework (`run_dir.py`)."""
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        class_paths.install()  # values typed Any stay data; class paths only from the allow-list
         self._argv = list(sys.argv[1:] if args is None else args)
         self.run_directory: RunDirectory | None = None
         self.run_plan: FitPlan | None = None
@@ -273,6 +275,10 @@ class CQKCLI(LightningCLI):
         except (CorruptCheckpointError, OSError, AttributeError):  # named when it is loaded for real (CRCs checked)
             return {}
         hparams = {k: v for k, v in hparams.items() if k in ("config", "optim", "compile")}
+        try:  # data, never code: a class_path anywhere in them is refused before the parser sees them
+            class_paths.refuse_class_specs(hparams, f"The checkpoint {ckpt}")
+        except class_paths.PlainDataError as err:
+            sys.exit(f"lightning_cqk {sub}: {err}")
         if isinstance(hparams.get("config"), dict):  # a checkpoint of an older version: today's field names
             hparams["config"] = upgrade_config_dict(hparams["config"])
         if not hparams or sub not in self._argv:

@@ -17,6 +17,7 @@ import pathlib
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ from lightning_cqk.checkpoint_files import (
     check_checkpoint,
     load_checkpoint,
 )
-from lightning_cqk.cli import main
+from lightning_cqk.cli import class_paths, main
 from lightning_cqk.cli.trainer import CQKCLI
 from lightning_cqk.inference.pretrained import load_pretrained
 
@@ -251,3 +252,83 @@ def test_from_the_shell_the_refusal_prints_alone(evil, fit_checkpoint, inputs, t
             problems.append(f"{name}: a traceback without --debug: {result.stderr[-1500:]}")
     assert not problems, "\n\n".join(problems)
     assert not marker.exists(), "the checkpoint's payload ran"
+
+
+# ------------------------------------------------------------------ issue 34, defect 1: code from plain data
+def _popen_spec(marker: Path) -> dict:
+    """Plain data that jsonargparse would build into `subprocess.Popen(["sh", "-c", "touch marker"])`."""
+    return {"class_path": "subprocess.Popen", "init_args": {"args": ["sh", "-c", f"touch {shlex.quote(str(marker))}"]}}
+
+
+@pytest.fixture(scope="module")
+def plain_data_payload(fit_checkpoint: Path, tmp_path_factory) -> tuple[Path, Path]:
+    """(a real checkpoint whose hyper-parameters name `subprocess.Popen` in the attention options, the marker): no
+    pickled object at all, so the weights-only loader takes it."""
+    root = tmp_path_factory.mktemp("plain")
+    marker = root / "MARKER"
+    checkpoint = torch.load(fit_checkpoint, weights_only=True)
+    checkpoint["hyper_parameters"]["config"]["attention_options"] = {"qk_norm": _popen_spec(marker)}
+    path = root / "plain.ckpt"
+    torch.save(checkpoint, path)
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path)) == []
+    return path, marker
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["validate --ckpt_path", "fit --ckpt_path"])
+def test_a_class_named_in_a_checkpoints_plain_settings_is_refused_and_never_run(
+    command: str, plain_data_payload, inputs, tmp_path: Path
+):
+    """The trigger of defect 1, from the shell: before the fix the checkpoint's settings went through the parser,
+    which built `subprocess.Popen` from the `Any`-typed attention options and ran the command."""
+    path, marker = plain_data_payload
+    result = _run_all({command: _commands(path, inputs)[command]}, cwd=tmp_path)[command]
+    time.sleep(0.5)  # a Popen would have run by now
+    assert not marker.exists(), f"{command}: the checkpoint's settings ran a command"
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert f"The checkpoint {path} names a class in its saved settings" in result.stderr
+    assert "config.attention_options.qk_norm holds a class_path" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_class_path_in_the_attention_options_flag_is_refused_before_anything_is_built(tmp_path: Path, monkeypatch):
+    """The same payload from a flag and from a config file: a value typed `Any` is data, never instantiated."""
+    marker = tmp_path / "MARKER"
+    payload = json.dumps({"x": _popen_spec(marker)})
+    config = tmp_path / "options.yaml"
+    config.write_text(f"model:\n  config:\n    attention_options: {payload}\n")
+    monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
+    quickstart = str(REPO / "configs" / "quickstart.yaml")
+    runs = f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"
+    for extra in (["--model.config.attention_options", payload], ["--config", str(config)]):
+        with pytest.raises(SystemExit):  # a real fit: the payload used to run when the model was built
+            main(["fit", "--config", quickstart, *extra, "--trainer.max_steps=1", runs])
+        time.sleep(0.2)
+        assert not marker.exists(), f"{extra}: ran the command"
+    from jsonargparse import _typehints
+
+    with pytest.raises(class_paths.PlainDataError, match="a class_path in a value that holds plain data"):
+        _typehints.adapt_classes_any({"class_path": "subprocess.Popen"}, False, True, None)
+
+
+def test_only_allow_listed_modules_are_imported_for_a_class_typed_key(tmp_path: Path, monkeypatch):
+    """A callback from a module outside the allow-list is refused before the module is imported (its top-level code
+    used to run even under --print_config); naming its package in LIGHTNING_CQK_TRUSTED_MODULES lets it in."""
+    marker = tmp_path / "IMPORTED"
+    (tmp_path / "mylab_callbacks.py").write_text(
+        f"import pathlib, lightning as L\npathlib.Path({str(marker)!r}).touch()\nclass Cb(L.Callback):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
+    argv = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--trainer.callbacks+=mylab_callbacks.Cb"]
+    monkeypatch.delenv(class_paths.TRUSTED_ENV, raising=False)
+    with pytest.raises(SystemExit):
+        main([*argv, "--print_config"])
+    assert not marker.exists(), "a module outside the allow-list was imported"
+    with pytest.raises(class_paths.UntrustedClassError, match="export LIGHTNING_CQK_TRUSTED_MODULES=subprocess"):
+        class_paths.check_class_path("subprocess.Popen")
+    monkeypatch.setenv(class_paths.TRUSTED_ENV, "mylab_callbacks")
+    with pytest.raises(SystemExit) as printed:  # --print_config exits 0 after printing
+        main([*argv, "--print_config"])
+    assert printed.value.code in (0, None)
+    assert marker.exists(), "the trusted module was not imported"
