@@ -10,6 +10,9 @@ When training really starts (`on_train_start`: the checkpoint, if any, is restor
       starts the attempt in `run.json` (run_dir.py), so nothing is recorded for a launch that never trained;
     - makes the first Ctrl-C (SIGINT) behave like SIGTERM: training stops at the end of the batch in progress and
       `RunCheckpoint` saves (`save_on_sigterm`); a second Ctrl-C stops at once, without saving;
+    - makes SIGUSR1 (SLURM's warning before the time limit, `#SBATCH --signal=SIGUSR1@90`) the same clean stop,
+      after which the CLI requeues the job (`cli/slurm.py`: Lightning's own auto-requeue, which saved
+      `hpc_ckpt_N.ckpt` into the working directory, is off);
     - with several processes, makes every rank stop at the same batch: Lightning's SIGTERM handler broadcasts from
       inside the handler (a collective at a random point, which can pair with another rank's gradient all-reduce)
       and each rank then stops when its own flag is set, possibly one batch apart (one rank saving while another
@@ -65,6 +68,7 @@ class RunSession(L.Callback):
         self.signal_name: str | None = None  # "SIGINT" once Ctrl-C asked for a clean stop
         self._previous_sigint: Any = None
         self._previous_sigterm: Any = None
+        self._previous_sigusr1: Any = None
         self._stop_wanted = False
         self._trainer: L.Trainer | None = None
         self._recorded = False  # this attempt is in run.json
@@ -81,6 +85,7 @@ class RunSession(L.Callback):
             self._trainer = trainer
             self._stop_wanted = False
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+            self._previous_sigusr1 = signal.signal(signal.SIGUSR1, self._on_sigusr1)
             loop = trainer.fit_loop.epoch_loop
             if trainer.world_size > 1 and hasattr(loop, "_broadcast_sigterm_tensor"):
                 self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -127,6 +132,13 @@ class RunSession(L.Callback):
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._want_stop(signal.SIGTERM)
 
+    def _on_sigusr1(self, signum: int, frame: Any) -> None:
+        """SLURM's warning before the time limit (`#SBATCH --signal=SIGUSR1@90`): the same clean stop as SIGTERM,
+        saved into this run's checkpoints/; the CLI then requeues the job (`cli/slurm.py`)."""
+        if self.signal_name is None:
+            self.signal_name = "SIGUSR1"
+        self._want_stop(signal.SIGTERM)
+
     def _want_stop(self, signum: int) -> None:
         trainer = self._trainer
         if trainer is None:
@@ -149,6 +161,9 @@ class RunSession(L.Callback):
         if self._previous_sigterm is not None:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
             self._previous_sigterm = None
+        if self._previous_sigusr1 is not None:
+            signal.signal(signal.SIGUSR1, self._previous_sigusr1)
+            self._previous_sigusr1 = None
         if self._trainer is not None:
             self._trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
 

@@ -103,7 +103,10 @@ class GlueCLI(LightningCLI):
         from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO
         from lightning_cqk.callbacks.progress import use_line_progress
 
+        from lightning_cqk.cli import slurm
+
         trainer = super().instantiate_trainer(**kwargs)
+        slurm.take_over(trainer)  # no hpc_ckpt_* written or restored (cli/slurm.py)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # atomic saves; weights_only, clear errors
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         sub = self.subcommand

@@ -28,7 +28,7 @@ from lightning_cqk.callbacks.data_guard import DataFolderGuard  # noqa: E402
 from lightning_cqk.callbacks.progress import use_line_progress  # noqa: E402
 from lightning_cqk.callbacks.run_session import RunSession  # noqa: E402
 from lightning_cqk.checkpoint_files import CorruptCheckpointError, load_checkpoint  # noqa: E402
-from lightning_cqk.cli import class_paths  # noqa: E402
+from lightning_cqk.cli import class_paths, slurm  # noqa: E402
 from lightning_cqk.cli.presets import PresetArgumentParser, unset_shape_defaults  # noqa: E402
 from lightning_cqk.config import size_label, upgrade_config_dict, upgrade_run_config  # noqa: E402
 from lightning_cqk.launch import detect_launch, publish_failure, publish_plan, receive_plan  # noqa: E402
@@ -319,6 +319,10 @@ class CQKCLI(LightningCLI):
         elif self.subcommand in ("validate", "test", "predict"):
             self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": f"config.{self.subcommand}.yaml"}
         trainer = super().instantiate_trainer(**kwargs)
+        slurm.take_over(trainer)  # Lightning's SLURM requeue never writes nor restores hpc_ckpt_* (cli/slurm.py)
+        strays = slurm.stray_hpc_checkpoints(trainer.default_root_dir, os.getcwd())
+        if strays and trainer.is_global_zero:
+            print(slurm.stray_note(strays), file=sys.stderr)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # atomic, fsynced, clear errors on load
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         if not any(isinstance(cb, RunSummary) for cb in trainer.callbacks):
@@ -355,7 +359,9 @@ class CQKCLI(LightningCLI):
         except SIGTERMException:
             signal_name = (self._session.signal_name if self._session else None) or "SIGTERM"
             self._end_interrupted(signal_name, saved=True)
-            sys.exit(130 if signal_name == "SIGINT" else 143)
+            if signal_name == slurm.REQUEUE_SIGNAL_NAME:  # `#SBATCH --signal=SIGUSR1@90`: saved, now requeue the job
+                print(slurm.requeue_job(), file=sys.stderr, flush=True)
+            sys.exit({"SIGINT": 130, "SIGUSR1": 138}.get(signal_name, 143))
         except SystemExit as err:  # Lightning's answer to a second Ctrl-C (KeyboardInterrupt): exit 1, no save
             if run.started():
                 self._end_interrupted("SIGINT (twice: stopped at once)", saved=False)

@@ -213,3 +213,53 @@ def test_srun_line_of_the_sbatch_script_is_one_run_that_stops_and_resumes_alike_
     results = finish(second)
     assert [code for code, _ in results] == [0, 0], [err[-3000:] for _, err in results]
     check_one_run(runs, outs)
+
+
+def test_sigusr1_saves_into_the_run_requeues_and_a_stray_hpc_checkpoint_is_never_restored(shards, tmp_path):
+    """Issue 34, defect 2. The sbatch script's `--signal=SIGUSR1@90` stops both tasks at one step, saves into the
+    run's own checkpoints/ (never `hpc_ckpt_N.ckpt` in the working directory), requeues the job once (a stand-in
+    `scontrol` records the call) and the requeued job resumes that run. Then a different run (another seed) launched
+    from the same folder under SLURM, with a stray `hpc_ckpt_1.ckpt` there (another run's state at its last step),
+    starts at step 0 and names the file: before the fix Lightning restored it and the new run reported the old one's
+    result as its own."""
+    runs, outs = tmp_path / "runs", [tmp_path / "attempt1", tmp_path / "attempt2", tmp_path / "other"]
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol-calls.txt"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    job = {
+        "SLURM_JOB_ID": "515151", "SLURM_JOB_NAME": "train.sbatch", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2",
+        "SLURM_NTASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2", "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NODELIST": "localhost", "SLURM_JOB_NODELIST": "localhost", "SLURM_SUBMIT_DIR": str(tmp_path),
+        "MASTER_PORT": str(free_port()), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+    }  # fmt: skip
+    command = expand(doc_command("srun "), {**job, "CONFIG": str(REPO / "configs/quickstart.yaml")})
+    first = srun([*command[1:], *overrides(shards, runs, outs[0], STOP_AT)], job, restart=0)
+    wait_for(outs[0] / "stop-requested", first)
+    for proc in first:
+        proc.send_signal(signal.SIGUSR1)  # SLURM's warning, 90 s before the time limit: every task
+    (code0, err0), (code1, err1) = finish(first)
+    assert (code0, code1) == (138, 143), (err0[-3000:], err1[-3000:])
+    assert "interrupted by SIGUSR1 at step 3" in err0, err0[-4000:]
+    assert "SLURM job 515151 requeued" in err0, err0[-4000:]
+    assert calls.read_text().split("\n")[:-1] == ["requeue 515151"], "rank zero requeues once, after saving"
+    assert not list(tmp_path.rglob("hpc_ckpt_*")), "Lightning's auto-requeue wrote its own checkpoint"
+    job["MASTER_PORT"] = str(free_port())
+    results = finish(srun([*command[1:], *overrides(shards, runs, outs[1], None)], job, restart=1))
+    assert [code for code, _ in results] == [0, 0], [err[-3000:] for _, err in results]
+    check_one_run(runs, outs)
+
+    (run_dir,) = [d for d in (runs / "quickstart").iterdir() if d.is_dir() and not d.name.startswith(".")]
+    stray = tmp_path / "hpc_ckpt_1.ckpt"
+    stray.write_bytes((run_dir / "checkpoints" / "last.ckpt").read_bytes())  # step 5 of that run
+    job.update(SLURM_JOB_ID="525252", MASTER_PORT=str(free_port()))
+    other = [*command[1:], *overrides(shards, runs, outs[2], None), "--seed_everything=7"]
+    results = finish(srun(other, job, restart=0))
+    assert [code for code, _ in results] == [0, 0], [err[-3000:] for _, err in results]
+    assert f"note: {stray}: checkpoint(s) of Lightning's SLURM auto-requeue" in results[0][1], results[0][1][-3000:]
+    starts = [json.loads(p.read_text()) for p in outs[2].glob("start-*.json")]
+    assert sorted((s["rank"], s["step"]) for s in starts) == [(0, 0), (1, 0)], "the new run restored the stray file"
+    new_run = runs / "quickstart" / run_dir.name.replace("-s1337", "-s7")
+    attempts = json.loads((new_run / "run.json").read_text())["attempts"]
+    assert [(a["status"], a["from_step"], a["step"]) for a in attempts] == [("finished", 0, MAX_STEPS)]
+    assert stray.exists(), "a file the run does not own is left alone"
