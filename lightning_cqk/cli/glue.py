@@ -102,7 +102,6 @@ class GlueCLI(LightningCLI):
 
         from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO
         from lightning_cqk.callbacks.progress import use_line_progress
-
         from lightning_cqk.cli import slurm
 
         trainer = super().instantiate_trainer(**kwargs)
