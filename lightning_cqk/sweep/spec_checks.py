@@ -86,6 +86,8 @@ def owned_run_dir(sweep_dir: Path, name: str) -> Path:
 
 def check(spec: dict[str, Any], where: str, lines: dict[tuple[str, ...], int]) -> None:
     """Every check of the module docstring on a structurally valid spec (`spec.load_spec` has run its own)."""
+    for path, overrides in _override_mappings(spec):
+        _check_one_spelling(overrides, path, where, lines)
     for name, profile in spec["profiles"].items():
         check_profile_name(name, _at(where, lines, "profiles", name))
         _check_seeds(profile.get("seeds", [1337]), name, where, lines)
@@ -107,6 +109,76 @@ def check(spec: dict[str, Any], where: str, lines: dict[tuple[str, ...], int]) -
             own = sorted(groups[name])
             _check_claim(
                 claim, ("profiles", name, "claims", i), own, f"profile {name!r} does not produce", where, lines
+            )
+
+
+def setting_paths(key: str, value: Any) -> list[tuple[str, ...]]:
+    """The settings one override sets, as the command-line parser resolves them.
+
+    jsonargparse reads `x.init_args.y` as `x.y` (an `init_args` step names no setting of its own), and a mapping value
+    sets each of its leaves: `data: {init_args: {batch_size: 8}}` and `data.batch_size: 8` both set `data.batch_size`.
+    """
+    path = tuple(part for part in str(key).split(".") if part != "init_args")
+    if not isinstance(value, dict) or not value:
+        return [path]
+    return [path + leaf for sub, inner in value.items() for leaf in setting_paths(str(sub), inner)]
+
+
+def _overlap(first: list[tuple[str, ...]], second: list[tuple[str, ...]]) -> tuple[str, ...] | None:
+    """A setting that both lists set (one path equal to, or inside, the other), or None."""
+    for a in first:
+        for b in second:
+            shorter = min(a, b, key=len)
+            if a[: len(shorter)] == b[: len(shorter)]:
+                return shorter
+    return None
+
+
+def _override_mappings(spec: dict[str, Any]) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+    """Every mapping of override keys in the spec (levels of the spec's and each profile's axes; each profile's,
+    its tuning's and every control's `overrides`), with its key path (for the line)."""
+    found: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+
+    def levels(axes: Any, *prefix: str) -> None:
+        for axis, options in (axes or {}).items():
+            for level, overrides in (options or {}).items():
+                found.append(((*prefix, "axes", str(axis), str(level)), overrides))
+
+    def control(value: Any, *prefix: str) -> None:
+        if isinstance(value, dict):
+            found.append(((*prefix, "control", "overrides"), value.get("overrides")))
+
+    levels(spec["axes"])
+    control(spec.get("control"))
+    for name, profile in spec["profiles"].items():
+        levels(profile.get("axes"), "profiles", str(name))
+        found.append((("profiles", str(name), "overrides"), profile.get("overrides")))
+        control(profile.get("control"), "profiles", str(name))
+        tuning = profile.get("tuning")
+        if isinstance(tuning, dict):
+            found.append((("profiles", str(name), "tuning", "overrides"), tuning.get("overrides")))
+    return [(path, overrides) for path, overrides in found if isinstance(overrides, dict)]
+
+
+def _check_one_spelling(
+    overrides: dict[str, Any], path: tuple[str, ...], where: str, lines: dict[tuple[str, ...], int]
+) -> None:
+    """Refuse two keys of one mapping that set the same setting under different spellings (the strict YAML reader
+    has already refused two equal keys): the parser would keep the value passed last and drop the other silently."""
+    keys = [str(key) for key in overrides if str(key) != "config"]  # `config` adds --config files, no setting
+    settings = {key: setting_paths(key, overrides[key]) for key in keys}
+    for i, first in enumerate(keys):
+        for second in keys[i + 1 :]:
+            same = _overlap(settings[first], settings[second])
+            if same is None:
+                continue
+            first_line = lines.get((*path, first))
+            first_at = f" (line {first_line})" if first_line is not None else ""
+            raise _spec_error(
+                f"{_at(where, lines, *path, second)}: keys {first!r}{first_at} and {second!r} (in "
+                f"{'.'.join(path)}) both set {'.'.join(same)}: the command-line parser reads `x.init_args.y` as "
+                "`x.y` and a mapping value as its keys, so the run would get only the value passed last and "
+                "silently drop the other. Keep one of them."
             )
 
 

@@ -215,3 +215,39 @@ def test_every_shipped_spec_passes_the_checks():
     for spec in sorted((REPO / "configs" / "ablations").glob("*.yaml")):
         for profile in ("cpu", "paper"):
             assert expand(spec, profile).runs
+
+
+@pytest.mark.parametrize(
+    "edit, line, words",
+    [
+        # issue 34 defect 4: one level gives the batch size twice; the parser reads both as data.batch_size
+        (
+            lambda t: t.replace("    plain: {}", "    plain: {data.batch_size: 4, data.init_args.batch_size: 8}"),
+            5,
+            "keys 'data.batch_size' (line 5) and 'data.init_args.batch_size' (in axes.arm.plain) both set "
+            "data.batch_size",
+        ),
+        # the profile's overrides: a dotted key and a mapping that holds the same setting
+        (
+            lambda t: t.replace(
+                "    seeds: [1, 2]\n",
+                "    seeds: [1, 2]\n    overrides:\n      model.init_args.config.n_layer: 2\n"
+                "      model: {config: {n_layer: 4}}\n",
+            ),
+            16,
+            "keys 'model.init_args.config.n_layer' (line 15) and 'model' (in profiles.cpu.overrides) both set "
+            "model.config.n_layer",
+        ),
+    ],
+)
+def test_one_setting_under_two_spellings_is_refused(tmp_path: Path, edit, line: int, words: str):
+    message = _refused(tmp_path, edit(BASE))
+    assert f"line {line}: {words}" in message
+    assert "the run would get only the value passed last" in message and "Keep one of them" in message
+
+
+def test_different_settings_in_one_mapping_are_kept(tmp_path: Path):
+    """`data.batch_size` and `data.val_batch_size` share a prefix, not a setting."""
+    text = BASE.replace("    plain: {}", "    plain: {data.batch_size: 4, data.init_args.val_batch_size: 8}")
+    sweep = expand(_spec(tmp_path, text), "cpu")
+    assert sweep.runs[0].overrides["data.batch_size"] == 4
