@@ -59,7 +59,7 @@ import yaml
 
 from lightning_cqk.package_versions import describe_difference, package_versions
 from lightning_cqk.run_dir import config_files, resumable_checkpoint, write_json_atomically
-from lightning_cqk.run_lock import RunDirectoryInUse, acquire, holder
+from lightning_cqk.run_lock import LOCK_NAME, LockOwner, RunDirectoryInUse, acquire, holder
 from lightning_cqk.sweep.spec import Run, SpecError, Sweep, expand
 from lightning_cqk.sweep.spec_checks import owned_run_dir
 
@@ -69,6 +69,23 @@ DONE, RUNNING, FAILED, PENDING = "done", "running", "failed", "pending"
 
 
 # ------------------------------------------------------------------------------------------------ bookkeeping
+def stop_advice(owner: LockOwner, lock: Path) -> str:
+    """How to end the process that holds `lock`, as a clause: `stop it (kill PID)` only for a process of this host.
+
+    A pid on another host means nothing here (and a lock file on a shared file system may outlive its run there),
+    so the advice is the run lock's: delete the file if that process is finished or dead. A holder that has not
+    written its name yet (pid -1) is only waited for: `kill -1` would signal every process of the user.
+    """
+    if owner.pid < 0:
+        return "wait a few seconds for it (it is starting and has not written its name yet)"
+    if owner.alive() is None:
+        return (
+            f"it runs on host {owner.host}, which cannot be checked from here: if it is finished or dead, delete "
+            f"its lock file (rm {shlex.quote(str(lock))}); otherwise wait for it"
+        )
+    return f"wait for it to end, or stop it (kill {owner.pid})"
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -200,10 +217,11 @@ class Ledger:
         its interrupted attempt began (its checkpoint holds the old settings). None when it may go."""
         owner = holder(self.run_dir(run))
         if owner is not None:
+            advice = stop_advice(owner, self.run_dir(run) / LOCK_NAME)
             return (
                 f"{self.run_dir(run)} is still being written by pid {owner.pid} ({owner.describe()}), e.g. a run "
-                f"left running by a sweep that was killed. Wait for it to end (or stop it: kill {owner.pid}) and run "
-                "the sweep again; its checkpoint is resumed then."
+                f"left running by a sweep that was killed: {advice}; then run the sweep again, and its checkpoint "
+                "is resumed."
             )
         status = self.status(run)
         recorded = status.get("config_hash")
@@ -487,7 +505,7 @@ def run_local(
             if owner is not None:
                 raise RunDirectoryInUse(
                     f"Sweep directory {ledger.dir} is being run by a whole sweep ({owner.describe()}); it runs "
-                    f"{', '.join(only)} too. Wait for it (or stop it: kill {owner.pid})."
+                    f"{', '.join(only)} too: {stop_advice(owner, ledger.dir / SWEEP_LOCK)}."
                 )
         else:
             sweep_lock = acquire(ledger.dir, name=SWEEP_LOCK, what="Sweep directory")
@@ -496,9 +514,9 @@ def run_local(
         owner = holder(ledger.dir, SWEEP_LOCK)
         if owner is not None and not only:
             message = (
-                f"Sweep directory {ledger.dir} is being run by another sweep ({owner.describe()}). Wait for it to "
-                f"finish, or stop it (kill {owner.pid}) and run this command again: finished runs are skipped, "
-                "interrupted ones resume."
+                f"Sweep directory {ledger.dir} is being run by another sweep ({owner.describe()}): "
+                f"{stop_advice(owner, ledger.dir / SWEEP_LOCK)}, and run this command again (finished runs are "
+                "skipped, interrupted ones resume)."
             )
         raise SpecError(f"{message} Two sweeps into one directory would run the same runs twice.") from None
     try:

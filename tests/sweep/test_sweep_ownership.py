@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from lightning_cqk.cli import main
+from lightning_cqk.run_lock import acquire
 from lightning_cqk.sweep.runner import Ledger
 from lightning_cqk.sweep.spec import expand
 
@@ -131,3 +132,41 @@ def test_interrupted_run_with_an_edited_level_is_refused_then_restarted_only_on_
     assert len(attempts) == 1 and attempts[0]["from_step"] == 0 and attempts[0]["ckpt_path"] is None
     final = torch.load(ckpt, weights_only=False)
     assert final["global_step"] == 3 and final["hyper_parameters"]["optim"]["lr"] == 1e-3
+
+
+def _lock_from_another_host(folder: Path, name: str) -> Path:
+    """The lock file a sweep (or run) on host `elsewhere` leaves on a shared file system: pid 424242 is not ours."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / name
+    owner = {"pid": 424242, "host": "elsewhere", "start": None, "since": time.time(), "argv": ["lightning_cqk"]}
+    lock.write_text(json.dumps(owner))
+    return lock
+
+
+def _advice_to_delete(message: str, lock: Path) -> str:
+    """The shell command a message gives for a lock of another host (and no `kill` of its pid)."""
+    assert "kill 424242" not in message, message
+    advice = f"it runs on host elsewhere, which cannot be checked from here: if it is finished or dead, delete its "
+    assert f"{advice}lock file (rm {lock}); otherwise wait for it" in message, message
+    return f"rm {lock}"
+
+
+@pytest.mark.parametrize("extra", [[], ["--run", "ref-s1"]], ids=["whole sweep", "one run"])
+def test_a_sweep_lock_from_another_host_says_delete_it_never_kill(tmp_path: Path, extra: list[str]):
+    """Issue 34 defect 7: the advice was `kill 424242`, a pid of another machine. Now it is the run lock's: delete
+    the lock file if that sweep is finished or dead; the pasted command frees the directory."""
+    spec, out = _spec(tmp_path, max_steps=3), tmp_path / "out"
+    lock = _lock_from_another_host(out, ".sweep.lock")
+    with pytest.raises(SystemExit) as refused:
+        main(["sweep", str(spec), "--output", str(out), "--no-report", *extra])
+    subprocess.run(_advice_to_delete(str(refused.value.code), lock), shell=True, check=True)
+    acquire(out, name=".sweep.lock", what="Sweep directory").release()  # free now
+
+
+def test_a_run_lock_from_another_host_says_delete_it_never_kill(tmp_path: Path):
+    spec, out = _spec(tmp_path, max_steps=3), tmp_path / "out"
+    sweep = expand(spec, "cpu", out)
+    ledger, run = Ledger(sweep), sweep.runs[0]
+    lock = _lock_from_another_host(ledger.run_dir(run), ".lock")
+    subprocess.run(_advice_to_delete(ledger.problems(run), lock), shell=True, check=True)
+    assert ledger.problems(run) is None
