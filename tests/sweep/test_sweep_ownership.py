@@ -146,7 +146,7 @@ def _lock_from_another_host(folder: Path, name: str) -> Path:
 def _advice_to_delete(message: str, lock: Path) -> str:
     """The shell command a message gives for a lock of another host (and no `kill` of its pid)."""
     assert "kill 424242" not in message, message
-    advice = f"it runs on host elsewhere, which cannot be checked from here: if it is finished or dead, delete its "
+    advice = "it runs on host elsewhere, which cannot be checked from here: if it is finished or dead, delete its "
     assert f"{advice}lock file (rm {lock}); otherwise wait for it" in message, message
     return f"rm {lock}"
 
