@@ -171,7 +171,7 @@ def test_no_page_names_a_path_of_the_machine_that_wrote_it():
 
 def test_the_readme_stays_short_and_names_the_cards_command():
     text = (REPO / "README.md").read_text()
-    assert len(text.encode()) < 14_500
+    assert len(text.encode()) < 12_000  # the full claims table lives in docs/results/README.md
     assert "lightning_cqk fit --config configs/pubmed.yaml" in text
 
 

@@ -29,16 +29,16 @@ def test_backends_page_is_current(monkeypatch: pytest.MonkeyPatch):
     )
 
 
-def test_readme_claims_table_is_current(monkeypatch: pytest.MonkeyPatch):
+def test_the_results_claims_table_is_current(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(REPO)  # the studies' papers come from configs/ablations/<study>.yaml
     from lightning_cqk.sweep.claims_table import BEGIN as CB
     from lightning_cqk.sweep.claims_table import END as CE
     from lightning_cqk.sweep.claims_table import claims_markdown
 
-    committed = _section((REPO / "README.md").read_text(), CB, CE)
-    assert committed.strip() == claims_markdown(REPO / "docs" / "results").strip(), (
-        "README.md's claims table is stale; regenerate it with: "
-        "python -m lightning_cqk.sweep.claims_table --write README.md"
+    committed = _section((REPO / "docs" / "results" / "README.md").read_text(), CB, CE)
+    assert committed.strip() == claims_markdown(REPO / "docs" / "results", link_root=".").strip(), (
+        "docs/results/README.md's claims table is stale; regenerate it with: "
+        "python -m lightning_cqk.sweep.claims_table --write docs/results/README.md"
     )
 
 

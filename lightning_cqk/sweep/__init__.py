@@ -6,7 +6,7 @@ runner.py   local (sequential or N at a time) and SLURM launching, manifest, ski
 report.py   verdicts, Markdown / CSV tables from the runs' TensorBoard scalars (finished runs only)
 figures.py  the report's PNG figures
 stats.py    scipy.stats: paired / Welch t, Holm, minimum detectable effect, variance ratios, bootstrap
-verdict.py  the spec's claims judged: supports / contradicts / inconclusive, void without a positive control
+verdict.py  the claims judged (replicated ... inconclusive), gated by a planted control; interim until all seeds ran
 estimate.py the CPU time of a sweep from analytic FLOPs and a measured step time (`--dry-run`)
 """
 

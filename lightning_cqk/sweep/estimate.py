@@ -134,20 +134,21 @@ def _steps(run, budget: dict, trainer: dict, tokens_per_step: int, step_s: float
 
 
 def power_lines(sweep) -> list[str]:
-    """The power plan printed before the run: per claim (and the control) its E in our unit, its seeds and the
-    detectable effect at 80% power at alpha / k (k: the study's planned Holm family), and the paired seeds that would
-    detect |E| there, from the paired standard deviation the profile declares (`planning: {sd_pct: {default: 0.8,
-    <claim>: ...}}`, measured by the study's committed report)."""
+    """The power plan printed before the run: per claim its E in our unit, its seeds and the detectable effect at 80%
+    power at alpha / k (k: the claims of the study's family, verdict.py), and the paired seeds that would detect |E|
+    there, from the paired standard deviation the profile declares (`planning: {sd_pct: {default: 0.8, <claim>:
+    ...}}`, measured by the study's committed report). The control is outside the family: its line is at its own
+    one-sided alpha (a two-sided 2 alpha)."""
     from lightning_cqk.sweep.stats import ALPHA, mde_log, pct, seeds_needed
     from lightning_cqk.sweep.verdict import planned_effect, planned_tests
 
     spec = sweep.spec
     claims = list(spec.get("claims") or [])
     control = spec.get("control")
-    k = sum(planned_tests(c) for c in claims) + (1 if control else 0)
-    if not k:
+    k = sum(1 for c in claims if planned_tests(c))
+    if not k and not control:
         return []
-    level = ALPHA / k
+    level = ALPHA / max(k, 1)
     prof = spec["profiles"][sweep.profile]
     sds = (prof.get("planning") or {}).get("sd_pct") or {}
     seeds_of: dict[str, set[int]] = {}
@@ -155,7 +156,8 @@ def power_lines(sweep) -> list[str]:
         if run.role != "tuning":
             seeds_of.setdefault(run.group, set()).add(run.seed)
     lines = [
-        f"Power plan: {k} tests in the Holm family, detectable effects at alpha/k = {level:.4g}, 80% power "
+        f"Power plan: {k} claims in the Holm family (a claim's tests exclude each other: Shaffer), detectable effects "
+        f"at alpha/k = {level:.4g}, 80% power; the control at one-sided alpha = {ALPHA:g}, outside the family "
         "(paired sd: the profile's `planning:`; lightning_cqk/sweep/verdict.py):"
     ]
     rows = ([{**control, "is_control": True}] if control else []) + claims
@@ -176,9 +178,10 @@ def power_lines(sweep) -> list[str]:
         elif sd is None or n < 2:
             mde_text = "detectable: no planning sd" if sd is None else "detectable: fewer than 2 seeds"
         else:
-            mde = pct(mde_log(float(sd) / 100.0 / math.sqrt(n), n - 1, level))
+            at = 2.0 * ALPHA if claim.get("is_control") else level
+            mde = pct(mde_log(float(sd) / 100.0 / math.sqrt(n), n - 1, at))
             mde_text = f"detectable {mde:.2f}% (sd {float(sd):g}%)"
-            need = seeds_needed(float(sd) / 100.0, math.log1p(e / 100.0), level) if math.isfinite(e) else 0
+            need = seeds_needed(float(sd) / 100.0, math.log1p(e / 100.0), at) if math.isfinite(e) else 0
             if need:
                 mde_text += f"; {'over 200' if need > 200 else need} seeds would detect {abs(e):.2f}%"
         lines.append(f"  {claim['name']:<40} {n:>3} seeds  {e_text:<16} {mde_text}")

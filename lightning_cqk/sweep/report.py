@@ -9,7 +9,7 @@ for every run, its TensorBoard event files, `budget.json` and `val_windows.json`
     <study>.md   verdicts first: per claim of the spec (`claims:`) the paper's change beside ours with its 95%
                  interval, the test (paired t over seeds, Welch where runs do not pair; Holm-adjusted over the study),
                  the minimum detectable effect at 80% power and the computed verdict (lightning_cqk/sweep/verdict.py);
-                 the positive control (`control:`), without which the verdicts are void; then one row per group.
+                 the positive control (`control:`), which gates the null-type verdicts; then one row per group.
     <study>.csv  the group table (every number of the rows, floats in full).
     claims.csv   the verdict table.
     figures      val_curves.png (absolute curves, and the change vs the baseline per seed pair, small multiples),
@@ -50,7 +50,7 @@ from typing import Any
 
 from lightning_cqk.sweep import report_folder
 from lightning_cqk.sweep.stats import bootstrap_se_of_mean_loss, contrast, mean, n_diverged, std, variance_ratio
-from lightning_cqk.sweep.verdict import DETECTED, Judgement, judge
+from lightning_cqk.sweep.verdict import DETECTED, INTERIM, Judgement, judge
 
 VAL_METRICS = ("val/ppl", "val/bpb")
 CURVE_TAGS = (
@@ -417,12 +417,15 @@ def verdicts(data: dict[str, Any]) -> list[Judgement]:
     metric = spec.get("metric", "val/ppl")
     values = dict(group_values(data, metric))
     untuned = untuned_groups(data)
+    planned = planned_seeds(data)
     claims = []
     for claim in spec.get("claims") or []:
         on = claim.get("metric")
         if on and on != metric:  # a claim about another measure (a stability one): its groups as "<group>@<measure>"
             for name, by_seed in group_values(data, on).items():
                 values[f"{name}@{on}"] = by_seed
+                if name in planned:
+                    planned[f"{name}@{on}"] = planned[name]
                 if name in untuned:
                     untuned[f"{name}@{on}"] = untuned[name]
             claim = dict(claim)
@@ -432,7 +435,18 @@ def verdicts(data: dict[str, Any]) -> list[Judgement]:
                 claim["plus"] = [f"{g}@{on}" for g in claim["plus"]]
                 claim["minus"] = [f"{g}@{on}" for g in claim["minus"]]
         claims.append(claim)
-    return judge(values, claims, spec.get("control"), metric=metric, untuned=untuned)
+    return judge(values, claims, spec.get("control"), metric=metric, untuned=untuned, planned=planned)
+
+
+def planned_seeds(data: dict[str, Any]) -> dict[str, int]:
+    """group -> the number of runs the study plans for it (its manifest: finished or not; the tuning grid left out)."""
+    tune_spec = data["manifest"]["spec"].get("tuning") or {}
+    tune_names = {name for grid in (tune_spec.get("grid") or {}).values() for name in grid.values()}
+    planned: dict[str, int] = {}
+    for run in data["manifest"]["runs"]:
+        if run["name"] not in tune_names:
+            planned[run["group"]] = planned.get(run["group"], 0) + 1
+    return planned
 
 
 UNIT_NAMES = {"token_ppl": "token PPL", "word_ppl": "word PPL", "byte_ppl": "byte PPL"}
@@ -496,9 +510,11 @@ def _claim_lines(judgements: list[Judgement], spec: dict[str, Any], data: dict[s
         "perplexity) by the rule *same nats per byte*: a ratio r of perplexity per unit of b bytes is r^(1/b) per "
         "byte, with b measured on the paper's corpus with its tokenizer (lightning_cqk/sweep/units.py); a claim "
         "without a published number uses its declared smallest effect of interest. Verdicts are computed "
-        f"(lightning_cqk/sweep/verdict.py) from {k} tests (against 0, against E, TOST, margins, the control) "
-        f"Holm-adjusted together at α = 0.05; the detectable Δ (80% power) and the second interval are at α/k = "
-        f"{level:.4g}, the level Holm gives a lone true effect."
+        f"(lightning_cqk/sweep/verdict.py) from a family of k = {k} claims: their tests (against 0, against E, TOST, "
+        "margins) Holm-adjusted together at α = 0.05, each step multiplied by the number of claims still open (a "
+        "claim's two nulls cannot both be true: Shaffer); the detectable Δ (80% power) and the second interval are at "
+        f"α/k = {level:.4g}, the level Holm gives a lone true effect. The control is outside the family: a one-sided "
+        "paired t-test at α = 0.05, its own row's interval at 90%."
     )
     rules = [(j.name, j.converted_rule) for j in judgements if j.converted_rule and not j.is_control]
     if rules:
@@ -530,23 +546,42 @@ def _claim_lines(judgements: list[Judgement], spec: dict[str, Any], data: dict[s
         lines.append(f"Not tested at this profile (a group it leaves out): {', '.join(skipped)}.")
     control = [j for j in judgements if j.is_control]
     if control:
-        c = control[0]
-        predicted = _control_prediction(data, c) if data else ""
-        planted = f"planted {c.expected_pct:+.2f}% (predicted before the run)" if math.isfinite(c.expected_pct) else ""
-        size = ", ".join(x for x in (planted, predicted) if x)
-        observed = _fmt(c.effect.delta_pct, "+.2f") if c.effect else "–"
-        if c.verdict == DETECTED:
-            lines.append(
-                f"Control `{c.plus[0]}` ({size or 'size not declared'}; observed {observed}%) detected at the "
-                f"verdicts' level (Holm p {_fmt(c.p_holm, '.3g')}): the study sees an effect of that size."
-            )
-        else:
-            lines.append(
-                f"**Control `{c.plus[0]}` ({size or 'size not declared'}; observed {observed}%) NOT detected "
-                f"({c.why}): the study cannot see an effect of that size; every verdict is void.** Add seeds or tokens."
-            )
+        lines.append(_control_line(control[0], data))
+    interim = [j for j in judgements if j.verdict.startswith(INTERIM)]
+    if interim:
+        lines.append(
+            "**Interim report: no verdicts.** Not every planned seed has finished ("
+            + "; ".join(f"{j.name} {j.seeds_done} of {j.seeds_planned}" for j in interim)
+            + "). The number of seeds is fixed in the spec before the first run; a verdict after a look, with seeds "
+            "added, would be optional stopping."
+        )
     lines.append("")
     return lines
+
+
+def _control_line(c: Judgement, data: dict[str, Any] | None) -> str:
+    """The gate: the control's estimate and interval against its planted size, detected or not, and a miscalibration
+    (the planted size outside the control's 95% interval) flagged."""
+    predicted = _control_prediction(data, c) if data else ""
+    planted = f"planted {c.expected_pct:+.2f}% (predicted before the run)" if math.isfinite(c.expected_pct) else ""
+    size = ", ".join(x for x in (planted, predicted) if x)
+    e = c.effect
+    observed = _ci(e.delta_pct, e.ci_low_pct, e.ci_high_pct) if e else "–"
+    line = f"Control `{c.plus[0]}` ({size or 'size not declared'}; observed {observed}%)"
+    if c.verdict == DETECTED:
+        line += f" detected ({c.why}, outside the family): the study sees an effect of that size."
+    else:
+        line += (
+            f" **not detected** ({c.why}): the study did not show it can see an effect of that size, so the verdicts "
+            "that rest on finding no effect (inconclusive, not replicated, equivalent) are marked *sensitivity not "
+            "shown*; significant directional verdicts stand. Add seeds."
+        )
+    if e and math.isfinite(c.expected_pct) and not e.ci_low_pct <= c.expected_pct <= e.ci_high_pct:
+        line += (
+            f" **Miscalibrated:** the planted {c.expected_pct:+.2f}% lies outside the control's 95% interval, so its "
+            "size was not what the plan assumed."
+        )
+    return line
 
 
 def _control_prediction(data: dict[str, Any], control: Judgement) -> str:

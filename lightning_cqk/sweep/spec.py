@@ -45,7 +45,7 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
                                           # one, or the profile's `model.optim.lr`); the report predicts its size
                                           # from the baseline's own grid. `auto`: the grid chooses the scale whose
                                           # predicted size is expected_pct (sweep/tuning.py; needs a `tuning:` grid)
-      expect: higher                      # it must be significant at the Holm level, else every verdict is void
+      expect: higher                      # one-sided t at 0.05; undetected: null-type verdicts "sensitivity not shown"
       expected_pct: 3.9                   # its size, predicted before the run (printed by --dry-run)
       at: {}                              # levels of the other axes (default: their baseline, else first, level)
 

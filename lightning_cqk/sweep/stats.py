@@ -14,7 +14,8 @@ same way.
   per-seed d_s (`scipy.stats.ttest_1samp`, identical to `ttest_rel` for two groups).
 - Unpaired (a plain two-group comparison whose seeds do not match): Welch's t-test (`ttest_ind(equal_var=False)`).
   Contrasts of more than two groups need pairing.
-- Holm-Bonferroni (step-down) adjusts the p-values of the comparisons of one study (scipy has no Holm: 8 lines).
+- Holm-Bonferroni (step-down) adjusts the p-values of the comparisons of one study (scipy has no Holm: 8 lines);
+  `claims_holm` counts claims, not tests, at each step, since a claim's two nulls exclude each other (Shaffer).
 - Minimum detectable effect: the smallest |Delta%| that a two-sided test at alpha 0.05 detects with 80% power, given
   the observed standard deviation and the number of seeds (noncentral t, `scipy.stats.nct`, solved with brentq;
   where nct is NaN, for one or two df far in its tail, the same power integrated over the chi-square).
@@ -218,6 +219,36 @@ def holm(pvalues: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * pvalues[i]))
         adjusted[i] = running
     return adjusted
+
+
+def claims_holm(pvalues: Sequence[float], claims: Sequence[object]) -> list[float]:
+    """Holm's step-down over a family of claims whose tests exclude each other (Shaffer 1986, his method S1).
+
+    Every claim puts one or two tests in the family, and a claim's two nulls cannot both be true (change = 0 and
+    change = E with E != 0; the TOST's |change| >= m and change = 0; variance ratio 1 and R != 1). So after the tests
+    ranked before a step are rejected, at most one true null is left per claim that still has an unrejected test:
+    the step's multiplier is that number of claims, never the number of tests. `claims[i]` names the claim of test
+    i; nan p-values stay nan and count in no step. With one test per claim this is `holm`. The familywise error stays
+    at alpha, since Shaffer's multiplier at each step is the largest number of nulls that can be true together.
+    """
+    if len(pvalues) != len(claims):
+        raise ValueError(f"{len(pvalues)} p-values but {len(claims)} claim names")
+    order = sorted((i for i, p in enumerate(pvalues) if math.isfinite(p)), key=lambda i: pvalues[i])
+    adjusted = [math.nan] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(order):
+        open_claims = len({claims[j] for j in order[rank:]})
+        running = max(running, min(1.0, open_claims * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def one_sided_p(effect: Effect, higher: bool) -> float:
+    """One-sided p of a contrast in the expected direction (higher: change > 0), from its two-sided t-test."""
+    if not math.isfinite(effect.p) or not math.isfinite(effect.delta_pct):
+        return math.nan
+    right = effect.delta_pct > 0 if higher else effect.delta_pct < 0
+    return effect.p / 2.0 if right else 1.0 - effect.p / 2.0
 
 
 @dataclasses.dataclass

@@ -31,8 +31,10 @@ the paper's own unit (converted to ours by lightning_cqk/sweep/units.py):
         limited: "2 differential heads (the paper's code asks for at least 8)"   # configuration-limited, said why
 
 E is the published effect converted to our unit by the rule `nats_per_byte` (units.py), else the declared
-`sesoi_pct` in the expected direction. Every test a verdict uses (the test against 0, against E, the TOST, against a
-margin, the control's) is in one family, Holm-adjusted (alpha = 0.05); k is the family's size.
+`sesoi_pct` in the expected direction. The family counts claims, not tests: every test a verdict uses (against 0,
+against E, the TOST, against a margin) is adjusted together by Holm's step-down with Shaffer's multiplier
+(`stats.claims_holm`): a claim's two nulls cannot both be true, so each step multiplies by the number of claims
+still open, and k, the family's size, is the number of claims (alpha = 0.05).
 
 - lower / higher, with E:
   `opposite direction`   significant against 0, with the sign opposite to E;
@@ -51,12 +53,18 @@ margin, the control's) is in one family, Holm-adjusted (alpha = 0.05); k is the 
 
 The detectable effect is computed at alpha / k, the level Holm gives a lone true effect (the level the verdict
 uses); `seeds_needed` is the number of paired seeds that detects |E| at 80% power at that level with the observed
-paired standard deviation. The interval printed beside the verdict is at 1 - alpha / k.
+paired standard deviation. The interval printed beside the verdict is at 1 - alpha / k; a lower / higher claim whose
+printed interval holds both 0 and E is `inconclusive`, whatever the step-down found.
 The verdict under the other rule (`relative_loss`) is recomputed on the whole family and shown when it differs.
 A claim is configuration-limited when an arm lacks a tuned learning rate of its own (tuning parity, spec `tuning:`)
 or it declares `limited:`; the verdict is kept and the limit is printed beside it.
-The control (spec `control:`) must be detected (significant in its expected direction at the Holm level);
-otherwise every verdict is `void`.
+The control (spec `control:`) gates; it is not in the family. It is tested first, alone: a one-sided paired t-test
+in its expected direction at alpha = 0.05. When it is not detected, the verdicts that rest on finding no effect
+(`inconclusive`, `not replicated at this scale`, `equivalent`) are marked `sensitivity not shown`: the study did not
+show it could see an effect of the control's size. Significant directional verdicts stand.
+The number of seeds is fixed in the spec before the first run: while any planned run of a claim's groups or of the
+control has not finished, the report is interim and every claim reads `interim, n of N seeds`, with no verdict
+(adding seeds after a look is optional stopping).
 """
 
 from __future__ import annotations
@@ -70,10 +78,11 @@ from lightning_cqk.sweep.stats import (
     ALPHA,
     Effect,
     VarianceRatio,
+    claims_holm,
     contrast,
-    holm,
     interval,
     mde_log,
+    one_sided_p,
     pct,
     seeds_needed,
     t_test_vs,
@@ -92,7 +101,9 @@ INCONCLUSIVE = "inconclusive"
 EQUIVALENT = "equivalent"
 NOT_EQUIVALENT = "not equivalent"
 DETECTED, NOT_DETECTED = "detected", "not detected"
-VOID = "void"
+SENSITIVITY_NOT_SHOWN = "sensitivity not shown"
+INTERIM = "interim"
+NULL_VERDICTS = (INCONCLUSIVE, NOT_REPLICATED, EQUIVALENT)  # they rest on finding no effect: the control gates them
 ALT_RULE = "relative_loss"
 
 
@@ -134,6 +145,9 @@ class Judgement:
     v_high_pct: float = math.nan
     limited: str = ""  # why the verdict is configuration-limited ('' when it is not)
     expected_pct: float = math.nan  # a control's planted size, as predicted before the run
+    gated: bool = False  # a null-type verdict marked "sensitivity not shown" (the control was not detected)
+    seeds_done: int = 0  # finished seeds common to the claim's groups, and the number the spec plans
+    seeds_planned: int = 0
 
 
 def parse_claim(claim: Mapping[str, Any], where: str = "spec") -> dict[str, Any]:
@@ -307,10 +321,13 @@ def judge(
     alpha: float = ALPHA,
     metric: str = "val/ppl",
     untuned: Mapping[str, str] | None = None,
+    planned: Mapping[str, int] | None = None,
 ) -> list[Judgement]:
     """Judge every claim (and the control, first in the list) from values: group -> {seed: final metric}.
 
     untuned: group -> why it lacks a tuned learning rate of its own (its claims are configuration-limited).
+    planned: group -> the number of seeds the spec plans for it (a group with fewer finished makes the report
+    interim: no verdicts); None when every planned run is in `values`.
     """
     parsed = [parse_claim(c) for c in claims]
     if control is not None:
@@ -341,10 +358,37 @@ def judge(
         out.append(j)
     if control is not None and out[0].verdict != DETECTED:
         for j in out[1:]:
-            j.why = f"{j.verdict} before voiding" + (f"; {j.why}" if j.why else "")
-            j.verdict = VOID
-            j.alt_verdict = ""
+            _gate(j)
+    _mark_interim(out, values, planned or {})
     return out
+
+
+def _gate(j: Judgement) -> None:
+    """A null-type verdict of a study whose control was not detected: the absence of an effect is not evidence."""
+    if j.verdict.startswith(NULL_VERDICTS):
+        j.verdict, j.gated = f"{j.verdict}; {SENSITIVITY_NOT_SHOWN}", True
+    if j.alt_verdict.startswith(NULL_VERDICTS):
+        j.alt_verdict = f"{j.alt_verdict}; {SENSITIVITY_NOT_SHOWN}"
+
+
+def _mark_interim(out: list[Judgement], values: Mapping[str, Mapping[int, float]], planned: Mapping[str, int]) -> None:
+    """Count each claim's finished and planned seeds; while any claim (or the control) lacks a planned seed, no
+    claim has a verdict: every one reads `interim, n of N seeds`."""
+    for j in out:
+        groups = [*j.plus, *j.minus]
+        done = [set(values.get(g, {})) for g in groups]
+        j.seeds_done = len(set.intersection(*done)) if done else 0
+        j.seeds_planned = min((planned.get(g, len(values.get(g, {}))) for g in groups), default=0)
+    if all(j.seeds_done >= j.seeds_planned for j in out):
+        return
+    for j in out:
+        before = j.verdict
+        j.verdict = f"{INTERIM}, {j.seeds_done} of {j.seeds_planned} seeds"
+        j.why = (
+            "no verdict until every planned seed of the study has finished (a verdict after a look, with seeds "
+            f"added, would be optional stopping); on the seeds so far: {before}"
+        )
+        j.alt_verdict, j.gated = "", False
 
 
 def _judge_rule(measured, values, alpha: float, metric: str, rule: str, power: bool = True) -> list[Judgement]:
@@ -363,15 +407,17 @@ def _judge_rule(measured, values, alpha: float, metric: str, rule: str, power: b
         else:
             targets.append(_target(c, rule, base_loss))
     tests = [_tests(c, eff, var, e, values) for (c, eff, var), (e, _) in zip(measured, targets, strict=True)]
-    if any(c.get("is_control") for c, _, _ in measured):  # the control is judged against 0 only
-        tests[0] = {"zero": tests[0]["zero"]}
-    flat = [(i, kind, p) for i, t in enumerate(tests) for kind, p in t.items()]
-    adjusted = holm([p for _, _, p in flat])
     held: list[dict[str, float]] = [{} for _ in measured]
     raw: list[dict[str, float]] = [{} for _ in measured]
+    for i, (c, eff, _) in enumerate(measured):  # the control: alone, one-sided, at alpha (not in the family)
+        if c.get("is_control"):
+            p_one = one_sided_p(eff, c["expect"] == "higher") if eff is not None else math.nan
+            tests[i], held[i], raw[i] = {}, {"zero": p_one}, {"zero": p_one}
+    flat = [(i, kind, p) for i, t in enumerate(tests) for kind, p in t.items()]
+    adjusted = claims_holm([p for _, _, p in flat], [i for i, _, _ in flat])
     for (i, kind, p), p_adj in zip(flat, adjusted, strict=True):
         held[i][kind], raw[i][kind] = p_adj, p
-    k = sum(1 for _, _, p in flat if math.isfinite(p))
+    k = len({i for i, _, p in flat if math.isfinite(p)})  # claims with a test: the family counts claims
     level = alpha / max(k, 1)
     out = []
     for (c, eff, var), (e_pct, e_text), h, r in zip(measured, targets, held, raw, strict=True):
@@ -400,14 +446,27 @@ def _judge_rule(measured, values, alpha: float, metric: str, rule: str, power: b
             level=level,
             expected_pct=c["expected_pct"],
         )
+        at = 2.0 * alpha if j.is_control else level  # the control's one-sided test at alpha: a two-sided 2 alpha
         if power and eff is not None and eff.d_log:
-            lo, hi = interval(eff.d_log, 1.0 - level)
+            lo, hi = interval(eff.d_log, 1.0 - at)
             j.v_low_pct, j.v_high_pct = pct(lo), pct(hi)
-            j.mde_pct = pct(mde_log(eff.sd_log / math.sqrt(eff.n), eff.n - 1, level)) if eff.sd_log > 0 else math.nan
-            j.seeds_needed = seeds_needed(eff.sd_log, _log1p_pct(e_pct), level) if math.isfinite(e_pct) else 0
-        j.verdict, j.why, j.excluded_pct = _label(c, eff, var, h, r, e_pct, alpha)
+            j.mde_pct = pct(mde_log(eff.sd_log / math.sqrt(eff.n), eff.n - 1, at)) if eff.sd_log > 0 else math.nan
+            j.seeds_needed = seeds_needed(eff.sd_log, _log1p_pct(e_pct), at) if math.isfinite(e_pct) else 0
+        j.verdict, j.why, j.excluded_pct = _label(c, eff, var, h, r, e_pct, alpha, values)
+        both = not j.is_control and c["expect"] in ("lower", "higher") and _holds_both(j, e_pct, level)
+        if both and j.verdict != INCONCLUSIVE:
+            j.verdict, j.excluded_pct = INCONCLUSIVE, math.nan
+            j.why = f"the {100 * (1 - level):.2f}% interval holds both 0 and E {e_pct:+.2f}%; {j.why}"
         out.append(j)
     return out
+
+
+def _holds_both(j: Judgement, e_pct: float, level: float) -> bool:
+    """Whether the interval at 1 - alpha / k (the one printed beside the verdict) holds both 0 and E."""
+    if j.effect is None or not j.effect.d_log or not math.isfinite(e_pct):
+        return False
+    lo, hi = interval(j.effect.d_log, 1.0 - level)
+    return lo <= 0.0 <= hi and lo <= _log1p_pct(e_pct) <= hi
 
 
 def _bound_toward(d: Sequence[float], target: float, p_raw: float, p_adj: float, alpha: float) -> float:
@@ -418,15 +477,15 @@ def _bound_toward(d: Sequence[float], target: float, p_raw: float, p_adj: float,
     return pct(lo) if target < (lo + hi) / 2 else pct(hi)
 
 
-def _label(c: dict, eff, var, h: dict, r: dict, e_pct: float, alpha: float) -> tuple[str, str, float]:
+def _label(c: dict, eff, var, h: dict, r: dict, e_pct: float, alpha: float, values) -> tuple[str, str, float]:
     """(verdict, why, excluded bound X in %)."""
     expect, nan = c["expect"], math.nan
     if c.get("is_control"):
         p = h.get("zero", nan)
         delta = eff.delta_pct if eff else nan
         if math.isfinite(p) and p < alpha and (delta > 0) == (expect == "higher"):
-            return DETECTED, f"Holm p {p:.3g}", nan
-        return NOT_DETECTED, f"Holm p {p:.3g}" if math.isfinite(p) else (eff.why if eff else "no test"), nan
+            return DETECTED, f"one-sided p {p:.3g}", nan
+        return NOT_DETECTED, f"one-sided p {p:.3g}" if math.isfinite(p) else (eff.why if eff else "no test"), nan
     if var is not None:
         p0, pe = h.get("zero", nan), h.get("effect", nan)
         if not math.isfinite(p0):
@@ -441,8 +500,9 @@ def _label(c: dict, eff, var, h: dict, r: dict, e_pct: float, alpha: float) -> t
             if math.isfinite(pe) and pe < alpha:
                 return f"{SIZE_DIFFERS} ({'larger' if (var.ratio > ratio) == up else 'smaller'})", text, nan
             return REPLICATED if math.isfinite(pe) else DIRECTION, text, nan
-        if math.isfinite(pe) and pe < alpha:
-            bound = var.ci_high if ratio > 1 else var.ci_low
+        if math.isfinite(pe) and pe < alpha:  # the bound at the level the step-down used for this test
+            used = variance_ratio(values.get(c["plus"][0], {}), values.get(c["minus"][0], {}), alpha * r["effect"] / pe)
+            bound = used.ci_high if ratio > 1 else used.ci_low
             return NOT_REPLICATED, f"ratios beyond {bound:.2f} excluded; {text}, vs {ratio:g}: Holm p {pe:.3g}", nan
         return INCONCLUSIVE, text, nan
     if eff is None or not math.isfinite(eff.delta_pct) or not eff.d_log:
@@ -495,7 +555,7 @@ def planned_tests(claim: Mapping[str, Any]) -> int:
     """How many tests a claim puts in the study's Holm family (before any run: from the spec alone)."""
     c = parse_claim(claim)
     expect = c["expect"]
-    if c.get("is_control") or expect in ("below", "above"):
+    if expect in ("below", "above"):
         return 1
     if expect == "same":
         return 2

@@ -22,7 +22,7 @@ def _study(root: Path, name: str, rows: list[dict[str, str]]) -> None:
         writer.writerows(rows)
 
 
-def test_control_in_the_study_cell_and_a_missed_control_voids_the_rows(tmp_path: Path):
+def test_control_in_the_study_cell_and_a_missed_control_marks_the_null_rows(tmp_path: Path):
     control = {"claim": "control-fewer", "control": "True", "plus": "fewer", "delta_pct": "3.8", "verdict": "detected"}
     control["expected_pct"] = "3.55"
     claim = {"claim": "b-vs-a", "control": "False", "published_pct": "-6.6", "delta_pct": "-0.2"}
@@ -30,7 +30,8 @@ def test_control_in_the_study_cell_and_a_missed_control_voids_the_rows(tmp_path:
     claim.update(ci_low_pct="-0.5", ci_high_pct="0.1", verdict="not replicated at this scale", excluded_pct="-0.61")
     _study(tmp_path, "good", [control, claim])
     missed = dict(control, delta_pct="1.5", verdict="not detected")
-    _study(tmp_path, "weak", [missed, dict(claim, mde_pct="4.0", verdict="void", excluded_pct="nan", limited="x")])
+    gated = "inconclusive; sensitivity not shown"
+    _study(tmp_path, "weak", [missed, dict(claim, mde_pct="4.0", verdict=gated, excluded_pct="nan", limited="x")])
     lines = claims_markdown(tmp_path, link_root="r").splitlines()
     good = next(x for x in lines if x.startswith("| [good]"))
     assert good == (
@@ -38,7 +39,7 @@ def test_control_in_the_study_cell_and_a_missed_control_voids_the_rows(tmp_path:
         "E -1.49% | -0.2% [-0.5, +0.1] | 0.9% (α 0.0071) | **not replicated at this scale**: beyond -0.6% excluded |"
     )
     weak = next(x for x in lines if x.startswith("| [weak]"))
-    assert "control fewer (planted +3.5%): +1.5%, **not detected: verdicts void**" in weak
-    assert weak.endswith("| **void** (configuration-limited) |")
+    assert "control fewer (planted +3.5%): +1.5%, **not detected: sensitivity not shown**" in weak
+    assert weak.endswith("| **inconclusive; sensitivity not shown** (configuration-limited) |")
     assert not any("control-fewer" in x for x in lines)  # the control is no claim row of its own
     assert len([x for x in lines if x.startswith("| ")]) == 1 + 2  # the header, then one claim per study

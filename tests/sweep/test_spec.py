@@ -154,7 +154,7 @@ def test_dry_run_prints_the_estimate(capsys):
     line = next(x for x in out.splitlines() if x.strip().startswith("standard-B-s1") and "steps x" in x)
     assert f"{step_s * 1000:.0f} ms" in line and "0.51M tokens" in line
     assert "study: 26 runs, 16,800 steps" in out and "min wall with 2 jobs" in out
-    assert "Power plan: 5 tests in the Holm family" in out and "planted +3.90%" in out
+    assert "Power plan: 2 claims in the Holm family" in out and "planted +3.90%" in out
 
 
 def test_power_plan_gives_the_seeds_that_would_detect_the_effect(capsys):

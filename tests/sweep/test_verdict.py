@@ -1,7 +1,8 @@
 """Verdicts on planted synthetic sweeps: each label (replicated, size differs, not replicated at this scale,
 opposite direction, inconclusive, equivalent) appears exactly where the planted effect and its interval put it; the
-detectable effect is at the Holm level; TOST matches the textbook; a control too small to be detected voids every
-verdict."""
+detectable effect is at the Holm level of a family that counts claims; TOST matches the textbook; a control too
+small to be detected marks the null-type verdicts and keeps the significant ones; a report short of its planned seeds
+gives no verdict."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from lightning_cqk.sweep.stats import mde_log, tost
+from lightning_cqk.sweep.stats import claims_holm, holm, mde_log, tost
 from lightning_cqk.sweep.units import convert_pct
 from lightning_cqk.sweep.verdict import ClaimError, judge, parse_claim
 
@@ -81,24 +82,84 @@ def test_the_other_rule_is_shown_when_it_changes_the_verdict():
 
 def test_the_detectable_effect_is_at_the_holm_level():
     values = _sweep({"base": 0.0, "new": 0.0, "fewer": 0.035}, sd=0.004)
-    control, claim = judge(values, [CLAIM], CONTROL)
-    assert claim.family == 3 and claim.level == pytest.approx(0.05 / 3)  # control vs 0; claim vs 0 and vs E
+    other = {**CLAIM, "name": "also", "group": "fewer"}
+    control, claim, _ = judge(values, [CLAIM, other], CONTROL)
+    # two claims (each with a test vs 0 and vs E: one family member each), the control outside the family
+    assert claim.family == 2 and claim.level == pytest.approx(0.05 / 2)
     d = [math.log(values["new"][s] / values["base"][s]) for s in SEEDS]
     se = np.std(d, ddof=1) / math.sqrt(len(d))
-    at_level = 100 * math.expm1(mde_log(se, len(d) - 1, 0.05 / 3))
+    at_level = 100 * math.expm1(mde_log(se, len(d) - 1, 0.05 / 2))
     assert claim.mde_pct == pytest.approx(at_level, rel=1e-9)
-    assert claim.mde_pct > 100 * math.expm1(mde_log(se, len(d) - 1, 0.05)) * 1.15  # stricter than unadjusted
+    assert claim.mde_pct > 100 * math.expm1(mde_log(se, len(d) - 1, 0.05)) * 1.1  # stricter than unadjusted
     # seeds for E: the smallest n whose detectable effect at the level is at most |E| (same sd)
     n = claim.seeds_needed
     sd = np.std(d, ddof=1)
-    assert mde_log(sd / math.sqrt(n), n - 1, 0.05 / 3) <= abs(E_LOG) < mde_log(sd / math.sqrt(n - 1), n - 2, 0.05 / 3)
+    assert mde_log(sd / math.sqrt(n), n - 1, 0.05 / 2) <= abs(E_LOG) < mde_log(sd / math.sqrt(n - 1), n - 2, 0.05 / 2)
 
 
-def test_a_control_too_small_to_be_detected_voids_every_verdict():
-    values = _sweep({"base": 0.0, "new": E_LOG, "fewer": 0.0005}, sd=0.004)
-    control, claim = judge(values, [CLAIM], CONTROL)
-    assert control.verdict == "not detected" and claim.verdict == "void"
-    assert claim.why.startswith("replicated before voiding")
+def test_the_family_counts_claims_not_tests_against_a_hand_computation():
+    """Shaffer's step-down on fixed p-values: claims a (vs 0, vs E), b (vs 0, vs E), c (one test). Sorted: a0 .001,
+    b0 .004, aE .012, c .02, bE .3. Open claims at each step: 3, 3 (a still open by aE), 3, 2 (b, c), 1 (b)."""
+    p = [0.001, 0.012, 0.004, 0.3, 0.02]
+    claims = ["a", "a", "b", "b", "c"]
+    by_hand = [3 * 0.001, max(3 * 0.004, 3 * 0.012), 3 * 0.004, max(0.036, 1 * 0.3), max(0.036, 2 * 0.02)]
+    assert claims_holm(p, claims) == pytest.approx(by_hand, abs=1e-15)
+    assert claims_holm(p, ["a", "b", "c", "d", "e"]) == holm(p)  # one test a claim: Holm itself
+    assert holm(p)[2] == pytest.approx(4 * 0.004) and claims_holm(p, claims)[2] == pytest.approx(3 * 0.004)
+    nan = claims_holm([0.01, math.nan], ["a", "b"])
+    assert nan[0] == pytest.approx(0.01) and math.isnan(nan[1])
+
+
+def test_a_control_not_detected_marks_the_null_verdicts_and_keeps_a_significant_one():
+    values = _sweep({"base": 0.0, "new": E_LOG, "null": 0.0, "fewer": 0.0005}, sd=0.004)
+    null = {**CLAIM, "name": "no-effect", "group": "null"}
+    control, claim, nothing = judge(values, [CLAIM, null], CONTROL)
+    assert control.verdict == "not detected" and "one-sided p" in control.why
+    assert claim.verdict == "replicated" and not claim.gated  # significant and directional: stands
+    assert nothing.verdict.endswith("; sensitivity not shown") and nothing.gated
+    assert nothing.verdict.startswith(("inconclusive", "not replicated at this scale"))
+    detected = judge(_sweep({"base": 0.0, "null": 0.0, "fewer": 0.035}), [null], CONTROL)
+    assert detected[0].verdict == "detected" and "sensitivity" not in detected[1].verdict
+    assert detected[1].family == 1  # the control is not in the family
+
+
+def test_the_control_is_tested_one_sided_at_alpha():
+    """A control whose two-sided p is between 0.05 and 0.10 in the expected direction is detected (one-sided p =
+    half); the same size in the other direction is not."""
+    values = _sweep({"base": 0.0, "fewer": 0.0, "new": 0.0}, sd=0.004)
+    d = [math.log(values["fewer"][s] / values["base"][s]) for s in SEEDS]
+    se = float(np.std(d, ddof=1)) / math.sqrt(len(d))
+    shift = stats.t.ppf(1 - 0.07 / 2, len(d) - 1) * se  # two-sided p 0.07
+    up = _sweep({"base": 0.0, "fewer": shift, "new": 0.0}, sd=0.004)
+    control = judge(up, [CLAIM], CONTROL)[0]
+    assert control.p_holm == pytest.approx(0.035, rel=1e-6) and control.verdict == "detected"
+    down = _sweep({"base": 0.0, "fewer": -shift, "new": 0.0}, sd=0.004)
+    assert judge(down, [CLAIM], CONTROL)[0].verdict == "not detected"
+
+
+def test_a_report_short_of_its_planned_seeds_is_interim_and_gives_no_verdict():
+    values = _sweep({"base": 0.0, "new": E_LOG, "fewer": 0.035})
+    complete = judge(values, [CLAIM], CONTROL, planned={"base": 8, "new": 8, "fewer": 8})
+    assert complete[1].verdict == "replicated" and complete[1].seeds_done == complete[1].seeds_planned == 8
+    short = judge(values, [CLAIM], CONTROL, planned={"base": 26, "new": 26, "fewer": 8})
+    control, claim = short
+    assert claim.verdict == "interim, 8 of 26 seeds" and "optional stopping" in claim.why
+    assert control.verdict == "interim, 8 of 8 seeds"  # complete itself, but the study's report is interim
+    assert claim.alt_verdict == ""
+
+
+def test_an_interval_holding_both_0_and_e_is_inconclusive_whatever_the_step_down_found():
+    """Holm's later steps use a smaller multiplier than alpha / k, so a claim can be significant while the interval
+    printed at 1 - alpha / k holds 0 (and E): such a claim is inconclusive."""
+    near = {"name": "near", "group": "new", "vs": "base", "expect": "higher", "sesoi_pct": 0.63}
+    strong = {**near, "name": "strong", "group": "big", "sesoi_pct": 10.0}  # both its tests rejected first
+    shift = stats.t.ppf(1 - 0.035 / 2, len(SEEDS) - 1) * 0.006 / math.sqrt(len(SEEDS))  # two-sided p 0.035
+    values = _sweep({"base": 0.0, "new": shift, "big": 0.262, "fewer": 0.035}, sd=0.006)
+    _, claim, big = judge(values, [near, strong], CONTROL)
+    assert big.verdict == "direction replicated, size differs (larger)"
+    assert claim.p_holm == pytest.approx(0.035, rel=1e-6)  # significant at the last step (multiplier 1) ...
+    assert claim.v_low_pct <= 0 <= claim.v_high_pct and claim.v_low_pct <= 0.63 <= claim.v_high_pct
+    assert claim.verdict == "inconclusive" and "holds both 0 and E" in claim.why
 
 
 def _t_cdf(x: float, df: int) -> float:
