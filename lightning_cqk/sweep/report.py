@@ -42,6 +42,7 @@ import errno
 import io
 import json
 import math
+import shlex
 import shutil
 import sys
 from collections.abc import Iterable
@@ -102,7 +103,9 @@ def _read_manifest(sweep_dir: Path) -> dict[str, Any]:
             f"{sweep_dir}: no manifest.json. `lightning_cqk report` reads a sweep directory written by "
             "`lightning_cqk sweep configs/ablations/<study>.yaml` (default runs/<study>-<profile>)."
         )
-    return json.loads(path.read_text())
+    from lightning_cqk.sweep.results import read_manifest
+
+    return read_manifest(path)  # one run per (group, seed), plain names
 
 
 def unfinished_reason(scalars: dict[str, list[tuple[int, float]]], budget: dict[str, Any], metric: str) -> str:
@@ -956,7 +959,7 @@ def write_report(
     study = data["manifest"]["study"]
     rows = table_rows(data)
     judgements = verdicts(data)
-    md = markdown(data, rows, judgements)
+    md = with_live_sweep_note(markdown(data, rows, judgements), data, output)
     glue_md = _glue_section(sweep_dir, glue or [])
     if glue_md:
         md = f"{md.rstrip()}\n\n## GLUE (fine-tuned checkpoints, `lightning_cqk glue`)\n\n{glue_md}"
@@ -990,6 +993,26 @@ def write_report(
         pngs = ", ".join(p.name for p in paths.values() if p.suffix == ".png")
         print(f"Report: {paths['markdown']}, {paths['csv']}, {paths['claims']}; figures ({out}): {pngs}")
     return paths
+
+
+def with_live_sweep_note(md: str, data: dict[str, Any], output: str | Path | None) -> str:
+    """`md` with a line under its title when a sweep still runs in the sweep directory: the report is an interim one
+    of an unfinished, live sweep (its unfinished runs are left out of every number), to be written again at the end."""
+    from lightning_cqk.sweep.runner import live_owner
+
+    source = Path(data["source"])
+    owner = None if data["committed"] else live_owner(source)
+    if owner is None:
+        return md
+    done = sum(len(g["runs"]) for g in data["groups"].values()) + len(data["tuning_runs"])
+    again = shlex.join(["lightning_cqk", "report", str(source), *(["--output", str(output)] if output else [])])
+    note = (
+        f"**Interim report of a live sweep:** a sweep is still running in {source} ({owner.describe()}); "
+        f"{done} of its {len(data['manifest']['runs'])} runs have finished, and only they are in these numbers. "
+        f"Write the report again when the sweep has ended: `{again}`."
+    )
+    title, _, rest = md.partition("\n")
+    return f"{title}\n\n{note}\n{rest}"
 
 
 def report_folder_owns(study: str):

@@ -15,6 +15,14 @@
 
 `lightning_cqk report docs/results/<study>` then reads these files instead of run directories and recomputes every
 number, verdict and figure: nothing else is needed. Floats are written with repr, so they read back bit-identical.
+
+The files are read as untrusted (a hand-edited or merged folder): each must be a plain file with the columns a report
+writes; the manifest's runs must be one per name and per (group, seed), named `<group>-s<seed>` with plain names
+(`check_manifest`, for a sweep's manifest.json too); curves.csv holds one value per run, tag and step, each one a
+float32 TensorBoard can have logged (perplexity at least 1, loss and bits per byte at least 0); and runs.csv holds one
+row per run of the manifest, with its group, seed, role, config hash and code revision, and, for a finished run, the
+final validation values of curves.csv, exactly. Anything else is refused, naming the file and line: the report copies
+runs.csv into its new folder, so a value that disagrees with the curves the verdicts come from would be published.
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ from pathlib import Path
 from typing import Any
 
 STUDY_FILE, RUNS_FILE, CURVES_FILE, WINDOWS_FILE = "study.json", "runs.csv", "curves.csv", "val_windows.json"
+CURVE_FIELDS = ("run", "tag", "step", "value")
+FLOAT32_MAX = 3.4028234663852886e38  # TensorBoard stores scalars as float32: no logged value is larger
+LOWEST = {"val/ppl": 1.0, "val/loss": 0.0, "val/bpb": 0.0}  # a perplexity is exp(loss >= 0)
 COMMITTED = (STUDY_FILE, RUNS_FILE, CURVES_FILE, WINDOWS_FILE)
 VAL_TAGS = ("val/ppl", "val/bpb", "val/loss")
 AT_VAL_TAGS = ("train/tokens_seen", "train/spikes", "train/grad_norm/total")  # thinned to the validation steps
@@ -55,6 +66,7 @@ RUN_FIELDS = (
     "status",
 )
 _BUDGET = ("tokens", "steps", "wallclock", "flops", "tokens_per_step")
+STABILITY_FIELDS = ("spikes", "late_loss_sd_pct")
 
 
 def is_committed(folder: str | Path) -> bool:
@@ -187,26 +199,233 @@ def _float(text: str) -> float:
     return float(text) if text not in ("", None) else math.nan
 
 
+def _refuse(message: str) -> Exception:
+    from lightning_cqk.sweep.report import ReportError
+
+    return ReportError(message)
+
+
+def _put_back(path: Path) -> str:
+    """The advice for a committed file that is not what the report wrote."""
+    return (
+        f"Put back the file the report wrote (in a checkout: git checkout -- {path}), or write the report again from "
+        f"the sweep's run directories with --output {path.parent}."
+    )
+
+
+def _plain_file(folder: Path, name: str) -> Path:
+    """`folder / name`, refusing a symbolic link (or a folder, a device...): the report copies its committed files
+    into the new report, so a link to a system file would be read as results and then published."""
+    path = folder / name
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        what = f"a symbolic link to {os.readlink(path)}" if path.is_symlink() else "not a regular file"
+        raise _refuse(
+            f"{path} is {what}; the committed results of a report are plain files it wrote. Delete it (rm {path}) "
+            f"and put back the file the report wrote (in a checkout: git checkout -- {path})."
+        )
+    return path
+
+
+def _csv_rows(path: Path, fields: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    """(line, row) of a committed CSV, refusing a file whose header or rows are not the report's `fields`."""
+    try:
+        with open(path, newline="") as handle:
+            reader = csv.reader(handle)
+            header = next(reader, [])
+            if tuple(header) != fields:
+                raise _refuse(
+                    f"{path} is not the {path.name} a report writes: its first line is {','.join(header)[:120]!r}, "
+                    f"not {','.join(fields)!r}. {_put_back(path)}"
+                )
+            rows = []
+            for values in reader:
+                if len(values) != len(fields):
+                    raise _refuse(
+                        f"{path}, line {reader.line_num}: {len(values)} fields, not the {len(fields)} of its header "
+                        f"({','.join(fields)}). {_put_back(path)}"
+                    )
+                rows.append((reader.line_num, dict(zip(fields, values, strict=True))))
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise _refuse(f"{path} cannot be read as a CSV file ({err}). {_put_back(path)}") from None
+    return rows
+
+
+def _number(text: str, path: Path, line: int, column: str) -> float:
+    try:
+        return _float(text)
+    except ValueError:
+        raise _refuse(f"{path}, line {line}: {column} {text!r} is not a number. {_put_back(path)}") from None
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """A sweep's manifest.json or a committed study.json, checked (`check_manifest`)."""
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise _refuse(f"{path} is not JSON ({err}). {_put_back(path)}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("runs"), list):
+        raise _refuse(f"{path} is not a sweep's manifest (a mapping with a list of runs). {_put_back(path)}")
+    check_manifest(manifest, path)
+    return manifest
+
+
+def check_manifest(manifest: dict[str, Any], path: Path) -> None:
+    """Refuse a manifest (a sweep's manifest.json, committed study.json) whose runs are not one per (group, seed),
+    one per name, each named `<group>-s<seed>` with plain names (a name like `=HYPERLINK(...)` is a spreadsheet
+    formula in the report's CSVs): the report pairs a group's runs by seed and would keep only one of two."""
+    from lightning_cqk.sweep.spec_checks import NAME_RULE, is_safe_name
+
+    by_seed: dict[tuple[str, Any], str] = {}
+    for run in manifest.get("runs") or []:
+        name, group, seed = run.get("name"), run.get("group"), run.get("seed")
+        first = by_seed.setdefault((str(group), seed), str(name))
+        if first != str(name):
+            raise _refuse(
+                f"{path}: runs {first} and {name} of group {group} both have seed {seed}. A study runs each group "
+                "once per seed and the report pairs the groups' runs by seed, so it would keep one of the two and "
+                "silently drop the other. This folder was edited or merged from two sweeps: remove one of the two "
+                "runs, or report each sweep on its own."
+            )
+    names = [str(run.get("name")) for run in manifest.get("runs") or []]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise _refuse(f"{path}: run {twice[0]} is listed twice. Keep one entry per run (a sweep writes one).")
+    for run in manifest.get("runs") or []:
+        name, group, seed = run.get("name"), run.get("group"), run.get("seed")
+        if not (is_safe_name(name) and is_safe_name(group)):
+            raise _refuse(
+                f"{path}: run {name!r} of group {group!r}: a sweep's run and group names are plain names "
+                f"({NAME_RULE}); these were edited (a name like `=HYPERLINK(...)` would be a formula in a "
+                "spreadsheet that opens the report's CSVs). Put back the names the sweep wrote."
+            )
+        if type(seed) is not int or name != f"{group}-s{seed}":
+            raise _refuse(
+                f"{path}: run {name!r} has group {group!r} and seed {seed!r}, but a sweep names each run "
+                "<group>-s<seed>: one of the three was edited. Put back what the sweep wrote."
+            )
+
+
+def _read_curves(path: Path) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """{run: {tag: [(step, value)] sorted by step}} of curves.csv, refusing two values at one step and a value no
+    run can have logged (module docstring)."""
+    scalars: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    seen: dict[tuple[str, str, int], tuple[int, str]] = {}
+    for line, r in _csv_rows(path, CURVE_FIELDS):
+        try:
+            step = int(r["step"])
+        except ValueError:
+            raise _refuse(f"{path}, line {line}: step {r['step']!r} is not a whole number. {_put_back(path)}") from None
+        value = _number(r["value"], path, line, "value")
+        key = (r["run"], r["tag"], step)
+        if key in seen:
+            first, text = seen[key]
+            raise _refuse(
+                f"{path}, lines {first} and {line}: two values of {r['tag']} for run {r['run']} at step {step} "
+                f"({text} and {r['value']}). A report writes one value per step (the last the run logged): one of "
+                f"these rows was added by hand or by merging two folders. {_put_back(path)}"
+            )
+        seen[key] = (line, r["value"])
+        _check_logged(value, r["tag"], f"{path}, line {line}: {r['tag']} of run {r['run']} at step {step}", path)
+        scalars.setdefault(r["run"], {}).setdefault(r["tag"], []).append((step, value))
+    return {run: {tag: sorted(series) for tag, series in tags.items()} for run, tags in scalars.items()}
+
+
+def _check_logged(value: float, tag: str, what: str, path: Path) -> None:
+    """Refuse a finite value that no run can have logged: beyond float32 (what TensorBoard stores), or a perplexity
+    below 1 / a loss below 0. nan and inf stay: they are a diverged run's."""
+    if not math.isfinite(value):
+        return
+    lowest = LOWEST.get(tag, -FLOAT32_MAX)
+    if not lowest <= value <= FLOAT32_MAX:
+        bound = (
+            f"a {tag} is at least {lowest:g}"
+            if value < lowest
+            else f"a logged value is at most {FLOAT32_MAX:.3g}, the largest float32, which TensorBoard stores"
+        )
+        raise _refuse(f"{what} is {value!r}, which no run can have logged ({bound}). {_put_back(path)}")
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _check_rows(rows: list[tuple[int, dict[str, str]]], manifest: dict[str, Any], path: Path) -> None:
+    """runs.csv holds one row per run of the manifest, and each row's group, seed, role, config hash and code
+    revision are the manifest's (what write_committed wrote)."""
+    entries = {str(e["name"]): e for e in manifest.get("runs") or []}
+    grids = (manifest.get("spec", {}).get("tuning") or {}).get("grid", {})
+    tuning_names = {name for grid in grids.values() for name in grid.values()}
+    lines: dict[str, int] = {}
+    for line, row in rows:
+        name = row["run"]
+        if name in lines:
+            raise _refuse(f"{path}, lines {lines[name]} and {line}: two rows for run {name}. {_put_back(path)}")
+        lines[name] = line
+        entry = entries.get(name)
+        if entry is None:
+            raise _refuse(f"{path}, line {line}: run {name!r} is not a run of {STUDY_FILE}. {_put_back(path)}")
+        wanted = {
+            "group": str(entry["group"]),
+            "seed": str(entry["seed"]),
+            "role": "tuning" if name in tuning_names else "",
+            "config_hash": str(entry.get("config_hash", "")),
+            "code_revision": " ".join(entry.get("revisions") or []),
+        }
+        for column, value in wanted.items():
+            if row[column] != value:
+                raise _refuse(
+                    f"{path}, line {line}: run {name}'s {column} is {row[column][:80]!r}, but {STUDY_FILE} gives "
+                    f"{value!r}; the two must agree. {_put_back(path)}"
+                )
+    absent = [name for name in entries if name not in lines]
+    if absent:
+        raise _refuse(f"{path}: no row for run {absent[0]} of {STUDY_FILE}. {_put_back(path)}")
+
+
+def _check_finals(rows: list[tuple[int, dict[str, str]]], scalars: dict[str, Any], path: Path) -> None:
+    """The finished runs of runs.csv are the runs of curves.csv, and each one's final validation values in runs.csv
+    are its last values in curves.csv (the verdicts come from curves.csv; runs.csv is published beside them)."""
+    done = {row["run"] for _, row in rows if row["status"] == "done"}
+    stray = sorted(set(scalars) - done)
+    if stray:
+        raise _refuse(
+            f"{path.with_name(CURVES_FILE)} has curves of run {stray[0]}, which {path.name} does not list as done; "
+            f"the two files must agree. {_put_back(path)}"
+        )
+    for line, row in rows:
+        if row["run"] not in done:
+            continue
+        for column, tag in (("val_loss", "val/loss"), ("val_ppl", "val/ppl"), ("val_bpb", "val/bpb")):
+            series = scalars.get(row["run"], {}).get(tag) or []
+            last = series[-1][1] if series else math.nan
+            given = _number(row[column], path, line, column)
+            if not _same(given, last):
+                raise _refuse(
+                    f"{path}, line {line}: run {row['run']}'s {column} is {row[column]!r}, but its last {tag} in "
+                    f"{CURVES_FILE} is {last!r} (the value the verdicts use); the two must agree. {_put_back(path)}"
+                )
+
+
 def read_committed(folder: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, str]]:
     """(manifest, {run name: {"seed", "scalars", "budget", "windows", "heldout_loss"}} of the finished runs,
-    {run name: status} of the others) from a folder of committed results."""
+    {run name: status} of the others) from a folder of committed results, cross-checked (module docstring)."""
     folder = Path(folder)
-    manifest = json.loads((folder / STUDY_FILE).read_text())
-    with open(folder / RUNS_FILE, newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    scalars: dict[str, dict[str, list[tuple[int, float]]]] = {}
-    if (folder / CURVES_FILE).is_file():
-        with open(folder / CURVES_FILE, newline="") as handle:
-            for r in csv.DictReader(handle):
-                scalars.setdefault(r["run"], {}).setdefault(r["tag"], []).append((int(r["step"]), float(r["value"])))
-    windows = json.loads((folder / WINDOWS_FILE).read_text()) if (folder / WINDOWS_FILE).is_file() else {}
+    study_path, runs_path, curves_path = (_plain_file(folder, n) for n in (STUDY_FILE, RUNS_FILE, CURVES_FILE))
+    manifest = read_manifest(study_path)
+    rows = _csv_rows(runs_path, RUN_FIELDS)
+    scalars = _read_curves(curves_path) if curves_path.is_file() else {}
+    _check_rows(rows, manifest, runs_path)
+    _check_finals(rows, scalars, runs_path)
+    windows_path = _plain_file(folder, WINDOWS_FILE)
+    windows = json.loads(windows_path.read_text()) if windows_path.is_file() else {}
     runs, other = {}, {}
-    for r in rows:
+    for line, r in rows:
         if r["status"] != "done":
             other[r["run"]] = r["status"]
             continue
         name = r["run"]
-        budget: dict[str, Any] = {k: _float(r[k]) for k in _BUDGET if math.isfinite(_float(r[k]))}
+        numbers = {k: _number(r[k], runs_path, line, k) for k in (*_BUDGET, "heldout_loss", *STABILITY_FIELDS)}
+        budget: dict[str, Any] = {k: numbers[k] for k in _BUDGET if math.isfinite(numbers[k])}
         for key in ("steps", "tokens", "tokens_per_step"):  # integers in budget.json: read back as integers
             if key in budget and "." not in r[key] and "e" not in r[key]:
                 budget[key] = int(r[key])
@@ -216,11 +435,11 @@ def read_committed(folder: str | Path) -> tuple[dict[str, Any], dict[str, dict[s
             w = {"nll": windows["nll"][name], "tokens": tokens[name] if name in tokens else tokens["*"]}
         runs[name] = {
             "seed": int(r["seed"]),
-            "scalars": {tag: sorted(series) for tag, series in scalars.get(name, {}).items()},
+            "scalars": scalars.get(name, {}),
             "budget": budget,
             "windows": w,
-            "heldout_loss": _float(r["heldout_loss"]),
-            "stability": {"spikes": _float(r["spikes"]), "late_loss_sd_pct": _float(r["late_loss_sd_pct"])},
+            "heldout_loss": numbers["heldout_loss"],
+            "stability": {k: numbers[k] for k in STABILITY_FIELDS},
         }
     return manifest, runs, other
 

@@ -471,6 +471,19 @@ def _shards_ready(run: Run) -> bool:
     return Manifest.exists(data_dir)  # the same test as TokenDataModule.prepare_data
 
 
+def live_owner(sweep_dir: str | Path) -> LockOwner | None:
+    """The process running the sweep in `sweep_dir` now (a whole sweep's `.sweep.lock`, else an array task's
+    `status/<run>.lock`), or None when none runs there. A lock of another host counts as live (it cannot be checked)."""
+    sweep_dir = Path(sweep_dir)
+    owner = holder(sweep_dir, SWEEP_LOCK)
+    status = sweep_dir / "status"
+    for lock in sorted(status.glob("*.lock")) if owner is None and status.is_dir() else []:
+        owner = holder(status, lock.name)
+        if owner is not None:
+            break
+    return owner
+
+
 def _names(todo: list[Run], running: list[_Launch]) -> set[str]:
     return {r.name for r in todo} | {x.run.name for x in running}
 

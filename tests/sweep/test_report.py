@@ -358,3 +358,157 @@ def test_runs_with_the_same_results_under_another_name_are_named(sweep_dir: Path
     text = write_report(results / "toy", quiet=True)["markdown"].read_text()
     assert "Runs with the same results as another study's runs under another name" in text
     assert "other: base-s2 = standard-B-s2." in text and "base-s1 = " not in text
+
+
+# ---------------------------------------------------------------------- issue 34: hostile report inputs (delta)
+@pytest.fixture
+def committed(sweep_dir: Path, tmp_path: Path, monkeypatch) -> Path:
+    """results/toy: the toy sweep's committed report (figures left out for time), the sweep directory deleted."""
+    import shutil
+
+    import lightning_cqk.sweep.figures
+
+    monkeypatch.setattr(lightning_cqk.sweep.figures, "figures", lambda *args, **kwargs: [])
+    results = tmp_path / "results" / "toy"
+    write_report(sweep_dir, results, quiet=True)
+    shutil.rmtree(sweep_dir)
+    return results
+
+
+def _refused_report(folder: Path) -> str:
+    """`lightning_cqk report FOLDER`'s one-paragraph refusal; the folder's files are left as they were."""
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and not p.is_symlink()}
+    with pytest.raises(SystemExit) as refused:
+        main(["report", str(folder)])
+    message = str(refused.value.code)
+    assert message.startswith("lightning_cqk report: ") and "\n" not in message, message
+    assert before == {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and not p.is_symlink()}
+    return message
+
+
+def _edit_rows(path: Path, edit) -> None:
+    """Rewrite a committed CSV with `edit(rows)` applied to its rows (dicts)."""
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        fields, rows = reader.fieldnames, list(reader)
+    edit(rows)
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _set(run: str, column: str, value: str):
+    def edit(rows: list[dict[str, str]]) -> None:
+        next(r for r in rows if r["run"] == run)[column] = value
+
+    return edit
+
+
+def test_two_runs_with_one_seed_in_a_group_are_refused_naming_both(sweep_dir: Path, tmp_path: Path):
+    """Issue 34 defect 5: base-s2 hand-edited to seed 1 (as in a merged folder) made the report keep one of the two
+    base runs of seed 1 and drop the other silently; now both are named, from the run directories and from the
+    committed files alike."""
+    results = tmp_path / "results" / "toy"
+    write_report(sweep_dir, results, quiet=True)
+    for path in (sweep_dir / "manifest.json", results / "study.json"):
+        manifest = json.loads(path.read_text())
+        next(r for r in manifest["runs"] if r["name"] == "base-s2")["seed"] = 1
+        path.write_text(json.dumps(manifest))
+        message = _refused_report(path.parent)
+        assert f"{path}: runs base-s1 and base-s2 of group base both have seed 1" in message, message
+        assert "remove one of the two runs" in message
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (_set("base-s2", "val_ppl", "-8.4"), "line 3: run base-s2's val_ppl is '-8.4', but its last val/ppl in "),
+        (_set("var-s1", "val_ppl", "1e308"), "run var-s1's val_ppl is '1e308', but its last val/ppl in curves.csv"),
+        (lambda rows: rows.append(dict(rows[1])), "lines 3 and 13: two rows for run base-s2"),
+        (
+            _set("half-s1", "group", '=HYPERLINK("http://example.com","x")'),
+            "run half-s1's group is '=HYPERLINK(\"http://example.com\",\"x\")', but study.json gives 'half'",
+        ),
+        (_set("var-s2", "status", "failed"), "has curves of run var-s2, which runs.csv does not list as done"),
+    ],
+    ids=["negative ppl", "1e308", "duplicated row", "formula group", "a finished run hidden"],
+)
+def test_a_runs_csv_that_disagrees_with_the_curves_is_refused(committed: Path, edit, words: str):
+    """Issue 34 defect 11: runs.csv was copied into the new report unchanged while the verdicts came from
+    curves.csv; now the two (and study.json) must agree."""
+    _edit_rows(committed / "runs.csv", edit)
+    message = _refused_report(committed)
+    assert words in message, message
+    assert f"git checkout -- {committed / 'runs.csv'}" in message
+
+
+def test_two_values_at_one_step_of_curves_csv_are_refused_not_sorted(committed: Path):
+    lines = (committed / "curves.csv").read_text().splitlines(keepends=True)
+    changed = lines[1].replace(lines[1].rsplit(",", 1)[1], "12.5\n")  # base-s1's val/ppl at step 10, another value
+    (committed / "curves.csv").write_text("".join([*lines, changed]))
+    message = _refused_report(committed)
+    assert f"curves.csv, lines 2 and {len(lines) + 1}: two values of val/ppl for run base-s1 at step 10" in message
+
+
+def test_a_final_perplexity_of_1e300_is_named_not_an_overflow(committed: Path):
+    """Issue 34 defect 12: a committed final val/ppl of 1e300 (in runs.csv and curves.csv alike) raised
+    OverflowError inside the statistics; no run can log it (TensorBoard stores float32)."""
+    curves = (committed / "curves.csv").read_text()
+    old = f"base-s2,val/ppl,{STEPS[-1]},{f32(21.25)!r}\n"
+    assert old in curves
+    (committed / "curves.csv").write_text(curves.replace(old, old.replace(repr(f32(21.25)), "1e+300")))
+    _edit_rows(committed / "runs.csv", _set("base-s2", "val_ppl", "1e+300"))
+    message = _refused_report(committed)
+    assert "val/ppl of run base-s2 at step 30 is 1e+300, which no run can have logged (a logged value is at most " \
+        "3.4e+38, the largest float32" in message  # fmt: skip
+
+
+def test_curves_csv_linked_to_a_system_file_is_named_not_a_key_error(committed: Path):
+    """Issue 34 defect 12: curves.csv as a symbolic link to /etc/passwd raised KeyError('run')."""
+    (committed / "curves.csv").unlink()
+    (committed / "curves.csv").symlink_to("/etc/passwd")
+    message = _refused_report(committed)
+    assert f"{committed / 'curves.csv'} is a symbolic link to /etc/passwd; the committed results" in message
+    assert f"rm {committed / 'curves.csv'}" in message
+
+
+def test_curves_csv_with_other_columns_is_named(committed: Path):
+    (committed / "curves.csv").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    message = _refused_report(committed)
+    assert (
+        "curves.csv is not the curves.csv a report writes: its first line is 'root:x:0:0:root:/root:/bin/bash'"
+        in message
+    )
+
+
+@pytest.mark.parametrize("lock", [".sweep.lock", "status/base-s1.lock"], ids=["whole sweep", "array task"])
+def test_a_report_while_the_sweep_runs_says_it_is_of_a_live_sweep(sweep_dir: Path, lock: str, monkeypatch, capsys):
+    """Issue 34 defect 13: a report written while a sweep still ran in its directory read like a final one. Now its
+    Markdown says, under the title, that it is an interim report of a live sweep (the process holding the sweep's
+    lock, or an array task's run lock), and how to write it again; once the sweep has ended, nothing is said."""
+    import subprocess
+    import sys
+
+    import lightning_cqk.sweep.figures
+
+    monkeypatch.setattr(lightning_cqk.sweep.figures, "figures", lambda *args, **kwargs: [])
+    path = sweep_dir / lock
+    hold = "import sys, time; from lightning_cqk.run_lock import acquire; acquire(sys.argv[1], name=sys.argv[2]); "
+    hold += "print('held', flush=True); time.sleep(120)"
+    sweep = subprocess.Popen(
+        [sys.executable, "-c", hold, str(path.parent), path.name], stdout=subprocess.PIPE, text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    try:
+        assert sweep.stdout.readline().strip() == "held"
+        text = write_report(sweep_dir, quiet=True)["markdown"].read_text()
+        title, blank, note = text.splitlines()[:3]
+        assert title.startswith("## Toy study") and blank == ""
+        assert note.startswith(f"**Interim report of a live sweep:** a sweep is still running in {sweep_dir} (pid ")
+        assert f"pid {sweep.pid} on host" in note and "9 of its 11 runs have finished" in note
+        assert note.endswith(f"Write the report again when the sweep has ended: `lightning_cqk report {sweep_dir}`.")
+    finally:
+        sweep.kill()
+        sweep.wait()
+    assert "live sweep" not in write_report(sweep_dir, quiet=True)["markdown"].read_text()
