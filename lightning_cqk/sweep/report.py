@@ -167,7 +167,7 @@ def collect(sweep_dir: str | Path) -> dict[str, Any]:
                 continue
             entry = {"name": run["name"], **record}
         else:
-            run_dir = sweep_dir / run["name"]
+            run_dir = shared_source(sweep_dir, run) or sweep_dir / run["name"]
             if not run_dir.is_dir():
                 missing.append(run["name"])
                 continue
@@ -196,6 +196,25 @@ def collect(sweep_dir: str | Path) -> dict[str, Any]:
     }
     data["tuning"] = tuning_table(data)
     return data
+
+
+def shared_source(sweep_dir: Path, run: dict[str, Any]) -> Path | None:
+    """The directory holding the numbers of a run that was not computed again (issue 31): the run of this sweep with
+    the same identity (`same_as`) or a sibling sweep's (`reused_from`), as the runner recorded it; None otherwise."""
+    if run.get("same_as"):
+        return sweep_dir / run["same_as"]
+    if run.get("reused_from"):
+        return Path(run["reused_from"])
+    return None
+
+
+def computed_once(manifest: dict[str, Any]) -> list[str]:
+    """`<run> = <the run whose numbers it has>` for every run the runner did not compute again."""
+    return [
+        f"{r['name']} = {r.get('same_as') or r.get('reused_from')}"
+        for r in manifest.get("runs", [])
+        if r.get("same_as") or r.get("reused_from")
+    ]
 
 
 def tuning_table(data: dict[str, Any]) -> dict[str, Any]:
@@ -788,6 +807,14 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
         notes.append(
             "Runs shared with other studies (identical configs, overrides and seed: the same run, counted in both): "
             + "; ".join(f"{study}: {', '.join(names)}" for study, names in shared.items())
+            + "."
+        )
+    once = computed_once(data["manifest"])
+    if once:
+        notes.append(
+            "Runs computed once and shared (the same resolved training configuration and seed, on the same code, "
+            "packages and device: lightning_cqk/sweep/identity.py; each counted once per contrast): "
+            + "; ".join(once)
             + "."
         )
     same = data.get("same_results") or {}

@@ -57,9 +57,11 @@ from typing import Any
 
 import yaml
 
+from lightning_cqk.device_info import cpu_model
 from lightning_cqk.package_versions import describe_difference, package_versions
 from lightning_cqk.run_dir import config_files, resumable_checkpoint, write_json_atomically
 from lightning_cqk.run_lock import LOCK_NAME, LockOwner, RunDirectoryInUse, acquire, holder
+from lightning_cqk.sweep.identity import replace_run_paths, result_dir, run_identity
 from lightning_cqk.sweep.spec import Run, SpecError, Sweep, expand
 from lightning_cqk.sweep.spec_checks import owned_run_dir
 
@@ -194,10 +196,27 @@ class Ledger:
     def run_dir(self, run: Run) -> Path:
         return owned_run_dir(self.dir, run.name)  # never outside the sweep directory (the runner deletes in it)
 
+    def result_dir(self, run: Run) -> Path:
+        """Where the run's numbers are: its own directory, or the run it shares (`same_as`, a run of this sweep with
+        the same identity; `reused_from`, a finished run of a sibling sweep)."""
+        if self.status(run).get("same_as"):
+            owned_run_dir(self.dir, self.status(run)["same_as"])  # a plain name inside the sweep, or refused
+        return result_dir(self.dir, run.name)
+
+    def identity(self, run: Run) -> str:
+        """The run's identity (sweep/identity.py) as it would be launched now (a tuned rate filled in), with the
+        paths of this sweep's other runs (`budget.match_to`) replaced by their identities."""
+        from lightning_cqk.sweep.tuning import resolve_overrides
+
+        overrides = resolve_overrides(run.overrides, self.sweep.spec, self.sweep.sweep_dir)
+        others = {r.name: self.identity(r) for r in self.sweep.runs if r.name in run.depends_on}
+        overrides = replace_run_paths(overrides, self.sweep.sweep_dir, others)
+        return run_identity(run.configs, overrides, run.seed)
+
     def is_done(self, run: Run) -> bool:
         """Finished with the same config; a finished run with another config hash is an error."""
         status = self.status(run)
-        if status.get("status") != DONE or not (self.run_dir(run) / "budget.json").is_file():
+        if status.get("status") != DONE or not (self.result_dir(run) / "budget.json").is_file():
             return False
         if status.get("config_hash") != run.config_hash():
             raise SpecError(
@@ -318,6 +337,7 @@ class _Launch:
             revisions=revisions,
             packages=packages,
             config_hash=run.config_hash(),
+            identity=ledger.identity(run),
             started=_now(),
             resumed_from=self.resumed_from,
             returncode=None,
@@ -335,6 +355,7 @@ class _Launch:
         run_dir = self.ledger.run_dir(self.run)
         ok = rc == 0 and (run_dir / "budget.json").is_file()
         fields: dict[str, Any] = {"status": DONE if ok else FAILED, "returncode": rc, "finished": _now()}
+        fields["device"] = _device_of(run_dir)
         fields["seconds"] = round(self.ledger.status(self.run).get("seconds", 0.0) + seconds, 1)
         configs = config_files(run_dir)  # config.yaml, then config.resume-<n>.yaml per resume: the latest
         if configs:
@@ -482,6 +503,66 @@ def live_owner(sweep_dir: str | Path) -> LockOwner | None:
         if owner is not None:
             break
     return owner
+
+
+WAIT = "wait"
+
+
+def _device_of(run_dir: Path) -> str:
+    """The device the run's last attempt computed on (its run.json), else this machine's CPU."""
+    from lightning_cqk.run_dir import read_record
+
+    record = read_record(run_dir) or {}
+    attempts = record.get("attempts") or [{}]
+    return attempts[-1].get("device") or cpu_model()
+
+
+def _shared_source(ledger: Ledger, run: Run, running: list[_Launch], finished: set[str]) -> dict[str, Any] | str | None:
+    """Whether `run` need not be computed (issue 31: no run computed twice): WAIT while a run of this sweep with the
+    same identity is in flight; the status fields that make it share a finished run of the same identity (of this
+    sweep: `same_as`; of a sibling sweep beside it, made by the same code revision and packages on this machine's
+    device: `reused_from`); None when it must run."""
+    identity = ledger.identity(run)
+    if any(ledger.status(x.run).get("identity") == identity for x in running):
+        return WAIT
+    base = {"status": DONE, "identity": identity, "config_hash": run.config_hash(), "finished": _now()}
+    for other in ledger.sweep.runs:
+        status = ledger.status(other)
+        if other.name != run.name and other.name in finished and status.get("identity") == identity:
+            if not status.get("same_as") and not status.get("reused_from"):
+                return {**base, "same_as": other.name, "device": status.get("device"), "returncode": 0}
+    source = _sibling_run(ledger, identity)
+    if source is not None:
+        return {**base, "reused_from": str(source["dir"]), "device": source["device"], "returncode": 0}
+    return None
+
+
+def _sibling_run(ledger: Ledger, identity: str) -> dict[str, Any] | None:
+    """A finished run with `identity` in another sweep directory beside this one, made by this invocation's code
+    revision (not dirty), package versions and device: its numbers are this run's to the last digit."""
+    revision = ledger.code_revision()
+    if revision == "unknown" or revision.endswith("-dirty"):
+        return None  # uncommitted code: its numbers cannot be vouched for by a revision
+    device, packages = cpu_model(), package_versions()
+    parent = ledger.dir.parent
+    for status_file in sorted(parent.glob("*/status/*.json")):
+        sweep_dir = status_file.parent.parent
+        if sweep_dir.resolve() == ledger.dir.resolve():
+            continue
+        try:
+            status = json.loads(status_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if status.get("status") != DONE or status.get("identity") != identity or status.get("same_as"):
+            continue
+        if status.get("reused_from") or status.get("revisions") != [revision] or status.get("device") != device:
+            continue
+        if status.get("packages") != [packages]:
+            continue
+        run_dir = sweep_dir / status_file.stem
+        if (run_dir / "budget.json").is_file():
+            return {"dir": run_dir.resolve(), "device": device}
+    return None
 
 
 def _names(todo: list[Run], running: list[_Launch]) -> set[str]:
@@ -646,6 +727,20 @@ def _schedule(
                 if preparing is not None:
                     continue  # one run at a time may prepare token shards
                 preparing = key
+            try:
+                shared = _shared_source(ledger, run, running, finished)
+            except SpecError:
+                shared = None  # its settings cannot be resolved (a grid without a finite loss): _Launch says why
+            if shared == WAIT:
+                continue  # a run with the same identity is in flight: this one takes its numbers when it ends
+            if shared is not None:
+                todo.remove(run)
+                ledger.set_status(run, **shared)
+                finished.add(run.name)
+                result["done"].append(run.name)
+                source = shared.get("same_as") or shared.get("reused_from")
+                print(f"[sweep] {run.name}: not run, the same run as {source} (identity {shared['identity']})")
+                continue
             todo.remove(run)
             try:
                 running.append(_Launch(ledger, run, threads, restart_changed))

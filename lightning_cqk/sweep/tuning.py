@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.sweep.identity import result_dir
 from lightning_cqk.sweep.spec import SpecError
 
 # "{tuned_lr:<level>}", "{tuned_lr:<level>*0.5}" or "{tuned_lr:<level>*auto(4.0)}"
@@ -147,7 +148,7 @@ def grid_losses(sweep_dir: Path, grid: Mapping[str, str], held_out: Sequence[int
     """{lr: held-out loss} of one level's grid runs ({lr as text: run name}) from their run directories."""
     out = {}
     for lr, name in grid.items():
-        path = Path(sweep_dir) / name / WINDOWS_FILE
+        path = result_dir(sweep_dir, name) / WINDOWS_FILE  # a grid run shared with another is read where it is
         out[float(lr)] = held_out_loss(json.loads(path.read_text()) if path.is_file() else None, held_out)
     return out
 

@@ -1,0 +1,95 @@
+"""No run computed twice (issue 31 item 2): a run is identified by its resolved training configuration, not by its
+levels' names; a sweep computes one run per identity and the others share its numbers; a sibling sweep's finished
+run (same code, packages and device) is reused, and equals a fresh run to the last digit.
+
+Delta over tests/sweep/test_runner.py's tiny spec: two levels that resolve to the same configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from test_runner import _write_spec
+
+from lightning_cqk.sweep import figures
+from lightning_cqk.sweep.identity import canonical_key, resolved_settings, run_identity
+from lightning_cqk.sweep.report import collect, group_values, write_report
+from lightning_cqk.sweep.runner import Ledger, run_local
+from lightning_cqk.sweep.spec import expand
+
+
+def _twin_spec(tmp: Path) -> Path:
+    """The runner test's spec, its `other` arm made `ref` again under another name and another spelling
+    (`data.init_args.batch_size`, a console-only key), and the run-killing arm left out."""
+    path = _write_spec(tmp)
+    spec = yaml.safe_load(path.read_text())
+    arms = spec["axes"]["arm"]
+    arms.pop("matched")
+    arms["twin"] = {
+        "model.config.attention": "standard",
+        "data.init_args.batch_size": 2,
+        "trainer.enable_model_summary": True,
+    }
+    arms.pop("other")
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def test_two_levels_with_other_names_and_the_same_resolved_configuration_are_one_run(tmp_path: Path):
+    sweep = expand(_twin_spec(tmp_path), "cpu", str(tmp_path / "out"))
+    ledger = Ledger(sweep)
+    ref, twin = sweep.run("ref-s1"), sweep.run("twin-s1")
+    assert ref.config_hash() != twin.config_hash()  # what the names and spellings used to make two runs of
+    assert ledger.identity(ref) == ledger.identity(twin)
+    assert canonical_key("data.init_args.batch_size") == "data.batch_size"
+    base = dict(ref.overrides)
+    assert run_identity(ref.configs, base, 2) != run_identity(ref.configs, base, 1)  # the seed is the run
+    assert run_identity(ref.configs, {**base, "model.optim.lr": 1e-3}, 1) != run_identity(ref.configs, base, 1)
+    moved = {**base, "trainer.logger.init_args.save_dir": "/elsewhere"}
+    assert run_identity(ref.configs, moved, 1) == run_identity(ref.configs, base, 1)  # where it writes: not the run
+    settings = resolved_settings(ref.configs, base)
+    assert settings["data.batch_size"] == 2 and not any(k.startswith("trainer.logger") for k in settings)
+
+
+@pytest.mark.slow
+def test_a_sweep_computes_one_run_per_identity_and_a_sibling_sweep_reuses_it(tmp_path: Path, monkeypatch):
+    """One real sweep (jobs 2: the twin waits for ref, in flight, then shares it), then the same spec into a sibling
+    directory under the same code revision (reused: nothing computed), then under another revision (computed fresh:
+    equal to the last digit)."""
+    spec = _twin_spec(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.setattr(Ledger, "code_revision", lambda self: "0" * 40)
+
+    first = expand(spec, "cpu", str(tmp_path / "runs" / "first"))
+    result = run_local(first, jobs=2)
+    assert sorted(result["done"]) == ["ref-s1", "twin-s1"] and not result["failed"]
+    status = {p.stem: json.loads(p.read_text()) for p in (first.sweep_dir / "status").glob("*.json")}
+    assert status["twin-s1"]["same_as"] == "ref-s1" and status["twin-s1"]["identity"] == status["ref-s1"]["identity"]
+    assert not (first.sweep_dir / "twin-s1").exists(), "the twin was computed"
+    assert status["ref-s1"]["device"].startswith("cpu: ")
+    data = collect(first.sweep_dir)
+    values = group_values(data, "val/ppl")
+    assert values["twin"] == values["ref"]  # the same run, read once from ref's directory
+
+    second = expand(spec, "cpu", str(tmp_path / "runs" / "second"))
+    result = run_local(second, jobs=1)
+    status = {p.stem: json.loads(p.read_text()) for p in (second.sweep_dir / "status").glob("*.json")}
+    assert status["ref-s1"]["reused_from"] == str((first.sweep_dir / "ref-s1").resolve())
+    assert status["twin-s1"].get("same_as") == "ref-s1" or status["twin-s1"].get("reused_from")
+    assert not any(p.is_dir() and p.name.endswith("-s1") for p in second.sweep_dir.iterdir()), "recomputed"
+    assert group_values(collect(second.sweep_dir), "val/ppl") == values
+    monkeypatch.setattr(figures, "figures", lambda *args, **kwargs: [])
+    write_report(second.sweep_dir, quiet=True)
+    markdown = (second.sweep_dir / "report" / "mini.md").read_text()
+    assert "Runs computed once and shared" in markdown and f"ref-s1 = {first.sweep_dir / 'ref-s1'}" in markdown
+
+    monkeypatch.setattr(Ledger, "code_revision", lambda self: "1" * 40)  # other code: no reuse, a fresh run
+    third = expand(spec, "cpu", str(tmp_path / "runs" / "third"))
+    run_local(third, jobs=1)
+    assert (third.sweep_dir / "ref-s1" / "budget.json").is_file()
+    fresh = group_values(collect(third.sweep_dir), "val/ppl")
+    assert fresh["ref"] == values["ref"]  # a reused run equals a fresh run to the last digit
