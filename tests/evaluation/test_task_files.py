@@ -86,3 +86,48 @@ def test_eval_names_the_syntax_error_not_an_unknown_task(tmp_path: Path):
     first = run.stderr.strip().splitlines()[0]
     assert first.startswith(f"lightning_cqk eval: Task YAML {folder / 'mine.yaml'}, line 8, column 1: not valid YAML")
     assert "Unknown lm-eval task" not in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize(
+    "target, words",
+    [
+        ("/etc/passwd", "holds a scalar, not a mapping of task settings"),
+        ("../outside/notes.txt", "line 1, column 5: not valid YAML"),
+        ("../outside/binary.yaml", "is not UTF-8 text"),
+        ("../outside/list.yaml", "holds a sequence, not a mapping of task settings"),
+    ],
+    ids=["system file", "not YAML", "not text", "a list"],
+)
+def test_an_include_of_a_file_that_is_no_task_file_is_named(tmp_path: Path, target: str, words: str):
+    """Issue 34 defect 12: an `include:` of a file outside the task folder that is no task file passed the check
+    (it only asked whether the file exists), and lm-eval then called the including task unknown."""
+    if target.startswith("/") and not Path(target).is_file():
+        pytest.skip(f"{target} is not on this system")
+    folder = write_tasks(tmp_path / "tasks")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "notes.txt").write_text("a: b: c\n")
+    (outside / "binary.yaml").write_bytes(b"\xff\xfe\x00task")
+    (outside / "list.yaml").write_text("- task: x\n")
+    (folder / "broken.yaml").write_text(TASK + f"include: {target}\n")
+    with pytest.raises(YAMLInputError) as err:
+        check_task_folder(folder)
+    message = str(err.value)
+    included = Path(target) if target.startswith("/") else folder / target
+    assert message.startswith(
+        f"Task YAML {folder / 'broken.yaml'}, line 8: include: {target} names no task file: the included file "
+        f"{included}"
+    ), message
+    assert words in message and "Include a task YAML (a mapping of task settings" in message, message
+
+
+def test_an_include_of_a_task_template_outside_the_folder_passes(tmp_path: Path):
+    folder = write_tasks(tmp_path / "tasks")
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "_template").write_text("output_type: multiple_choice\ninclude: _more.yaml\n")
+    (tmp_path / "shared" / "_more.yaml").write_text("test_split: test\n")
+    (folder / "uses.yaml").write_text("include: ../shared/_template\ntask: toy_uses\ndataset_path: json\n")
+    check_task_folder(folder)
+    (tmp_path / "shared" / "_more.yaml").write_text("[test_split\n")
+    with pytest.raises(YAMLInputError, match=r"Task YAML .*_template \(included\), line 2: include: _more.yaml names"):
+        check_task_folder(folder)
