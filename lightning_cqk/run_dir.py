@@ -56,6 +56,7 @@ import shlex
 import shutil
 import socket
 import sys
+import unicodedata
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,13 +98,37 @@ class UnsafeRunName(ConfigError):
 
 
 _UNSAFE = re.compile(r"[/\\\x00-\x1f\x7f]")
+_HIDDEN_CATEGORIES = ("Cc", "Cf", "Cs", "Zl", "Zp")  # controls, format characters (bidi, zero-width), separators
+MAX_NAME_BYTES = 200  # a directory name holds 255 bytes on most file systems; room for a -N suffix and .lock/.json
+
+
+def _hidden_character(text: str) -> str | None:
+    """The first character of `text` that is invisible or changes how the text around it is displayed (a right-to-left
+    override U+202E, a zero-width space, ...), described as `U+XXXX NAME at position N`; None when there is none."""
+    for i, char in enumerate(text):
+        if unicodedata.category(char) in _HIDDEN_CATEGORIES:
+            name = unicodedata.name(char, "a control character")
+            return f"U+{ord(char):04X} {name} at position {i + 1}"
+    return None
+
+
+def _without_hidden(text: str) -> str:
+    return "".join(c for c in text if unicodedata.category(c) not in _HIDDEN_CATEGORIES)
+
+
+def _shortened(text: str) -> str:
+    """`text` cut to MAX_NAME_BYTES bytes of UTF-8 (never inside a character)."""
+    return text.encode("utf-8")[:MAX_NAME_BYTES].decode("utf-8", errors="ignore")
 
 
 def check_run_name_part(value: Any, flag: str) -> None:
     """Refuse a run directory name part (the logger's `name` or `version`) that is not one plain directory name.
 
     `..`, `.`, a path separator or a control character would put the run directory, and the clean-up of a failed
-    launch, outside `save_dir` (issue 25 class 7). Checked before anything is created. None and "" pass (defaults).
+    launch, outside `save_dir` (issue 25 class 7); a name longer than MAX_NAME_BYTES bytes would fail at the first
+    mkdir with `OSError: File name too long`; an invisible or text-direction character (U+202E right-to-left override
+    and the other bidi controls, zero-width characters) makes the name display as another one (issue 34). Checked
+    before anything is created. None and "" pass (defaults).
     """
     if value is None or value == "":
         return
@@ -114,6 +139,21 @@ def check_run_name_part(value: Any, flag: str) -> None:
             f"{flag} {text!r} is not a plain directory name (it is '.' or '..', or holds a path separator or a control "
             "character), so the run directory, and the clean-up of a launch that fails, would leave save_dir. Give "
             f"one name, e.g. {flag} {shlex.quote(safe)}; to write elsewhere, set --trainer.logger.init_args.save_dir."
+        )
+    hidden = _hidden_character(text)
+    if hidden is not None:
+        safe = _without_hidden(text).strip(".-") or "run"
+        raise UnsafeRunName(
+            f"{flag} {text!r} holds an invisible or text-direction character ({hidden}): the run directory's name "
+            f"would display as another name than it is (in ls, logs and reports). Give a name without it, e.g. {flag} "
+            f"{shlex.quote(_shortened(safe))}"
+        )
+    size = len(text.encode("utf-8"))
+    if size > MAX_NAME_BYTES:
+        raise UnsafeRunName(
+            f"{flag} is {len(text)} characters ({size} bytes of UTF-8) long: a directory name holds at most 255 bytes "
+            f"on most file systems, and the run's name also gets a -N suffix, so the limit here is {MAX_NAME_BYTES} "
+            f"bytes. Give a shorter name, e.g. {flag} {shlex.quote(_shortened(text))}"
         )
 
 

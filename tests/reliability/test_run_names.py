@@ -62,3 +62,49 @@ def test_unsafe_run_names_are_refused_and_a_failed_fit_keeps_a_directory_it_did_
     # A directory the launch did create is still removed.
     created = fit(runs, work, "--trainer.logger.init_args.version=fresh")
     assert created.returncode != 0 and not (runs / "quickstart" / "fresh").exists(), created.stderr[-2000:]
+
+
+def _suggested(message: str, flag: str = "--trainer.logger.init_args.version") -> str:
+    """The name a refusal suggests (the shell word after `e.g. <flag> `), unquoted as a shell would."""
+    import shlex
+
+    return shlex.split(message.split(f"e.g. {flag} ")[1].split(";")[0])[0]
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [
+        ("gnp\u202eexe.ckpt", "U+202E RIGHT-TO-LEFT OVERRIDE at position 4"),
+        ("run\u2067x\u2069", "U+2067 RIGHT-TO-LEFT ISOLATE at position 4"),
+        ("\u200fs1", "U+200F RIGHT-TO-LEFT MARK at position 1"),
+        ("a\u200bb", "U+200B ZERO WIDTH SPACE at position 2"),
+        ("x\u2028y", "U+2028 LINE SEPARATOR at position 2"),
+    ],
+)
+def test_names_with_bidi_or_invisible_characters_are_refused(value: str, shown: str):
+    """Issue 34 defect 13: a run name with a right-to-left override displayed as another name; now refused, naming
+    the character, with a pasteable name without it."""
+    with pytest.raises(UnsafeRunName) as refused:
+        check_run_name_part(value, "--trainer.logger.init_args.version")
+    message = str(refused.value)
+    assert f"holds an invisible or text-direction character ({shown})" in message, message
+    assert value not in message  # the message shows the name escaped, never displays it reordered
+    check_run_name_part(_suggested(message), "--trainer.logger.init_args.version")
+
+
+@pytest.mark.parametrize("value", ["a" * 300, "\u20ac" * 70], ids=["300 characters", "210 bytes of UTF-8"])
+def test_names_too_long_for_a_directory_are_refused_before_mkdir(value: str, tmp_path: Path):
+    """Issue 34 defect 12: a 300-character run name failed at mkdir with an `OSError: File name too long`
+    traceback; now refused up front, with a shorter name that works as a directory with a suffix and a lock."""
+    with pytest.raises(UnsafeRunName, match=r"long: a directory name holds at most 255 bytes") as refused:
+        check_run_name_part(value, "--trainer.logger.init_args.name")
+    short = _suggested(str(refused.value), "--trainer.logger.init_args.name")
+    check_run_name_part(short, "--trainer.logger.init_args.name")
+    assert value.startswith(short) and 198 <= len(short.encode()) <= 200  # cut between characters
+    (tmp_path / f"{short}-999" / "status").mkdir(parents=True)
+    (tmp_path / f"{short}-999" / "status" / f"{short}.lock").touch()
+
+
+@pytest.mark.parametrize("value", ["a" * 200, "run-\u00e9t\u00e9", "\u05e9\u05dc\u05d5\u05dd", "\U0001f680-s1"])
+def test_long_or_non_ascii_plain_names_pass(value: str):
+    check_run_name_part(value, "--trainer.logger.init_args.version")
