@@ -26,6 +26,13 @@ guards only the processes of one host; runs then still notice changed shards (``
 checked at every validation, every checkpoint save and on resume) and refuse to go on. ``s3://`` data dirs are not
 locked (their shards are uploaded manifest last; a run checks their manifest only). The locks are per process, so
 one process holds one descriptor per folder (this module keeps it); a process that reads a folder cannot rebuild it.
+
+**SIGTERM while waiting or building** (``ending_cleanly_on_sigterm``). Both waits (a run for a prepare, a prepare for
+another) and ``prepare``'s build can last long, so that is where a SIGTERM (``kill``, ``timeout``, ``scancel``) tends
+to arrive. Where it would kill the process at once (its disposition is the default), it instead raises
+``Terminated`` (``SystemExit`` with status 143) in the main thread: the wait or build unwinds, so its lock is
+released, a partial build removed, litdata's workers stopped, and ``atexit`` handlers run (``fit`` then removes the
+run directory it created for a run that never started, which would otherwise make the next run ``-2``).
 """
 
 from __future__ import annotations
@@ -35,8 +42,10 @@ import errno
 import fcntl
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,6 +61,36 @@ RUN_DIR_ENV = "LIGHTNING_CQK_RUN_DIR"  # set by `lightning_cqk fit` (cli/trainer
 
 class DataFolderInUse(UserError, RuntimeError):
     """A data folder that live runs read (or this process reads) cannot be rebuilt now; the message names them."""
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived inside ``ending_cleanly_on_sigterm``: the process ends with status 143 once cleanups ran."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+    raise Terminated()
+
+
+@contextmanager
+def ending_cleanly_on_sigterm() -> Iterator[None]:
+    """While inside, SIGTERM raises ``Terminated`` in the main thread instead of killing the process at once.
+
+    Only where SIGTERM would kill the process (default disposition; a handler someone installed is left alone) and
+    only in the main thread (the only one that receives Python signal handlers). Processes forked inside inherit it,
+    so a worker that gets SIGTERM also runs its exit handlers. The previous disposition is restored on leaving.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @dataclass
@@ -230,16 +269,8 @@ def hold_for_reading(
     """
     entry = _entry(folder)
     if entry.readers == 0 and not entry.writer:
-        said = 0.0
-        while not _lock(entry, fcntl.LOCK_SH):
-            if time.monotonic() - said > 300:
-                who = _writer(entry)
-                log(
-                    f"data: {entry.folder} is being prepared by {who.describe() if who else 'another process'}; "
-                    "this run waits for it to finish and then reads the finished build."
-                )
-                said = time.monotonic()
-            time.sleep(poll)
+        with _given_up_on_sigterm(entry, log, "this process had not started reading it"):
+            _wait_for_readers_turn(entry, log, poll)
         record = entry.folder / READERS_DIR / f"{socket.gethostname()}-{os.getpid()}.json"
         record.parent.mkdir(exist_ok=True)
         fd = os.open(record, os.O_RDWR | os.O_CREAT, 0o644)
@@ -252,6 +283,32 @@ def hold_for_reading(
     hold = ReaderHold(entry.folder)
     atexit.register(hold.release)
     return hold
+
+
+def _wait_for_readers_turn(entry: _Entry, log: Callable[[str], None], poll: float) -> None:
+    """Take the shared lock, waiting (and saying for whom, every 5 minutes) while a prepare holds the folder."""
+    said = None
+    while not _lock(entry, fcntl.LOCK_SH):
+        if said is None or time.monotonic() - said > 300:
+            who = _writer(entry)
+            log(
+                f"data: {entry.folder} is being prepared by {who.describe() if who else 'another process'}; "
+                "this run waits for it to finish and then reads the finished build."
+            )
+            said = time.monotonic()
+        time.sleep(poll)
+
+
+@contextmanager
+def _given_up_on_sigterm(entry: _Entry, log: Callable[[str], None], state: str) -> Iterator[None]:
+    """A wait for the folder that SIGTERM ends: say so, let go of the lock file, and let the process unwind."""
+    with ending_cleanly_on_sigterm():
+        try:
+            yield
+        except Terminated:
+            log(f"data: stopped by SIGTERM while waiting for {entry.folder} ({state}).")
+            _close_if_unused(entry)
+            raise
 
 
 # ---------------------------------------------------------------------------------------------------- writers
@@ -283,7 +340,27 @@ def writing(
         )
     if entry.writer:
         raise DataFolderInUse(f"{what}: {entry.folder} is already being prepared by this process (a nested prepare).")
-    waited, said, unnamed = False, 0.0, time.monotonic() + 5.0
+    with _given_up_on_sigterm(entry, log, f"{what} had not started building it"):
+        waited = _wait_for_writers_turn(entry, what, log, poll)
+    entry.writer = True
+    try:
+        os.ftruncate(entry.fd, 0)
+        os.pwrite(entry.fd, json.dumps(asdict(Holder.me())).encode(), 0)
+        live_readers(entry.folder)  # removes the records of runs that died (none can be live: we hold it)
+        yield waited
+    finally:
+        entry.writer = False
+        os.ftruncate(entry.fd, 0)
+        _close_if_unused(entry)
+
+
+def _wait_for_writers_turn(entry: _Entry, what: str, log: Callable[[str], None], poll: float) -> bool:
+    """Take the exclusive lock, waiting while another prepare builds; True when it waited for one.
+
+    Raises:
+        DataFolderInUse: live runs read the folder; the message names them.
+    """
+    waited, said, unnamed = False, None, time.monotonic() + 5.0
     while not _lock(entry, fcntl.LOCK_EX):
         if _lock(entry, fcntl.LOCK_SH):  # only readers hold it
             fcntl.lockf(entry.fd, fcntl.LOCK_UN)
@@ -295,7 +372,7 @@ def writing(
             time.sleep(0.05)
             continue
         waited = True  # another prepare builds it
-        if time.monotonic() - said > 300:
+        if said is None or time.monotonic() - said > 300:  # (said first at once: monotonic may start near 0)
             who = _writer(entry)
             log(
                 f"{what}: {entry.folder} is being prepared by {who.describe() if who else 'another process'}; "
@@ -303,13 +380,4 @@ def writing(
             )
             said = time.monotonic()
         time.sleep(poll)
-    entry.writer = True
-    try:
-        os.ftruncate(entry.fd, 0)
-        os.pwrite(entry.fd, json.dumps(asdict(Holder.me())).encode(), 0)
-        live_readers(entry.folder)  # removes the records of runs that died (none can be live: we hold it)
-        yield waited
-    finally:
-        entry.writer = False
-        os.ftruncate(entry.fd, 0)
-        _close_if_unused(entry)
+    return waited

@@ -42,13 +42,24 @@ SIGINT handler, sets ``DATA_OPTIMIZER_NUM_WORKERS`` and deletes ``$TMPDIR/chunks
 every concurrent ``optimize``); each call here runs with private cache folders and restores the rest. A worker that
 raises leaves orphaned grandchild processes and a wrapped traceback, so workers never raise: they record the error
 and stop, and the parent raises it with its original type.
+
+**A build that cannot finish** (``_guard_litdata_worker``). litdata's own chunk writes can fail too (a full disk,
+a quota, a file-size limit): each worker records its writer's error with its errno, stops at exit the helper
+process litdata started in it (else the worker, and the parent joining it, waited for ever), and the parent stops
+any worker still running when ``optimize`` ends. Such a build raises ``StorageFullError`` (one paragraph: what
+failed, that the previous build is unchanged, how to make room); the new manifest is written into the build before
+the swap, which only unlinks and renames, so a full disk never leaves the old build half replaced. A SIGTERM during
+the build or the wait for the lock (``folder_lock.ending_cleanly_on_sigterm``) stops the workers, removes the
+partial build and releases the lock before the process exits with status 143.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import multiprocessing
+import multiprocessing.util
 import os
 import shutil
 import signal
@@ -61,14 +72,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
-from functools import partial
+from functools import partial, wraps
 from pathlib import Path
 
 import numpy as np
 
 from lightning_cqk.data import remote
 from lightning_cqk.data.builtin import BUILTIN_CORPORA
-from lightning_cqk.data.folder_lock import hold_for_reading, writing
+from lightning_cqk.data.folder_lock import Terminated, ending_cleanly_on_sigterm, hold_for_reading, writing
 from lightning_cqk.data.integrity import BUILD_FILE
 from lightning_cqk.data.manifest import MANIFEST_NAME, Manifest, SplitStats
 from lightning_cqk.data.request import (
@@ -89,7 +100,13 @@ from lightning_cqk.data.sources import (
     unsupported_entries,
 )
 from lightning_cqk.data.tokenizers import get_tokenizer, token_dtype
-from lightning_cqk.errors import ConfigError, MissingInputError, UnavailableError
+from lightning_cqk.errors import (
+    ConfigError,
+    MissingInputError,
+    StorageFullError,
+    UnavailableError,
+    storage_full_errno,
+)
 from lightning_cqk.run_dir import write_json_atomically
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata pings PyPI on import otherwise
@@ -169,15 +186,16 @@ def prepare(
     if remote.is_remote(output_dir):  # no lock on object stores: uploaded manifest last (module docstring)
         return _prepare(**args, overwrite=overwrite)
     out = Path(output_dir).expanduser()
-    if not overwrite and Manifest.exists(out):  # reuse (or refuse): a shared hold is enough, and runs may read it
-        hold = hold_for_reading(out)  # waits while another prepare rebuilds it
-        try:
-            if Manifest.exists(out):
-                return _prepare(**args, overwrite=False)
-        finally:
-            hold.release()
-    with writing(out) as waited:
-        return _prepare(**args, overwrite=overwrite, prefer_existing=waited)
+    with ending_cleanly_on_sigterm():  # a wait or a build stopped by SIGTERM unwinds: lock released, build removed
+        if not overwrite and Manifest.exists(out):  # reuse (or refuse): a shared hold is enough; runs may read it
+            hold = hold_for_reading(out)  # waits while another prepare rebuilds it
+            try:
+                if Manifest.exists(out):
+                    return _prepare(**args, overwrite=False)
+            finally:
+                hold.release()
+        with writing(out) as waited:
+            return _prepare(**args, overwrite=overwrite, prefer_existing=waited)
 
 
 def _prepare(
@@ -315,8 +333,7 @@ def _prepare_local(
     start = time.perf_counter()
     dtype = token_dtype(tok.vocab_size)
     # Build beside the old shards and swap at the end, so a failed rebuild leaves a finished directory intact.
-    build = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
-    try:
+    with _failures_explained(out, chunk_bytes), _new_build_beside(out) as build:
         with tempfile.TemporaryDirectory(prefix="lightning_cqk_prepare_") as tmp_name:
             tmp = Path(tmp_name)
             train_paths = _materialise(train_files, tmp / "train_src", num_workers)
@@ -353,45 +370,109 @@ def _prepare_local(
         build_id = uuid.uuid4().hex
         for split in ("train", "val"):
             (build / split / BUILD_FILE).write_text(build_id + "\n")
-        for stale in (out / MANIFEST_NAME, out / "train", out / "val"):  # the manifest first: never beside new shards
-            if stale.is_dir():
-                shutil.rmtree(stale)
-            else:
-                stale.unlink(missing_ok=True)
-        for split in ("train", "val"):
-            os.replace(build / split, out / split)  # index.json names its chunks relative to its folder
+        seconds = time.perf_counter() - start
+        tokenize_seconds = time.perf_counter() - gathered
+        import litdata
+
+        manifest = Manifest(
+            tokenizer=tokenizer,
+            tokenizer_fingerprint=tok.fingerprint,
+            vocab_size=tok.vocab_size,
+            eos_id=tok.eos_id,
+            dtype=dtype.name,
+            splits={"train": stats["train"], "val": stats["val"]},
+            sources=request.sources,
+            val_sources=request.val_sources,
+            files=file_entries(train_files + val_files),
+            val_fraction=val_fraction,
+            split_rule=request.split_rule,
+            documents_mode=documents,
+            text_field=text_field,
+            litdata_version=litdata.__version__,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            seconds=round(seconds, 3),
+            corpus=corpus,
+            left_out=left_out + _val_copies_entry(stats["train"], val_overlap),
+            val_overlap=val_overlap if request.val_sources is not None else "n/a",
+            extra={"build_id": build_id},
+        )
+        manifest.save(build)  # written beside the shards while the old build stands: the swap only renames
+        _swap_in(build, out)
+    _report(out, manifest, seconds, tokenize_seconds, num_workers)
+    return manifest
+
+
+@contextmanager
+def _new_build_beside(out: Path) -> Iterator[Path]:
+    """A fresh ``<out>/.prepare-*`` folder for the new build, removed on the way out however the build ends."""
+    build = Path(tempfile.mkdtemp(prefix=".prepare-", dir=out))
+    try:
+        yield build
     finally:
         shutil.rmtree(build, ignore_errors=True)
 
-    seconds = time.perf_counter() - start
-    tokenize_seconds = time.perf_counter() - gathered
-    import litdata
 
-    manifest = Manifest(
-        tokenizer=tokenizer,
-        tokenizer_fingerprint=tok.fingerprint,
-        vocab_size=tok.vocab_size,
-        eos_id=tok.eos_id,
-        dtype=dtype.name,
-        splits={"train": stats["train"], "val": stats["val"]},
-        sources=request.sources,
-        val_sources=request.val_sources,
-        files=file_entries(train_files + val_files),
-        val_fraction=val_fraction,
-        split_rule=request.split_rule,
-        documents_mode=documents,
-        text_field=text_field,
-        litdata_version=litdata.__version__,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        seconds=round(seconds, 3),
-        corpus=corpus,
-        left_out=left_out + _val_copies_entry(stats["train"], val_overlap),
-        val_overlap=val_overlap if request.val_sources is not None else "n/a",
-        extra={"build_id": build_id},
+@contextmanager
+def _failures_explained(out: Path, chunk_bytes: str) -> Iterator[None]:
+    """A build stopped by SIGTERM says what is left; one that ran out of space raises ``StorageFullError``.
+
+    Entered outside ``_new_build_beside``, so both speak once the partial build is gone.
+    """
+    try:
+        yield
+    except Terminated:
+        print(f"prepare: stopped by SIGTERM; the partial build is removed and {_previous_build(out)}.", flush=True)
+        raise
+    except Exception as err:
+        code = storage_full_errno(err)
+        if code is None:
+            raise
+        raise StorageFullError(code, str(out), _storage_full_message(code, out, chunk_bytes)) from err
+
+
+def _swap_in(build: Path, out: Path) -> None:
+    """Replace the build in ``out`` by ``build``: the old manifest first (never beside new shards), the new one last.
+
+    Only unlinks and renames: nothing here needs free space, so a full disk fails before it, with the old build whole.
+    """
+    for stale in (out / MANIFEST_NAME, out / "train", out / "val"):
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink(missing_ok=True)
+    for split in ("train", "val"):
+        os.replace(build / split, out / split)  # index.json names its chunks relative to its folder
+    os.replace(build / MANIFEST_NAME, out / MANIFEST_NAME)
+
+
+def _previous_build(out: Path) -> str:
+    """What ``out`` holds after a failed or stopped build, for the message."""
+    if Manifest.exists(out):
+        return f"the previous build in {out} is unchanged (its manifest.json and shards were not touched)"
+    return f"{out} holds no finished build (there was none before this prepare)"
+
+
+def _storage_full_message(code: int, out: Path, chunk_bytes: str) -> str:
+    """One paragraph: what failed, what is left as it was, and how to make room (every step works when pasted)."""
+    usage = shutil.disk_usage(out)
+    said = f"{os.strerror(code)} (errno {code}, {errno.errorcode.get(code, '?')})"
+    if code == errno.EFBIG:
+        fix = (
+            f"A file-size limit (`ulimit -f`) is below one shard file (chunk_bytes={chunk_bytes}): raise the limit "
+            "(`ulimit -f unlimited`) or pass a smaller --chunk_bytes (e.g. --chunk_bytes 8MB), then run the same "
+            "command again."
+        )
+    else:
+        fix = (
+            f"The new build does not fit in the {usage.free / 1e6:,.1f} MB free there (the old build stays until the "
+            f"new one is complete, so both must fit at once). Free space on that disk (`df -h {out}` shows it) and "
+            "run the same command again, or prepare into a folder on a disk with room (--output_dir <new folder>) "
+            "and point runs at it (--data.data_dir <new folder>)."
+        )
+    return (
+        f"{said} while writing the new token shards of {out}. The partial build is removed and "
+        f"{_previous_build(out)}. {fix}"
     )
-    manifest.save(out)
-    _report(out, manifest, seconds, tokenize_seconds, num_workers)
-    return manifest
 
 
 def _prepare_remote(source: str | list[str], output_dir: str, overwrite: bool, **kwargs) -> Manifest:
@@ -512,21 +593,29 @@ def _write_split(
     t0 = time.perf_counter()
     items = [(i, unit, keep) for i, (unit, keep) in enumerate(jobs)]
     fn = partial(_tokenize_unit, settings=settings, report_dir=str(report_dir))
-    with _litdata_sandbox(tmp / "litdata" / split), watch_progress(report_dir, jobs, f"prepare {split}"):
-        optimize(
-            fn=fn,
-            inputs=items,
-            output_dir=str(split_dir),
-            chunk_bytes=chunk_bytes,
-            item_loader=TokensLoader(),
-            num_workers=min(num_workers, len(items)),
-            mode="overwrite",
-            reorder_files=False,
-            keep_data_ordered=True,  # static in-order slices per worker: the same stream for any worker count
-            start_method=_start_method(),
-            verbose=False,
-        )
-    _raise_worker_error(report_dir)
+    with (
+        _litdata_sandbox(tmp / "litdata" / split),
+        watch_progress(report_dir, jobs, f"prepare {split}"),
+        _stopping_leftover_processes(),
+    ):
+        try:
+            optimize(
+                fn=fn,
+                inputs=items,
+                output_dir=str(split_dir),
+                chunk_bytes=chunk_bytes,
+                item_loader=TokensLoader(),
+                num_workers=min(num_workers, len(items)),
+                mode="overwrite",
+                reorder_files=False,
+                keep_data_ordered=True,  # static in-order slices per worker: the same stream for any worker count
+                start_method=_start_method(),
+                verbose=False,
+            )
+        except Exception:
+            _raise_worker_error(report_dir)  # a worker's own error (its type, its errno) explains litdata's wrapper
+            raise
+    _raise_worker_error(report_dir)  # litdata misses a worker's error that comes after its last item's progress
     stats, seen = SplitStats(), 0
     reports = sorted(report_dir.glob("stats-*.json"))
     if len(reports) != len(items):
@@ -573,6 +662,7 @@ def _tokenize_unit(item: tuple[int, WorkUnit, str], settings: _Settings, report_
     """
     index, unit, keep = item
     reports = Path(report_dir)
+    _guard_litdata_worker(reports)
     if any(reports.glob("error-*.json")):
         return  # another unit failed; the run will be aborted, so stop spending time
     stats, seen = SplitStats(), 0
@@ -637,10 +727,97 @@ _RERAISABLE = {
 
 
 def _raise_worker_error(report_dir: Path) -> None:
+    """Raise the first error a worker recorded: a work unit's (``error-*``), else the chunk writer's."""
     errors = sorted(report_dir.glob("error-*.json"))
     if errors:
         error = json.loads(errors[0].read_text())
         raise _RERAISABLE.get(error["type"], RuntimeError)(error["message"])
+    writer_errors = sorted(report_dir.glob(f"{_WRITER_ERROR}*.json"))
+    if writer_errors:
+        error = json.loads(writer_errors[0].read_text())
+        if error.get("errno") is not None:
+            raise OSError(error["errno"], os.strerror(error["errno"]), error.get("filename"))
+        raise RuntimeError(f"litdata's chunk writer failed in a worker: {error['type']}: {error['message']}")
+
+
+# ------------------------------------------------------------------------------------------- litdata workers
+_WRITER_ERROR = "writer_error_"  # + pid; no "-" in it: watch_progress counts the "<kind>-<index>.json" reports
+_GUARDED_PID: int | None = None
+
+
+def _guard_litdata_worker(report_dir: Path) -> None:
+    """In a litdata worker process, once: record its chunk writer's errors, and let it always exit.
+
+    litdata's worker writes the chunks itself (``cache._add_item`` per item, ``cache.done()`` for the last chunk
+    and its index) and reports a failure only as text on a queue that its parent stops reading once every item is
+    counted, so a full disk during the last write went unseen: the failure is recorded here, with its errno, for
+    ``_raise_worker_error``. And it stops the helper process it starts (a remover) only when its loop finishes, so
+    a worker that failed waited at exit for that helper for ever, and the parent joining the worker with it (the
+    hang on a full disk): at exit, the helpers still running are stopped. SIGTERM (the parent stopping it) exits
+    through the same path, so a stopped worker leaves no orphan either.
+    """
+    global _GUARDED_PID
+    if _GUARDED_PID == os.getpid() or multiprocessing.parent_process() is None:
+        return
+    _GUARDED_PID = os.getpid()
+    cache = getattr(multiprocessing.current_process(), "cache", None)
+    for name in ("_add_item", "done"):
+        if callable(getattr(cache, name, None)):
+            setattr(cache, name, _recording_errors(getattr(cache, name), report_dir))
+    multiprocessing.util.Finalize(None, _stop_processes, args=(None,), exitpriority=50)  # before children are joined
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _recording_errors(write, report_dir: Path):
+    """``write``, recording any error it raises in ``report_dir`` (best effort: a full disk may refuse that too)."""
+
+    @wraps(write)
+    def recorded(*args, **kwargs):
+        try:
+            return write(*args, **kwargs)
+        except Exception as err:
+            code = storage_full_errno(err) or getattr(err, "errno", None)
+            error = {"type": type(err).__name__, "message": str(err), "errno": code}
+            error["filename"] = getattr(err, "filename", None)
+            try:
+                write_json_atomically(report_dir / f"{_WRITER_ERROR}{os.getpid()}.json", error)
+            except OSError:
+                pass
+            raise
+
+    return recorded
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # through multiprocessing's exit path: the Finalize above stops the helpers
+
+
+def _stop_processes(processes: list | None, timeout: float = 10.0) -> None:
+    """Stop ``processes`` (None: this process's children still running): SIGTERM, then SIGKILL after ``timeout``."""
+    processes = multiprocessing.active_children() if processes is None else processes
+    for process in processes:
+        process.terminate()
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+@contextmanager
+def _stopping_leftover_processes() -> Iterator[None]:
+    """On the way out, stop the processes started inside that still run.
+
+    litdata leaves its workers running when it raises (a worker's error, or SIGTERM in this process); stopping them
+    runs their exit path (``_guard_litdata_worker``), which stops the helpers each one started.
+    """
+    before = {process.pid for process in multiprocessing.active_children()}
+    try:
+        yield
+    finally:
+        _stop_processes([p for p in multiprocessing.active_children() if p.pid not in before])
 
 
 def _start_method() -> str:

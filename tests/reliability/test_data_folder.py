@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -198,3 +199,42 @@ def test_a_live_run_keeps_its_data_folder_and_stops_when_its_shards_change_anywa
     attempts = json.loads((run_dir / "run.json").read_text())["attempts"]
     assert len(attempts) == 2 and attempts[-1]["status"] == "failed" and "on resume" in attempts[-1]["error"]
     assert not list(shards.glob(".readers/*.json")), "both runs released their hold"
+
+
+def holds_open(pid: int, path: Path) -> bool:
+    """Whether process `pid` has `path` open (Linux /proc)."""
+    try:
+        return any(os.readlink(fd) == str(path) for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to see the run waiting on the lock")
+@pytest.mark.parametrize("waits_as", ["reader", "writer"])
+def test_a_run_stopped_by_sigterm_while_waiting_for_a_data_lock_leaves_no_run_directory(tmp_path: Path, waits_as):
+    """Issue 34 defect 13: a `fit` SIGTERMed while it waits for a data folder (a prepare holds it) used to die at once,
+    leaving its run directory (TensorBoard events file and lock), so the next run of the name became `-2`. Now the
+    wait unwinds: status 143, the directory it created is removed, the name is free. `reader`: the run waits to read
+    finished shards; `writer`: the run prepares them itself (data.source) and waits for the prepare that holds them."""
+    from lightning_cqk.run_dir import next_free_name
+
+    shards, runs = tmp_path / "shards", tmp_path / "runs"
+    source = corpus(tmp_path / "a.jsonl", "fox")
+    if waits_as == "reader":
+        prepare(str(source), str(shards), val_fraction=0.2)
+    command = fit_command(shards, runs, "--trainer.max_steps=2")
+    if waits_as == "writer":  # no shards yet: the run prepares them from its source
+        command = [a for a in command if a != "--data.source=null"] + [f"--data.source={source}"]
+    with writing(shards):  # a prepare builds the folder for as long as this holds
+        run = cli(*command[3:])
+        wait_for(lambda: holds_open(run.pid, shards / ".data.lock"), 120, run)  # it waits on the folder's lock
+        time.sleep(1.0)
+        run.send_signal(signal.SIGTERM)
+        output = run.communicate(timeout=60)[0]
+    left = [p for p in runs.rglob("*") if p.is_file()]
+    assert not left, f"the run that never started left {left}"
+    assert run.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert f"data: stopped by SIGTERM while waiting for {shards}" in output, output[-3000:]
+    assert "run directory: removed" in output and "Traceback" not in output, output[-3000:]
+    name = "standard-tiny-L1-H2-d16-ff32-s1337"
+    assert next_free_name(runs / "quickstart", name) == name, "the next run takes the name, not -2"
