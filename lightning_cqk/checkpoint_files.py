@@ -15,7 +15,8 @@ come from elsewhere (a colleague, a download), and a pickle can run any code whi
   proceed with a file one trusts (copy its weights and settings into a plain file once).
 * **Intact.** The zip CRCs are checked first (`checkpoint_problem`; `torch.load` does not, so damaged tensor bytes
   would load silently); a truncated or damaged file is `CorruptCheckpointError`, "truncated or corrupt", with the
-  newest intact checkpoint beside it.
+  newest intact checkpoint beside it: the one with the highest step (`checkpoint_step`), never the most recently
+  modified (a copy or restore changes modification times).
 
 Standard library only at import (torch is imported when a file is loaded): `run_dir.py` and the light command line
 use `checkpoint_problem`.
@@ -23,9 +24,12 @@ use `checkpoint_problem`.
 
 from __future__ import annotations
 
+import os
 import pathlib
 import pickle
+import re
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,17 +91,78 @@ def checkpoint_problem(path: str | Path) -> str | None:
     return None if bad is None else f"member {bad!r} fails its CRC check (the file is damaged)"
 
 
+# ------------------------------------------------------------------------------------------------- which step?
+STEP_IN_NAME = re.compile(r"step=(\d+)")
+
+
+def step_in_name(path: str | Path) -> int | None:
+    """The optimizer step a checkpoint's name states (``step=00000016.ckpt``, ``best-step=16.ckpt``), else None."""
+    match = STEP_IN_NAME.search(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def saved_step(path: str | Path) -> int | None:
+    """The ``global_step`` a checkpoint file holds, or None when it cannot be read as plain data.
+
+    Only the file's pickle is read (its tensors are memory-mapped, not loaded), with `weights_only` and the zip CRCs
+    left to the caller: this answers "which step", not "is it intact".
+    """
+    import torch
+
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals(list(TRUSTED_GLOBALS)):
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except Exception:  # noqa: BLE001 - unreadable, untrusted or not a checkpoint: its step is unknown
+        return None
+    step = checkpoint.get("global_step") if isinstance(checkpoint, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def checkpoint_step(path: str | Path, siblings: Sequence[Path] = ()) -> int | None:
+    """The optimizer step of a checkpoint file, never its modification time (a copy or restore changes that).
+
+    From its name (``step=<N>``); for a file without one (``last.ckpt``) from the sibling it is a hard link of
+    (`RunCheckpoint` links last.ckpt to the periodic file it just wrote); else read from the file (`saved_step`).
+    """
+    path = Path(path)
+    named = step_in_name(path)
+    if named is not None:
+        return named
+    for sibling in siblings:
+        sibling_step = step_in_name(sibling)
+        if sibling_step is not None and sibling != path and _same_file(path, sibling):
+            return sibling_step
+    return saved_step(path)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def newest_intact_checkpoint(folder: str | Path, exclude: str | Path | None = None) -> Path | None:
-    """The most recently modified `*.ckpt` in `folder` (other than `exclude`) that reads back intact."""
+    """The `*.ckpt` in `folder` (other than `exclude`) with the highest optimizer step that reads back intact.
+
+    Ranked by step (`checkpoint_step`), never by modification time: after a `cp -r`, an rsync without `-t` or a
+    restore from a backup the times say nothing about which file is newest. Files whose step cannot be told come
+    last; files of one step by name, so the choice never depends on the order of the directory listing.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         return None
     skip = Path(exclude).resolve() if exclude is not None else None
     candidates = [p for p in folder.glob("*.ckpt") if p.is_file() and p.resolve() != skip]
-    for candidate in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
-        if checkpoint_problem(candidate) is None:
-            return candidate
-    return None
+    ranked = sorted(candidates, key=lambda p: _step_rank(p, candidates), reverse=True)
+    return next((p for p in ranked if checkpoint_problem(p) is None), None)
+
+
+def _step_rank(path: Path, siblings: Sequence[Path]) -> tuple[int, int, str]:
+    """Sort key, highest first: a known step before an unknown one, then the step, then the name."""
+    step = checkpoint_step(path, siblings)
+    return (step is not None, step if step is not None else -1, path.name)
 
 
 def corrupt_checkpoint_message(path: str | Path, problem: str) -> str:

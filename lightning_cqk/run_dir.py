@@ -34,9 +34,10 @@ Resuming (`resolve_fit`), what "run the same command again" does:
                         its last attempt's, and refuses with the exact commands otherwise; `new` starts a new run
                         beside it; `refuse` always refuses with both commands. A finished run, a live one or one
                         without a checkpoint: a new run beside it, and the message says why.
-In every case the checkpoint is `checkpoints/last.ckpt` when it reads back intact; when it is missing, a dangling
-link or damaged, the newest intact `step=*.ckpt` beside it (and the message says so); with none, the run is refused
-by name rather than restarted from step 0.
+In every case the checkpoint is the intact one of the highest step: `checkpoints/last.ckpt` when it reads back intact
+and no intact `step=*.ckpt` beside it holds a later step (a kill between a periodic write and the link that points
+last.ckpt at it); when last.ckpt is missing, a dangling link or damaged, the newest intact `step=*.ckpt` by step (and
+the message says so); with none, the run is refused by name rather than restarted from step 0.
 
 Which settings a resume may change (`classify_changes`): the optimizer's hyper-parameters (lr, betas, eps,
 weight_decay, warmup_steps, min_lr_ratio, decay_steps, fused: applied to the restored optimizer and schedule by
@@ -62,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.checkpoint_files import checkpoint_problem
+from lightning_cqk.checkpoint_files import checkpoint_problem, checkpoint_step, step_in_name
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.package_versions import package_versions
 from lightning_cqk.run_lock import (
@@ -324,37 +325,69 @@ def describe_end(run_dir: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
-_STEP_IN_NAME = re.compile(r"step=(\d+)")
-
-
 def resumable_checkpoint(run_dir: Path) -> tuple[Path | None, str]:
     """The checkpoint to resume `run_dir` from, and a note when it is not an intact `checkpoints/last.ckpt`.
 
-    last.ckpt when it reads back intact; else the newest intact `*step=<N>*.ckpt` in the same folder (highest step,
-    then newest file; `nonfinite-*` files, the NaN guard's pre-divergence states, are never picked automatically).
+    The intact checkpoint of the highest step: last.ckpt when it is intact and at least as new by step as every
+    intact `*step=<N>*.ckpt` beside it; else the periodic file of the highest step that reads back intact (a run
+    killed between writing a periodic file and pointing last.ckpt at it, or a missing, dangling or damaged
+    last.ckpt). Steps, never modification times, decide (`checkpoint_files.checkpoint_step`); `nonfinite-*` files,
+    the NaN guard's pre-divergence states, are never picked automatically.
     """
     folder = Path(run_dir) / "checkpoints"
     last = folder / "last.ckpt"
+    candidates = _periodic_by_step(folder)
     if last.is_file():
         problem = checkpoint_problem(last)
         if problem is None:
-            return last, ""
+            return _last_or_newer(last, candidates)
     elif last.is_symlink():
         problem = f"a dangling link (to {os.readlink(last)})"
     else:
         problem = "missing"
-    candidates = []
-    if folder.is_dir():
-        for p in folder.glob("*.ckpt"):
-            match = _STEP_IN_NAME.search(p.name)
-            if match and p.name != "last.ckpt" and not p.name.startswith("nonfinite") and p.is_file():
-                candidates.append((int(match.group(1)), p.stat().st_mtime, p))
-    for _, _, p in sorted(candidates, reverse=True):
+    for _, p in candidates:
         if checkpoint_problem(p) is None:
             return p, f"{last} is {problem}; using {p.name}, the newest intact checkpoint beside it"
     if candidates:
         return None, f"{last} is {problem} and no step=*.ckpt beside it reads back intact"
     return None, "" if problem == "missing" else f"{last} is {problem} and there is no step=*.ckpt beside it"
+
+
+def _periodic_by_step(folder: Path) -> list[tuple[int, Path]]:
+    """(step, file) of the `*step=<N>*.ckpt` files in `folder` a run may resume from, highest step first."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for p in folder.glob("*.ckpt"):
+        step = step_in_name(p)
+        if step is not None and p.name != "last.ckpt" and not p.name.startswith("nonfinite") and p.is_file():
+            found.append((step, p))
+    return sorted(found, key=lambda item: (item[0], item[1].name), reverse=True)
+
+
+def _last_or_newer(last: Path, candidates: list[tuple[int, Path]]) -> tuple[Path, str]:
+    """An intact last.ckpt, unless an intact periodic file beside it holds a later step (then that file)."""
+    if not candidates or _same_file(last, candidates[0][1]):
+        return last, ""  # the usual case: last.ckpt is a hard link of the newest periodic file
+    last_step = checkpoint_step(last, [p for _, p in candidates])
+    if last_step is None:
+        return last, ""  # its step cannot be read: loading it names what is wrong
+    for step, p in candidates:
+        if step <= last_step:
+            break
+        if checkpoint_problem(p) is None:
+            return p, (
+                f"{p.name} (step {step}) is newer than {last} (step {last_step}), which was not yet pointed at it "
+                f"(the run stopped between the two writes); using {p.name}"
+            )
+    return last, ""
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------- what changed

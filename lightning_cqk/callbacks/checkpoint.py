@@ -47,8 +47,10 @@ one from a step at or before the resumed step is tracked again with the score it
 best are kept and the rest of this folder's best files pruned); one from a later step (a killed or abandoned
 continuation that this run replaces) is pruned.
 
-File names never get Lightning's `-v1` suffix: a periodic file left by a killed run (written after the checkpoint
-the run resumes from) is overwritten when the resumed run reaches that step again.
+File names never get Lightning's `-v1` suffix. A resume starts from the intact checkpoint of the highest step
+(`run_dir.resumable_checkpoint`: a periodic file written just before a kill outranks the last.ckpt not yet pointed at
+it), so periodic files of later steps than the one resumed exist only after a resume from an earlier file; they are
+deleted when training starts (a continuation this run replaces), so a crash of this run never resumes that one.
 
 `lightning_cqk fit ... --ckpt_path last` resumes from the run directory's `checkpoints/last.ckpt` (Lightning looks for
 `last*.ckpt` in every ModelCheckpoint's folder); with no checkpoint yet it starts afresh, so the same command line can
@@ -76,6 +78,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning_cqk.checkpoint_files import (
     checkpoint_problem,
     load_checkpoint,
+    step_in_name,
 )
 from lightning_cqk.errors import StorageFullError, storage_full_errno
 
@@ -248,6 +251,29 @@ class RunCheckpoint(ModelCheckpoint):
                     if TMP_PATTERN.match(leftover.name):
                         leftover.unlink(missing_ok=True)
                         rank_zero_info(f"RunCheckpoint: removed {leftover}, left by an interrupted save.")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Delete this folder's periodic files of steps after the resumed one: a continuation this run replaces.
+
+        A resume starts from the checkpoint of the highest step (`run_dir.resumable_checkpoint`), so such files
+        exist only after a resume from an earlier file (`--ckpt_path .../step=00000008.ckpt`). Left in place, they
+        would outrank this run's own checkpoints when it is resumed after a crash.
+        """
+        super().on_train_start(trainer, pl_module)  # starts the clock of every_minutes
+        if not trainer.is_global_zero or not self.dirpath or not _is_local_file_protocol(str(self.dirpath)):
+            return
+        pattern = re.sub(r"\{[^}]*\}", "*", self.filename or "") + self.FILE_EXTENSION
+        if pattern.startswith("*") or not Path(self.dirpath).is_dir():
+            return  # no prefix of its own: its files cannot be told from the other callbacks' files
+        for path in sorted(Path(self.dirpath).glob(pattern)):
+            step = step_in_name(path)
+            if step is not None and step > trainer.global_step and path.is_file():
+                path.unlink(missing_ok=True)
+                self.periodic = [(s, p) for s, p in self.periodic if Path(p).name != path.name]
+                rank_zero_info(
+                    f"RunCheckpoint: deleted {path} (step {step}), left by a continuation after the resumed step "
+                    f"{trainer.global_step} that this run replaces."
+                )
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
         if self._should_skip_saving_checkpoint(trainer):

@@ -4,7 +4,10 @@ newest intact one to use instead (in-process and through `lightning_cqk fit --ck
 
 from __future__ import annotations
 
+import os
 import random
+import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -189,3 +192,64 @@ def test_bad_options():
         RunCheckpoint(keep_last=0)
     with pytest.raises(ValueError, match="every_minutes must be positive"):
         RunCheckpoint(every_minutes=0)
+
+
+def test_the_newest_intact_checkpoint_is_chosen_by_step_not_by_modification_time(tmp_path):
+    """Issue 34 defect 8: after a `cp -r`, an rsync without -t or a restore the modification times say nothing (here
+    step 4 is the most recently modified); the advice beside a damaged last.ckpt names step 16, the highest step."""
+    from lightning_cqk.checkpoint_files import load_checkpoint, newest_intact_checkpoint
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for step, mtime in ((16, 1_000_000), (4, 2_000_000)):
+        path = folder / f"step={step:08d}.ckpt"
+        torch.save({"global_step": step}, path)
+        os.utime(path, (mtime, mtime))
+    last = folder / "last.ckpt"
+    last.write_bytes(b"PK\x03\x04 cut short")
+    with pytest.raises(CorruptCheckpointError, match=re.escape(f"--ckpt_path {folder / 'step=00000016.ckpt'}")):
+        load_checkpoint(last)
+    copied = folder / "copied.ckpt"  # no step in its name, the oldest time: its step is read from the file
+    torch.save({"global_step": 20}, copied)
+    os.utime(copied, (0, 0))
+    assert newest_intact_checkpoint(folder, exclude=last) == copied
+
+
+def test_a_periodic_file_newer_than_last_ckpt_is_resumed_from(make_module, make_trainer, token_loader, tmp_path):
+    """Issue 34 defect 10: a kill between writing step=8 and pointing last.ckpt at it leaves last.ckpt at step 4;
+    the resume takes step 8 (nothing retrained), also when last.ckpt is a copy rather than a link (`cp -r`)."""
+    from lightning_cqk.run_dir import resumable_checkpoint
+
+    trainer = ckpt_trainer(make_trainer, RunCheckpoint(every_n_steps=4, keep_last=None), max_steps=8)
+    trainer.fit(make_module(), token_loader())
+    run_dir = tmp_path / "run"
+    folder, last = run_dir / "checkpoints", run_dir / "checkpoints" / "last.ckpt"
+    newest, older = folder / "step=00000008.ckpt", folder / "step=00000004.ckpt"
+    last.unlink()
+    os.link(older, last)  # the state right after the kill: the link still names step 4
+    found, note = resumable_checkpoint(run_dir)
+    assert found == newest and "step 8" in note and "step 4" in note
+    last.unlink()
+    shutil.copyfile(older, last)  # a copied run: last.ckpt is a file of its own, its step read from it
+    assert resumable_checkpoint(run_dir)[0] == newest
+    newest.write_bytes(newest.read_bytes()[:1000])  # the newer file damaged: last.ckpt (step 4) it is
+    assert resumable_checkpoint(run_dir) == (last, "")
+
+
+def test_a_resume_from_an_earlier_file_deletes_the_continuation_it_replaces(
+    make_module, make_trainer, token_loader, tmp_path
+):
+    """Issue 34 defect 10, its other side: resuming from step 4 explicitly replaces the continuation to step 8, so
+    that file must not outrank this run's own last.ckpt (step 6) when the run is next resumed."""
+    from lightning_cqk.run_dir import resumable_checkpoint
+
+    ckpt_trainer(make_trainer, RunCheckpoint(every_n_steps=4, keep_last=None), max_steps=8).fit(
+        make_module(), token_loader()
+    )
+    folder = tmp_path / "run" / "checkpoints"
+    ckpt_trainer(make_trainer, RunCheckpoint(every_n_steps=4, keep_last=None), max_steps=6).fit(
+        make_module(), token_loader(), ckpt_path=str(folder / "step=00000004.ckpt")
+    )
+    assert steps_on_disk(folder) == [4]
+    assert resumable_checkpoint(tmp_path / "run") == (folder / "last.ckpt", "")
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 6
