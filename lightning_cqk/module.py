@@ -51,6 +51,7 @@ from lightning_cqk.model.loss import chunked_cross_entropy
 from lightning_cqk.model.sharding import clip_grad_norm_, shard_gpt
 from lightning_cqk.optim import OptimConfig, build_logit_control, build_optimizer, warmup_cosine
 from lightning_cqk.optim.config import check_schedule, check_trainer_numbers
+from lightning_cqk.optim.schedule import learning_rates_at_scheduler_step
 from lightning_cqk.versions import check_torch_features, require_torch
 
 
@@ -365,6 +366,10 @@ class LitLM(L.LightningModule):
                 "sequence it accepts. Use --data.seq_len <= block_size, or build the model with a block_size >= "
                 "seq_len (the CLI links model.config.block_size to data.seq_len)."
             )
+
+    def on_train_start(self) -> None:
+        """After a restore: train the first resumed step at the rebuilt schedule's rate, not the checkpoint's."""
+        learning_rates_at_scheduler_step(config.scheduler for config in self.trainer.lr_scheduler_configs)
 
     def on_fit_start(self) -> None:
         if self.logger is not None:  # hyper-parameters are logged by Lightning; sizes go beside them as scalars

@@ -186,6 +186,8 @@ def apply_optimizer_settings(trainer: L.Trainer, pl_module: L.LightningModule) -
     """
     from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
 
+    from lightning_cqk.optim.schedule import learning_rates_at_scheduler_step
+
     fresh_optimizers, fresh_schedulers = _init_optimizers_and_lr_schedulers(pl_module)
     for restored, fresh in zip(trainer.optimizers, fresh_optimizers, strict=True):
         for group, new in zip(restored.param_groups, fresh.param_groups, strict=True):
@@ -196,10 +198,7 @@ def apply_optimizer_settings(trainer: L.Trainer, pl_module: L.LightningModule) -
             scheduler.base_lrs = list(new.base_lrs)
         if hasattr(new, "lr_lambdas"):
             scheduler.lr_lambdas = list(new.lr_lambdas)
-            lrs = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
-            for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
-                group["lr"] = lr
-            scheduler._last_lr = lrs
+    learning_rates_at_scheduler_step(config.scheduler for config in trainer.lr_scheduler_configs)
     rank_zero_info(
         "run: optimizer settings applied to the restored optimizer: "
         + ", ".join(
