@@ -23,6 +23,18 @@ Sharded strategies (FSDP / ModelParallelStrategy) divide the first three by the 
 host's memory (DDP on CPU) multiply the whole by their number. Backends with other shapes (MLA latents, differential
 pairs, hybrid MLP layers) are estimated as standard attention: the parameter count is always the model's own.
 
+Validation is estimated too (`estimate_validation`), when the trainer validates at all (`limit_val_batches` not 0):
+its batches are `data.val_batch_size` windows of `data.val_seq_len` tokens (each defaulting to the training ones),
+scored in `block_size` chunks when longer, and once more per `model.eval_contexts` length (sliding windows of that
+many tokens). Its peak is what training leaves resident (parameters, gradients and optimizer state) plus the largest
+of those forwards: no tensor is kept for backward, so one block's activations (9 C + 2 F elements per token) and the
+logits with their fp32 copy and loss (the loss chunk applies to the plain windows only). A run whose validation does
+not fit is refused the same way, naming the validation's numbers, instead of training `val_check_interval` steps and
+dying at its first validation.
+
+On a resume (`--ckpt_path`) the advice names only what a resume may change (`run_dir.RESUME_POLICY`): the trainer's
+precision, the evaluation contexts, validation off; a smaller micro-batch is another experiment, a new run.
+
 Available memory: on a GPU, the device's total memory (`torch.cuda.mem_get_info`); on a CPU, what the OS reports
 as available (`MemAvailable` of /proc/meminfo, else the physical memory) plus what this process already holds (its
 resident set: the model is built by then).
@@ -32,6 +44,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,23 +159,140 @@ def _resident_bytes() -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class ValidationEstimate:
+    """Bytes of a validation's peak: what training leaves resident plus its largest forward (module docstring)."""
+
+    resident: float  # parameters, gradients and optimizer state
+    activations: float
+    logits: float
+    batch: int
+    seq_len: int
+    forward: str  # which of the validation's forwards is the largest
+    precision: str
+
+    @property
+    def total(self) -> float:
+        return self.resident + self.activations + self.logits
+
+    def describe(self) -> str:
+        return (
+            f"parameters, gradients and optimizer state {self.resident / GB:.2f} GB, then {self.forward} at "
+            f"{self.batch} x {self.seq_len} tokens: activations {self.activations / GB:.2f} GB, logits and loss "
+            f"{self.logits / GB:.2f} GB; precision {self.precision}"
+        )
+
+
+def validation_forwards(
+    val_seq_len: int, block_size: int, eval_contexts: Sequence[int] = ()
+) -> list[tuple[str, int, bool]]:
+    """(what, tokens per sequence, whether the loss chunk applies) of each forward a validation batch makes."""
+    if val_seq_len > block_size:
+        plain = [(f"the {val_seq_len}-token validation windows in {block_size}-token chunks", block_size, False)]
+    else:
+        plain = [("the validation windows", val_seq_len, True)]
+    contexts = [(f"the eval context {c}", min(c, val_seq_len), False) for c in eval_contexts]
+    return plain + contexts
+
+
+def estimate_validation(
+    n_params: int,
+    n_embd: int,
+    mlp_hidden: int,
+    vocab_rows: int,
+    val_batch: int,
+    val_seq_len: int,
+    block_size: int,
+    eval_contexts: Sequence[int] = (),
+    precision: str | int | None = "32-true",
+    shards: int = 1,
+    loss_chunk: int = 0,
+) -> ValidationEstimate:
+    """The peak of a validation batch (module docstring): resident state plus its largest forward."""
+    width = activation_bytes_per_element(precision)
+    resident = 4 * (4.0 * n_params / shards)  # parameters, gradients, AdamW's two moments
+    per_token = 9 * n_embd + 2 * mlp_hidden  # one block at a time: nothing is saved for backward
+    estimates = []
+    for forward, length, chunked in validation_forwards(val_seq_len, block_size, eval_contexts):
+        tokens = val_batch * length
+        logit_tokens = min(tokens, loss_chunk) if chunked and loss_chunk else tokens
+        estimates.append(
+            ValidationEstimate(
+                resident=resident,
+                activations=float(tokens * per_token * width),
+                logits=float(logit_tokens * vocab_rows * (width + 8)),
+                batch=val_batch,
+                seq_len=length,
+                forward=forward,
+                precision=str(precision),
+            )
+        )
+    return max(estimates, key=lambda est: est.total)
+
+
+def _needs(total: float, processes: int, what: str) -> str:
+    each = f" ({processes} processes on this host, {total / GB:.2f} GB each)" if processes > 1 else ""
+    return f"at least {total * processes / GB:.1f} GB for {what}{each}"
+
+
 def refusal(
-    est: MemoryEstimate, available: float, where: str, processes: int = 1, fits_batch: int | None = None
+    est: MemoryEstimate,
+    available: float,
+    where: str,
+    processes: int = 1,
+    fits_batch: int | None = None,
+    resuming: bool = False,
+    fits_in_bf16: bool = False,
 ) -> str:
-    """The one-paragraph message of a run that will not fit."""
-    need = est.total * processes
-    each = f" ({processes} processes on this host, {est.total / GB:.2f} GB each)" if processes > 1 else ""
-    smaller = (
-        f"a smaller micro-batch (--data.batch_size {fits_batch}, with --trainer.accumulate_grad_batches scaled up "
-        "to keep the tokens per optimizer step)"
-        if fits_batch
-        else "a smaller micro-batch (--data.batch_size) or --data.seq_len"
-    )
+    """The one-paragraph message of a run whose training step will not fit."""
+    if resuming:  # data.* cannot change on a resume (run_dir.RESUME_POLICY): a smaller micro-batch is a new run
+        precision = "--trainer.precision bf16-mixed (a resume may change it), " if fits_in_bf16 else ""
+        new_run = f" --data.batch_size {fits_batch}" if fits_batch else " and a smaller --data.batch_size"
+        fixes = (
+            f"{precision}a device with more memory, or --memory_check warn (the estimate is a lower bound; "
+            "lightning_cqk/memory_check.py). A resume keeps the micro-batch (data.* cannot change on a resume); for a "
+            f"smaller one start a new run: leave out --ckpt_path and add --on_unfinished new{new_run}"
+        )
+    else:
+        smaller = (
+            f"a smaller micro-batch (--data.batch_size {fits_batch}, with --trainer.accumulate_grad_batches scaled up "
+            "to keep the tokens per optimizer step)"
+            if fits_batch
+            else "a smaller micro-batch (--data.batch_size) or --data.seq_len"
+        )
+        fixes = (
+            f"{smaller}, a smaller model, or a device with more memory; or start it anyway with --memory_check warn "
+            "(the estimate is a lower bound; lightning_cqk/memory_check.py)"
+        )
     return (
-        f"this configuration needs at least {need / GB:.1f} GB for one training step{each} ({est.describe()}), but "
-        f"the {where} is {available / GB:.1f} GB, so it would run out of memory on its first micro-batch. Use "
-        f"{smaller}, a smaller model, or a device with more memory; or start it anyway with --memory_check warn "
-        "(the estimate is a lower bound; lightning_cqk/memory_check.py)."
+        f"this configuration needs {_needs(est.total, processes, 'one training step')} ({est.describe()}), but the "
+        f"{where} is {available / GB:.1f} GB, so it would run out of memory on its first micro-batch. Use {fixes}."
+    )
+
+
+def validation_refusal(
+    est: ValidationEstimate,
+    available: float,
+    where: str,
+    processes: int = 1,
+    fits_val_batch: int | None = None,
+    fitting_contexts: list[int] | None = None,
+    resuming: bool = False,
+) -> str:
+    """The one-paragraph message of a run whose validation will not fit (every fix named is one that fits)."""
+    fixes = []
+    if fits_val_batch and not resuming:
+        fixes.append(f"--data.val_batch_size {fits_val_batch}")
+    if fitting_contexts is not None:  # the contexts that fit, or none of them
+        contexts = f"'[{','.join(str(c) for c in fitting_contexts)}]'" if fitting_contexts else "null"
+        fixes.append(f"--model.eval_contexts {contexts}")
+    fixes.append("--trainer.limit_val_batches 0 (no validation during training)")
+    kept = " (a resume keeps data.val_batch_size and data.val_seq_len: data.* cannot change on a resume)"
+    return (
+        f"this configuration's validation needs {_needs(est.total, processes, 'one validation batch')} "
+        f"({est.describe()}), but the {where} is {available / GB:.1f} GB, so the run would train until its first "
+        f"validation and run out of memory there. Use {' or '.join(fixes)}{kept if resuming else ''}, a device with "
+        "more memory, or --memory_check warn (the estimate is a lower bound; lightning_cqk/memory_check.py)."
     )
 
 
@@ -176,9 +306,12 @@ def largest_fitting_batch(fits: Any, micro_batch: int) -> int | None:
     return None
 
 
-def check_memory(model: Any, datamodule: Any, trainer: Any, mode: str = "refuse") -> MemoryEstimate | None:
-    """Refuse (`refuse`) or warn about (`warn`) a run whose estimate exceeds the memory of its device (module
-    docstring); `off`: nothing. Returns the estimate (None when there is nothing to estimate)."""
+def check_memory(
+    model: Any, datamodule: Any, trainer: Any, mode: str = "refuse", resuming: bool = False
+) -> MemoryEstimate | None:
+    """Refuse (`refuse`) or warn about (`warn`) a run whose training step or validation exceeds the memory of its
+    device (module docstring); `off`: nothing. `resuming`: the run resumes a checkpoint, so the advice names only
+    what a resume may change. Returns the training step's estimate (None when there is nothing to estimate)."""
     if mode not in MEMORY_CHECKS:
         raise MemoryRefused(f"--memory_check must be one of {', '.join(MEMORY_CHECKS)}, got {mode!r}.")
     config = getattr(model, "config", None)
@@ -190,27 +323,77 @@ def check_memory(model: Any, datamodule: Any, trainer: Any, mode: str = "refuse"
     shards = trainer.world_size if ("FSDP" in strategy or "ModelParallel" in strategy) else 1
     device = trainer.strategy.root_device
     processes = trainer.num_devices if device.type == "cpu" else 1
-    numbers = dict(
+    shape = dict(
         n_params=sum(p.numel() for p in model.parameters()),
-        n_layer=config.n_layer,
         n_embd=config.n_embd,
         mlp_hidden=config.mlp_hidden,
         vocab_rows=config.padded_vocab_size,
-        seq_len=seq_len,
         precision=trainer.precision,
         shards=shards,
-        activation_checkpointing=bool(getattr(model, "activation_checkpointing", False)),
         loss_chunk=int(getattr(model, "loss_chunk", 0) or 0),
+    )
+    numbers = dict(
+        shape,
+        n_layer=config.n_layer,
+        seq_len=seq_len,
+        activation_checkpointing=bool(getattr(model, "activation_checkpointing", False)),
     )
     est = estimate(micro_batch=micro_batch, **numbers)
     available, where = available_bytes(device)
-    if est.total * processes <= available:
+    problems = []
+    if est.total * processes > available:
+        fits_batch = largest_fitting_batch(
+            lambda b: estimate(micro_batch=b, **numbers).total * processes <= available, micro_batch
+        )
+        in_bf16 = estimate(micro_batch=micro_batch, **dict(numbers, precision="bf16-mixed")).total * processes
+        fits_in_bf16 = activation_bytes_per_element(trainer.precision) == 4 and in_bf16 <= available
+        problems.append(refusal(est, available, where, processes, fits_batch, resuming, fits_in_bf16))
+    if _validates(trainer):
+        problems += _validation_problems(model, datamodule, config, shape, micro_batch, seq_len, available, where,
+                                         processes, resuming)  # fmt: skip
+    if not problems:
         return est
-    fits_batch = largest_fitting_batch(
-        lambda b: estimate(micro_batch=b, **numbers).total * processes <= available, micro_batch
-    )
-    message = refusal(est, available, where, processes, fits_batch)
+    message = " ".join(problems)
     if mode == "refuse":
         raise MemoryRefused(message)
     print(f"lightning_cqk fit: WARNING (--memory_check warn): {message}", file=sys.stderr, flush=True)
     return est
+
+
+def _validates(trainer: Any) -> bool:
+    """Whether the trainer validates during training at all (`limit_val_batches` 0 turns it off)."""
+    limit = getattr(trainer, "limit_val_batches", 1.0)
+    return limit is None or limit != 0
+
+
+def _validation_problems(
+    model: Any,
+    datamodule: Any,
+    config: Any,
+    shape: dict[str, Any],
+    micro_batch: int,
+    seq_len: int,
+    available: float,
+    where: str,
+    processes: int,
+    resuming: bool,
+) -> list[str]:
+    """The validation's refusal, when its estimate exceeds `available` (else nothing)."""
+    contexts = list(getattr(model, "eval_contexts", None) or [])
+    numbers = dict(
+        shape,
+        val_seq_len=int(getattr(datamodule, "val_seq_len", None) or seq_len),
+        block_size=config.block_size,
+    )
+    val_batch = int(getattr(datamodule, "val_batch_size", None) or micro_batch)
+
+    def fits(batch: int, eval_contexts: Sequence[int]) -> bool:
+        need = estimate_validation(val_batch=batch, eval_contexts=eval_contexts, **numbers).total * processes
+        return need <= available
+
+    if fits(val_batch, contexts):
+        return []
+    est = estimate_validation(val_batch=val_batch, eval_contexts=contexts, **numbers)
+    fits_val_batch = largest_fitting_batch(lambda b: fits(b, contexts), val_batch)
+    fitting = [c for c in contexts if fits(val_batch, [c])] if contexts and fits(val_batch, []) else None
+    return [validation_refusal(est, available, where, processes, fits_val_batch, fitting, resuming)]

@@ -3,6 +3,7 @@ and the flag to override (issue 26; lightning_cqk/memory_check.py)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -139,3 +140,116 @@ def test_activation_checkpointing_and_the_chunked_loss_shrink_the_estimate_by_th
     assert checkpointed.activations == tokens * (4 * 8 + block) * 4
     assert plain.logits == tokens * 50 * 12 and checkpointed.logits == 8 * 50 * 12
     assert estimate(**shape, loss_chunk=10_000).logits == plain.logits  # a chunk longer than the batch is the batch
+
+
+def _tiny_cli_run(tmp_path: Path, *extra: str) -> list[str]:
+    """A 1-layer quickstart run of one step with a validation after it (`test_warn_goes_on_and_off_skips`' flags)."""
+    return [
+        "fit",
+        "--config",
+        str(REPO / "configs" / "quickstart.yaml"),
+        f"--data.data_dir={tmp_path / 'shards'}",
+        "--data.seq_len=16",
+        "--data.batch_size=2",
+        "--model.config.n_layer=1",
+        "--model.config.n_embd=16",
+        "--model.config.n_head=2",
+        "--model.optim.warmup_steps=1",
+        "--trainer.max_steps=1",
+        "--trainer.val_check_interval=1",
+        "--trainer.limit_val_batches=1",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.accelerator=cpu",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        *extra,
+    ]
+
+
+def test_a_validation_that_will_not_fit_is_refused_before_anything_is_trained(tmp_path, monkeypatch):
+    """Issue 34 defect 6: a training step that fits and a data.val_batch_size that does not: refused up front, with
+    the validation's numbers and a val_batch_size that fits, which works when pasted."""
+    _small_host(monkeypatch, 1.0)
+    args = _tiny_cli_run(tmp_path, "--data.val_batch_size=65536")
+    with pytest.raises(MemoryRefused) as refused:
+        main(args)
+    message = str(refused.value)
+    assert "validation needs at least" in message and "the validation windows at 65536 x 16 tokens" in message
+    assert "one training step" not in message, "the training step fits"
+    assert "--trainer.limit_val_batches 0" in message
+    assert not (tmp_path / "shards").exists() and not list((tmp_path / "runs").rglob("run.json"))
+    fits = re.search(r"--data\.val_batch_size (\d+)", message).group(1)
+    main([*args, "--data.val_batch_size", fits])  # the advice, pasted: trains and validates
+    assert list((tmp_path / "runs").rglob("run.json"))
+
+
+def test_the_validation_estimate_takes_its_largest_forward():
+    """Plain windows (the loss chunk applies), windows longer than block_size (block_size chunks) and each eval
+    context (full logits): the peak is the resident state plus the largest of them."""
+    from lightning_cqk.memory_check import estimate_validation
+
+    shape = dict(n_params=1000, n_embd=8, mlp_hidden=32, vocab_rows=50, val_batch=2, block_size=64)
+    resident, block = 4 * 4 * 1000, 9 * 8 + 2 * 32
+    plain = estimate_validation(**shape, val_seq_len=32)
+    assert (plain.resident, plain.activations, plain.logits) == (resident, 64 * block * 4, 64 * 50 * 12)
+    assert plain.forward == "the validation windows"
+    chunked = estimate_validation(**shape, val_seq_len=32, loss_chunk=8, eval_contexts=[16, 32])
+    assert chunked.forward == "the eval context 32" and chunked.logits == 64 * 50 * 12
+    long = estimate_validation(**shape, val_seq_len=256, eval_contexts=[16])
+    assert long.seq_len == 64 and long.forward.startswith("the 256-token validation windows in 64-token chunks")
+
+
+def _tiny_run_objects(precision: str = "32-true", eval_contexts: tuple[int, ...] = (), val_batch: int = 2):
+    """(model, datamodule, trainer) as check_memory reads them: 10k parameters, a 512-token vocabulary."""
+    from types import SimpleNamespace
+
+    import torch
+
+    config = SimpleNamespace(n_layer=1, n_embd=16, mlp_hidden=64, padded_vocab_size=512, block_size=16)
+    model = SimpleNamespace(config=config, parameters=lambda: [torch.zeros(10_000)], eval_contexts=list(eval_contexts))
+    data = SimpleNamespace(batch_size=2, seq_len=16, val_batch_size=val_batch, val_seq_len=16)
+    trainer = SimpleNamespace(
+        strategy=SimpleNamespace(root_device=torch.device("cpu")),
+        world_size=1,
+        num_devices=1,
+        precision=precision,
+        limit_val_batches=1,
+    )
+    return model, data, trainer
+
+
+def _changes_a_resume_accepts(flags: list[str]) -> None:
+    from lightning_cqk.run_dir import classify_changes
+
+    allowed, refused = classify_changes({flag: ("before", "after") for flag in flags})
+    assert set(allowed) == set(flags) and not refused
+
+
+def test_on_a_resume_the_memory_advice_names_only_what_a_resume_may_change(monkeypatch):
+    """Issue 34 defect 12 (the memory part): a resume refuses a changed data.batch_size or data.val_batch_size, so
+    the advice on a resume is what RESUME_POLICY accepts: precision, eval contexts, validation off."""
+    shape = dict(n_params=10_000, n_layer=1, n_embd=16, mlp_hidden=64, vocab_rows=512, micro_batch=2, seq_len=16)
+    full, half = estimate(**shape).total, estimate(**shape, precision="bf16-mixed").total
+    monkeypatch.setattr(memory_check, "available_bytes", lambda device: ((full + half) / 2, "host memory available"))
+    with pytest.raises(MemoryRefused) as fresh:
+        memory_check.check_memory(*_tiny_run_objects(), resuming=False)
+    assert "--data.batch_size 1" in str(fresh.value)
+    with pytest.raises(MemoryRefused) as resumed:
+        memory_check.check_memory(*_tiny_run_objects(), resuming=True)
+    advice, new_run = str(resumed.value).split("start a new run:")
+    assert "--trainer.precision bf16-mixed" in advice and "--data." not in advice
+    assert "leave out --ckpt_path and add --on_unfinished new --data.batch_size 1" in new_run
+    _changes_a_resume_accepts(["trainer.precision"])
+    assert memory_check.check_memory(*_tiny_run_objects("bf16-mixed"), resuming=True) is not None  # the advice fits
+
+    # Validation: eval context 16 alone does not fit (its full logits), the plain windows with the loss chunk do.
+    monkeypatch.setattr(memory_check, "available_bytes", lambda device: (0.5e6, "host memory available"))
+    objects = _tiny_run_objects(eval_contexts=(4, 16), val_batch=8)
+    objects[0].loss_chunk = 16
+    with pytest.raises(MemoryRefused) as val:
+        memory_check.check_memory(*objects, resuming=True)
+    message = str(val.value)
+    assert "the eval context 16" in message and "--data.val_batch_size" not in message
+    assert "--model.eval_contexts '[4]'" in message and "--trainer.limit_val_batches 0" in message
+    _changes_a_resume_accepts(["model.eval_contexts", "trainer.limit_val_batches"])
+    objects[0].eval_contexts = [4]
+    memory_check.check_memory(*objects, resuming=True)  # the advice fits

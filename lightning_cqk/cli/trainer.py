@@ -339,7 +339,9 @@ class CQKCLI(LightningCLI):
         """Before shards are prepared or a step is taken: refuse a run that will not fit in memory (memory_check.py)."""
         from lightning_cqk.memory_check import check_memory
 
-        check_memory(self.model, self.datamodule, self.trainer, self.config.fit.get("memory_check", "refuse"))
+        fit = self.config.fit
+        resuming = bool(fit.get("ckpt_path"))  # the advice then names only what a resume may change
+        check_memory(self.model, self.datamodule, self.trainer, fit.get("memory_check", "refuse"), resuming=resuming)
 
     def _run_subcommand(self, subcommand: str) -> None:
         """`fit`: record how the attempt ended in run.json, and after a signal say how to resume."""
