@@ -7,7 +7,7 @@ first, in the order data flows from settings to the command line (docs/layout.md
 
     0  errors, config                           names and numbers; the user-error classes
     1  resources, run_lock, checkpoint_files,   files, standard library only at import: configs shipped with the
-       run_dir                                  package, one live process per run directory, checkpoint files
+       run_dir, device_info                     package, one live process per run directory, checkpoint files
                                                 (intact? trusted? loaded weights_only), run directories (names,
                                                 records, resumes, which run a checkpoint belongs to, atomic JSON
                                                 writes); low so that every layer that writes may use them
@@ -40,7 +40,7 @@ NAME = "lightning_cqk"
 
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "config", "strict_yaml", "package_versions"),
-    ("resources", "run_lock", "checkpoint_files", "launch", "run_dir"),
+    ("resources", "run_lock", "checkpoint_files", "launch", "run_dir", "device_info"),
     ("attention",),
     ("model",),
     ("optim",),

@@ -156,7 +156,8 @@ def power_lines(sweep) -> list[str]:
         if run.role != "tuning":
             seeds_of.setdefault(run.group, set()).add(run.seed)
     lines = [
-        f"Power plan: {k} claims in the Holm family (a claim's tests exclude each other: Shaffer), detectable effects "
+        f"Power plan: {k} claim{'s' if k != 1 else ''} in the Holm family (a claim's tests exclude each other: "
+        "Shaffer), detectable effects "
         f"at alpha/k = {level:.4g}, 80% power; the control at one-sided alpha = {ALPHA:g}, outside the family "
         "(paired sd: the profile's `planning:`; lightning_cqk/sweep/verdict.py):"
     ]

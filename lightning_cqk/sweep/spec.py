@@ -31,6 +31,8 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
           overrides: {trainer.limit_val_batches: 24}   # the grid runs' own overrides (enough windows)
         # or tuning: {fixed: "<why one rate is the design>"}; without either, verdicts are configuration-limited
         planning: {sd_pct: {default: 0.8, <claim>: 0.5}}   # optional: paired sd (%) for the dry-run's power plan
+                                          # (as the committed report measured it; `sd_basis: {<claim>: why}` for a
+                                          # claim planned more conservatively, e.g. at a pooled sd's upper bound)
     published:                            # optional: the paper's numbers, per group (only their changes are shown)
       source: arXiv 2604.01683 v1 abstract
       metric: val/ppl
@@ -48,6 +50,8 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
       expect: higher                      # one-sided t at 0.05; undetected: null-type verdicts "sensitivity not shown"
       expected_pct: 3.9                   # its size, predicted before the run (printed by --dry-run)
       at: {}                              # levels of the other axes (default: their baseline, else first, level)
+      seeds: [1, 2, 3]                    # optional: its own seeds, among the profile's (default: every seed); its
+                                          # size and sd are known, so it needs fewer seeds than the claims
 
 A claim whose groups are not all in a profile's grid (a level that profile leaves out) is not judged there; the
 report names it. A profile may give its own `control:` and `claims:` (they replace the spec's) and `data_order:
@@ -351,6 +355,7 @@ def _check_tuning(tuning: Any, spec: dict[str, Any], profile: dict[str, Any], wh
     verdict_windows = int(over.get("trainer.limit_val_batches", 0)) * int(
         over.get("data.val_batch_size", over.get("data.batch_size", 0))
     )
+    verdict_windows = int(over.get("data.final_val_windows") or 0) or verdict_windows  # the final set (val_sets.py)
     if not verdict_windows:
         raise SpecError(
             f"{where}: tuning needs the verdicts' validation set fixed in the profile's overrides "
@@ -364,11 +369,13 @@ def _check_tuning(tuning: Any, spec: dict[str, Any], profile: dict[str, Any], wh
     t_over = dict(over, **(tuning.get("overrides") or {}))
     per_batch = int(t_over.get("data.val_batch_size", t_over.get("data.batch_size", 0)))
     tune_windows = int(t_over.get("trainer.limit_val_batches", 0)) * per_batch
+    tune_windows = int(t_over.get("data.final_val_windows") or 0) or tune_windows  # val_windows.json: the final set
     if tune_windows < held[1]:
         need = -(-held[1] // max(per_batch, 1))
+        fix = f"data.final_val_windows: {held[1]}" if t_over.get("data.final_val_windows") else None
         raise SpecError(
             f"{where}: the grid runs validate on {tune_windows} windows, fewer than held_out's end {held[1]}; give "
-            f"the tuning `overrides: {{trainer.limit_val_batches: {need}}}`."
+            f"the tuning `overrides: {{{fix or f'trainer.limit_val_batches: {need}'}}}`."
         )
 
 
@@ -457,7 +464,8 @@ def expand(
         spec = copy.deepcopy(spec)
         spec["claims"] = prof["claims"]
     if control is not None:
-        runs += _control_runs(control, spec, axes, configs, prof, seeds, placeholders, where)
+        control_seeds = _control_seeds(control, seeds, where)
+        runs += _control_runs(control, spec, axes, configs, prof, control_seeds, placeholders, where)
         spec = copy.deepcopy(spec)
         spec["control"] = _control_claim(control, spec, axes)
     tuning = prof.get("tuning")
@@ -632,6 +640,24 @@ def _control_claim(control: dict[str, Any], spec: dict[str, Any], axes: dict[str
         "expected_pct": control.get("expected_pct"),
         "lr_scale": control.get("lr_scale"),
     }
+
+
+def _control_seeds(control: dict[str, Any], seeds: list[int], where: str) -> list[int]:
+    """The control's own `seeds` (paired with the baseline's, so each must be a seed of the profile), else all."""
+    own = control.get("seeds")
+    if own is None:
+        return seeds
+    if not isinstance(own, list) or not own or not all(type(s) is int for s in own):
+        raise SpecError(
+            f"{where}: control seeds is a non-empty list of integers, e.g. `seeds: [1, 2, 3, 4]`; got {own!r}."
+        )
+    outside = [s for s in own if s not in seeds]
+    if outside or len(set(own)) != len(own):
+        raise SpecError(
+            f"{where}: control seeds {own} must be distinct seeds of the profile ({seeds}): the control pairs with "
+            f"the baseline's run of each seed{f'; not in the profile: {outside}' if outside else ''}."
+        )
+    return own
 
 
 def _control_runs(
