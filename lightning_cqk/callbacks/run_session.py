@@ -35,6 +35,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightning_cqk.device_info import describe_device
 from lightning_cqk.run_dir import RunDirectory, next_config_name
 
 
@@ -106,9 +107,10 @@ class RunSession(L.Callback):
         name = next_config_name(self.run.path)
         (self.run.path / name).write_text(self.config_text)
         changed = {k: [a, b] for k, (a, b) in self.changes.items()}
+        device = describe_device(trainer.strategy.root_device)  # numbers agree to the last digit on one device kind
         self.run.start_attempt(
             config=name, ckpt_path=self.resumed_from, from_step=trainer.global_step, changed=changed, notes=self.notes,
-            **extra,
+            device=device, **extra,
         )  # fmt: skip
         what = f"resumed from {self.resumed_from} at step {trainer.global_step}" if self.resumed_from else "new"
         if self.changes:
