@@ -42,6 +42,7 @@ import errno
 import io
 import json
 import math
+import re
 import shlex
 import shutil
 import sys
@@ -245,12 +246,39 @@ def untuned_groups(data: dict[str, Any]) -> dict[str, str]:
         return {g: "one learning rate for every arm (no tuning grid)" for g in data["groups"] if g != control}
     out = {}
     runs = {r["name"]: r for r in data["manifest"]["runs"]}
+    grid_levels = {  # tuned level -> the levels its grid ran at
+        level: runs[name]["levels"]
+        for level, by_lr in (tuning.get("grid") or {}).items()
+        for name in list(by_lr.values())[:1]
+        if name in runs
+    }
     for name, group in data["groups"].items():
         entries = [runs[r["name"]] for r in group["runs"] if r["name"] in runs]
-        tuned = all(str((e.get("overrides") or {}).get("model.optim.lr", "")).startswith("{tuned_lr:") for e in entries)
-        if entries and not tuned and name != control:
+        rates = {str((e.get("overrides") or {}).get("model.optim.lr", "")) for e in entries}
+        tuned = all(rate.startswith("{tuned_lr:") for rate in rates)
+        if not entries or name == control:
+            continue
+        if not tuned:
             out[name] = f"level not in the tuning grid of axis {tuning['axis']}"
+            continue
+        inherited = _inherited_from(entries[0]["levels"], rates.pop(), grid_levels, tuning["axis"])
+        if inherited:
+            out[name] = inherited
     return out
+
+
+def _inherited_from(levels: dict[str, str], rate: str, grid_levels: dict[str, dict[str, str]], axis: str) -> str:
+    """Why a tuned group's rate is not its own: chosen by a grid run at other levels (another corpus, size,
+    transform: the rate is inherited), or '' when the grid ran at the group's own levels."""
+    level = re.match(r"\{tuned_lr:([^*}]+)", rate)
+    ran_at = grid_levels.get(level.group(1)) if level else None
+    if not ran_at:
+        return ""
+    other = {a: lv for a, lv in ran_at.items() if a != axis and levels.get(a) != lv}
+    if not other and (not level or levels.get(axis) == level.group(1)):
+        return ""
+    where = ", ".join(f"{a}={lv}" for a, lv in sorted(other.items())) or f"{axis}={level.group(1)}"
+    return f"rate chosen by the grid at {where}, inherited (not tuned at this level)"
 
 
 # ---------------------------------------------------------------------------------------------------- tables
@@ -457,7 +485,37 @@ def verdicts(data: dict[str, Any]) -> list[Judgement]:
                 claim["plus"] = [f"{g}@{on}" for g in claim["plus"]]
                 claim["minus"] = [f"{g}@{on}" for g in claim["minus"]]
         claims.append(claim)
-    return judge(values, claims, spec.get("control"), metric=metric, untuned=untuned, planned=planned)
+    corpora = training_corpora(data, claims)
+    return judge(
+        values, claims, spec.get("control"), metric=metric, untuned=untuned, planned=planned, train_corpus=corpora
+    )
+
+
+def training_corpora(data: dict[str, Any], claims: list[dict[str, Any]]) -> dict[str, str]:
+    """claim name -> the corpus its baseline group's runs train on (units.BYTES_PER_UNIT key), from the runs' config
+    files (found as `--config` finds them) and overrides; claims whose corpus is none of the measured ones are left
+    out."""
+    from lightning_cqk.resources import find_config
+    from lightning_cqk.sweep.identity import resolved_settings
+    from lightning_cqk.sweep.units import training_corpus
+
+    def read(config: str) -> str | None:
+        try:
+            return find_config(config).read_text()
+        except (FileNotFoundError, OSError, ValueError):
+            return None
+
+    by_group: dict[str, str | None] = {}
+    for run in data["manifest"]["runs"]:
+        if run["group"] not in by_group:
+            settings = resolved_settings(list(run.get("configs") or []), dict(run.get("overrides") or {}), read)
+            by_group[run["group"]] = training_corpus(settings)
+    out = {}
+    for claim in claims:
+        base = str(claim.get("vs") or (claim.get("minus") or [""])[0]).split("@")[0]
+        if by_group.get(base):
+            out[str(claim["name"])] = str(by_group[base])
+    return out
 
 
 def planned_seeds(data: dict[str, Any]) -> dict[str, int]:
@@ -541,6 +599,7 @@ def _claim_lines(judgements: list[Judgement], spec: dict[str, Any], data: dict[s
     rules = [(j.name, j.converted_rule) for j in judgements if j.converted_rule and not j.is_control]
     if rules:
         lines.append("Conversions: " + "; ".join(f"{name}: {rule}" for name, rule in rules) + ".")
+    lines += _corpus_lines(judgements)
     alt = [j for j in judgements if j.alt_verdict]
     if alt:
         lines.append(
@@ -579,6 +638,36 @@ def _claim_lines(judgements: list[Judgement], spec: dict[str, Any], data: dict[s
         )
     lines.append("")
     return lines
+
+
+def _corpus_lines(judgements: list[Judgement]) -> list[str]:
+    """What the runs train on and which corpus's bytes per unit convert E; where the two differ, E both ways and the
+    verdict under the training corpus's when it differs (units.py: bytes per GPT-2 token and per word, measured)."""
+    from lightning_cqk.sweep.units import CORPUS_NAMES
+
+    with_e = [j for j in judgements if not j.is_control and j.e_corpus]
+    trained = sorted({j.train_corpus for j in judgements if j.train_corpus})
+    if not trained:
+        return []
+    names = ", ".join(CORPUS_NAMES.get(c, c) for c in trained)
+    line = f"Corpus: the runs train on {names}."
+    differ = [j for j in with_e if j.train_corpus and j.train_corpus != j.e_corpus]
+    if with_e and not differ:
+        line += " E converts each paper's change with the bytes per unit measured on that same corpus."
+    if differ:
+        line += (
+            " E converts the paper's change with the bytes per unit of the paper's corpus; on the training corpus's "
+            "own bytes per unit (lightning_cqk/sweep/units.py) it is: "
+            + "; ".join(
+                f"{j.name}: E {j.converted_pct:+.2f}% ({CORPUS_NAMES.get(j.e_corpus, j.e_corpus)}) vs "
+                f"{j.train_pct:+.2f}% ({CORPUS_NAMES.get(j.train_corpus, j.train_corpus)})"
+                + (f", verdict there: {j.train_verdict}" if j.train_verdict else ", same verdict")
+                for j in differ
+                if math.isfinite(j.train_pct)
+            )
+            + "."
+        )
+    return [line]
 
 
 def _control_line(c: Judgement, data: dict[str, Any] | None) -> str:
@@ -904,6 +993,10 @@ CLAIM_FIELDS = (
     "excluded_pct",
     "expected_pct",
     "limited",
+    "e_corpus",
+    "train_corpus",
+    "train_pct",
+    "train_verdict",
 )
 
 

@@ -18,7 +18,9 @@ Bytes per unit (UTF-8 bytes of the corpus text / units), measured with
         pubmed=../shared/data/pubmed/combined/pubmed_abstracts.jsonl \\
         web=../shared/data/webtext/c4_en_first1000/c4_sample.jsonl
 
-(a `.jsonl` file is read as one document per line, its `text` field; any other file as one document). A word is
+(a `.jsonl` file is read as one document per line, its `text` field; any other file as one document), and the
+built-in corpus that 8 of the 9 studies train on (`builtin:python_docs`, Python 3.11's help topics and standard-library
+docstrings) written out as a .jsonl by `lightning_cqk.data.builtin.iter_python_docs`. A word is
 what lm-eval's `word_perplexity` counts: the pieces of `re.split(r"\\s+", document)`. WikiText-2's test articles
 stand in for WikiText-103 (same source and preprocessing), C4 for the papers' web corpora (OpenWebText,
 SlimPajama). The package never reads ../shared: the numbers are committed here.
@@ -45,7 +47,25 @@ BYTES_PER_UNIT: dict[tuple[str, str], float] = {
     ("word", "wikitext"): 5.3383,
     ("word", "pubmed"): 6.6242,
     ("word", "web"): 5.9120,
+    ("gpt2", "python_docs"): 3.5315,  # 2,086,098 / 590,709 / 311,151 (builtin:python_docs, Python 3.11)
+    ("word", "python_docs"): 6.7045,
 }
+
+# The corpus a study's runs train on, by its `data.corpus` or `data.source` setting -> the key above.
+TRAINING_CORPORA = {"wikitext103": "wikitext", "wikitext": "wikitext", "pubmed": "pubmed", "openwebtext": "web",
+                    "web": "web", "builtin:python_docs": "python_docs"}  # fmt: skip
+CORPUS_NAMES = {"wikitext": "WikiText", "pubmed": "PubMed", "web": "web text (C4)", "python_docs": "the built-in "
+                "Python docs corpus"}  # fmt: skip
+
+
+def training_corpus(settings: dict) -> str | None:
+    """The BYTES_PER_UNIT corpus key a run trains on, from its resolved settings (`data.corpus`, else a built-in
+    `data.source`); None when it is none of the measured corpora."""
+    corpus = settings.get("data.corpus")
+    if corpus in TRAINING_CORPORA:
+        return TRAINING_CORPORA[corpus]
+    source = settings.get("data.source")
+    return TRAINING_CORPORA.get(source) if isinstance(source, str) else None
 MEASURE_COMMAND = "python -m lightning_cqk.sweep.units (lightning_cqk/sweep/units.py)"
 
 

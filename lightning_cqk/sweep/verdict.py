@@ -148,6 +148,10 @@ class Judgement:
     gated: bool = False  # a null-type verdict marked "sensitivity not shown" (the control was not detected)
     seeds_done: int = 0  # finished seeds common to the claim's groups, and the number the spec plans
     seeds_planned: int = 0
+    e_corpus: str = ""  # the corpus whose bytes per unit convert E (the paper's), and the one the runs train on
+    train_corpus: str = ""
+    train_pct: float = math.nan  # E with the training corpus's bytes per unit, where the two corpora differ
+    train_verdict: str = ""  # the verdict under that E, when it differs
 
 
 def parse_claim(claim: Mapping[str, Any], where: str = "spec") -> dict[str, Any]:
@@ -322,12 +326,15 @@ def judge(
     metric: str = "val/ppl",
     untuned: Mapping[str, str] | None = None,
     planned: Mapping[str, int] | None = None,
+    train_corpus: Mapping[str, str] | None = None,
 ) -> list[Judgement]:
     """Judge every claim (and the control, first in the list) from values: group -> {seed: final metric}.
 
     untuned: group -> why it lacks a tuned learning rate of its own (its claims are configuration-limited).
     planned: group -> the number of seeds the spec plans for it (a group with fewer finished makes the report
     interim: no verdicts); None when every planned run is in `values`.
+    train_corpus: claim name -> the corpus its runs train on (units.BYTES_PER_UNIT key). Where it is not the paper's
+    corpus, E is also converted with the training corpus's bytes per unit and the verdict under it is kept too.
     """
     parsed = [parse_claim(c) for c in claims]
     if control is not None:
@@ -345,12 +352,19 @@ def judge(
             measured.append((c, contrast(values, c["plus"], c["minus"], alpha), None))
     primary = _judge_rule(measured, values, alpha, metric, PRIMARY_RULE)
     alternative = _judge_rule(measured, values, alpha, metric, ALT_RULE, power=False)
+    on_training = _judge_rule(_on_training_corpus(measured, train_corpus or {}), values, alpha, metric, PRIMARY_RULE)
     out: list[Judgement] = []
-    for (c, _, _), main, alt in zip(measured, primary, alternative, strict=True):
+    for (c, _, _), main, alt, own in zip(measured, primary, alternative, on_training, strict=True):
         j = main
         j.alt_pct, j.alt_rule = alt.converted_pct, alt.converted_rule
         if alt.verdict != j.verdict and math.isfinite(alt.converted_pct):
             j.alt_verdict = alt.verdict + (f" ({alt.why})" if alt.why else "")
+        j.e_corpus = str((c.get("published") or {}).get("corpus") or "")
+        j.train_corpus = str((train_corpus or {}).get(c["name"]) or "")
+        if j.e_corpus and j.train_corpus and j.train_corpus != j.e_corpus and math.isfinite(own.converted_pct):
+            j.train_pct = own.converted_pct
+            if own.verdict != j.verdict:
+                j.train_verdict = own.verdict + (f" ({own.why})" if own.why else "")
         reasons = [c["limited"]] if c["limited"] else []
         if not j.is_control and untuned:
             reasons += sorted({f"{g}: {untuned[g]}" for g in [*c["plus"], *c["minus"]] if g in untuned})
@@ -363,12 +377,30 @@ def judge(
     return out
 
 
+def _on_training_corpus(measured: list, train_corpus: Mapping[str, str]) -> list:
+    """The measured claims with each published effect's corpus replaced by the corpus its runs train on, where that
+    corpus's bytes per unit are measured (else unchanged)."""
+    out = []
+    for c, eff, var in measured:
+        pub, corpus = c.get("published") or {}, train_corpus.get(c["name"])
+        if pub and corpus and corpus != pub.get("corpus"):
+            try:
+                convert_pct(float(pub["value"]), c["published_unit"], pub.get("tokenizer"), corpus)
+                c = {**c, "published": {**pub, "corpus": corpus}}
+            except UnitError:
+                pass
+        out.append((c, eff, var))
+    return out
+
+
 def _gate(j: Judgement) -> None:
     """A null-type verdict of a study whose control was not detected: the absence of an effect is not evidence."""
     if j.verdict.startswith(NULL_VERDICTS):
         j.verdict, j.gated = f"{j.verdict}; {SENSITIVITY_NOT_SHOWN}", True
     if j.alt_verdict.startswith(NULL_VERDICTS):
         j.alt_verdict = f"{j.alt_verdict}; {SENSITIVITY_NOT_SHOWN}"
+    if j.train_verdict.startswith(NULL_VERDICTS):
+        j.train_verdict = f"{j.train_verdict}; {SENSITIVITY_NOT_SHOWN}"
 
 
 def _mark_interim(out: list[Judgement], values: Mapping[str, Mapping[int, float]], planned: Mapping[str, int]) -> None:
@@ -388,7 +420,7 @@ def _mark_interim(out: list[Judgement], values: Mapping[str, Mapping[int, float]
             "no verdict until every planned seed of the study has finished (a verdict after a look, with seeds "
             f"added, would be optional stopping); on the seeds so far: {before}"
         )
-        j.alt_verdict, j.gated = "", False
+        j.alt_verdict, j.train_verdict, j.gated = "", "", False
 
 
 def _judge_rule(measured, values, alpha: float, metric: str, rule: str, power: bool = True) -> list[Judgement]:
