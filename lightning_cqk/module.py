@@ -20,6 +20,8 @@ log it.
                        limit_val_batches; comparable across tokenizers). Not logged, with a warning, when the
                        tokenizer's vocabulary cannot be loaded offline (GPT-2 without data.bpe_file /
                        $LIGHTNING_CQK_GPT2_BPE): the scored bytes are then unknown.
+    val/windows        the validation windows scored, all ranks together (with data.final_val_windows the final
+                       validation scores more of them than the others: `data/val_sets.py`)
     val/ctx<c>/loss    with `eval_contexts`: token-weighted NLL when every token of each validation window is scored
     val/ctx<c>/ppl     with at most c tokens of context (sliding window, `sliding_window_nll`; stride `eval_stride`,
                        default c: non-overlapping). Longer validation windows: `data.val_seq_len` (then val/loss
@@ -118,6 +120,10 @@ class LitLM(L.LightningModule):
         self.val_nll = SumMetric(nan_strategy="disable")
         self.val_tokens = SumMetric(nan_strategy="disable")
         self.val_bytes = SumMetric(nan_strategy="disable")  # UTF-8 bytes of the targets scored (val/bpb)
+        self.val_window_count = SumMetric()  # windows scored (val/windows)
+        # Set by ValWindowLosses for the validations it records: validation_step then also returns each window's
+        # summed NLL, from the same batched forward (no second pass over the windows).
+        self.window_nll_wanted = False
         self._token_bytes: torch.Tensor | None = None  # (vocab,) bytes per token id, set at the first validation
         self._bpb_problem: str | None = None
         self.eval_contexts, self.eval_stride = list(eval_contexts or []), eval_stride
@@ -216,20 +222,35 @@ class LitLM(L.LightningModule):
             self._flops_per_batch[key] = training_flops_per_batch(self.config, batch_size, seq_len)
         return self._flops_per_batch[key]
 
-    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> dict[str, torch.Tensor] | None:
+        """Add the batch to the validation sums; with `window_nll_wanted` return {"window_nll": (B,) summed NLL}."""
+        window_nll = None
         if batch.size(1) - 1 > self.config.block_size:  # long windows (data.val_seq_len): block_size chunks
             size = self.config.block_size
             nll, n_tokens = sliding_window_nll(self.model, batch, size, size)
+        elif self.window_nll_wanted and not self.loss_chunk:
+            nll, n_tokens, window_nll = self._loss_per_window(batch)
         else:
             nll, n_tokens = self.loss(batch, reduction="sum")
         self.val_nll.update(nll)
         self.val_tokens.update(torch.tensor(float(n_tokens), device=nll.device))
+        self.val_window_count.update(torch.tensor(float(batch.size(0)), device=nll.device))
         if self._token_bytes is not None:
             self.val_bytes.update(self._token_bytes[batch[:, 1:]].sum().float())  # bytes of the targets scored
         for c in self.eval_contexts:
             nll_c, n_c = sliding_window_nll(self.model, batch, c, self.eval_stride or c)
             self.ctx_nll[str(c)].update(nll_c)
             self.ctx_tokens[str(c)].update(torch.tensor(float(n_c), device=nll.device))
+        return None if window_nll is None else {"window_nll": window_nll}
+
+    def _loss_per_window(self, batch: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tensor]:
+        """`loss(batch, "sum")` (the same operations, so the same bits) and each window's summed NLL, (B,), from
+        the same logits: one cross-entropy more, no second forward."""
+        x, y = batch[:, :-1], batch[:, 1:]
+        logits = self.model(x).flatten(0, 1).float()
+        nll = F.cross_entropy(logits, y.flatten(), reduction="sum")
+        per_window = F.cross_entropy(logits, y.flatten(), reduction="none").view(y.size(0), -1).sum(1)
+        return nll, y.numel(), per_window
 
     def on_validation_start(self) -> None:
         if self._token_bytes is None and self._bpb_problem is None:
@@ -266,6 +287,8 @@ class LitLM(L.LightningModule):
         loss = nll / n_tokens.clamp_min(1.0)
         self.log("val/loss", loss, prog_bar=True)
         self.log("val/ppl", loss.exp())
+        self.log("val/windows", self.val_window_count.compute())
+        self.val_window_count.reset()
         if self._token_bytes is not None:
             n_bytes = self.val_bytes.compute()
             self.val_bytes.reset()

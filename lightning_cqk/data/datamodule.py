@@ -159,6 +159,10 @@ class TokenDataModule(L.LightningDataModule):
             ``refuse`` (default), ``train``, ``hash`` or ``leave_out`` (see ``lightning_cqk.data.corpora``).
         val_overlap: with explicit validation text (``val_source`` or a corpus's val files), training documents
             equal to a validation document are left out (``drop``, default, counted in the manifest) or kept.
+        final_val_windows: the windows (the first N of the val split) the validation at the run's last step
+            scores, while every other validation scores the ``trainer.limit_val_batches`` subset
+            (``lightning_cqk.data.val_sets``); null (default): every validation scores the same windows. Refused
+            when the split has fewer windows.
 
     When ``data_dir`` already holds finished shards, ``source`` (with ``corpus``, ``val_source``, ``documents``,
     ``text_field``, ``val_fraction``) and ``tokenizer`` must be what they were made from, else the run is refused
@@ -188,6 +192,7 @@ class TokenDataModule(L.LightningDataModule):
         cache_dir: str | None = None,
         other_files: str = "refuse",
         val_overlap: str = "drop",
+        final_val_windows: int | None = None,
     ) -> None:
         super().__init__()
         if seq_len < 1 or batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
@@ -195,6 +200,11 @@ class TokenDataModule(L.LightningDataModule):
                 f"seq_len and batch sizes must be positive, got {seq_len}, {batch_size}, {val_batch_size}."
             )
         _check_numbers(num_workers, prepare_workers, val_fraction, max_documents, val_seq_len)
+        if final_val_windows is not None and not (isinstance(final_val_windows, int) and final_val_windows >= 1):
+            raise ConfigError(
+                f"data.final_val_windows={final_val_windows!r} must be a whole number of windows >= 1, or null for "
+                "the same validation set at every validation."
+            )
         self.save_hyperparameters()
         self.data_dir = data_dir
         self.source = source
@@ -208,6 +218,7 @@ class TokenDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.shuffle = shuffle
         self.seed = seed
+        self.final_val_windows = final_val_windows
         self._vocab_size = vocab_size_of(tokenizer)  # validates the name now, without loading anything
         if corpus is not None:
             from lightning_cqk.data.corpora import get_corpus
@@ -310,6 +321,13 @@ class TokenDataModule(L.LightningDataModule):
                     f"{'(batch_size x devices) ' if split == 'train' else ''}needed. Use a shorter data.seq_len, a "
                     f"smaller batch, or more text (a larger val_fraction or a val_source for val)."
                 )
+        if self.final_val_windows is not None and self.final_val_windows > self._windows["val"]:
+            raise ConfigError(
+                f"data.final_val_windows={self.final_val_windows}: the val split at {self.data_dir} has "
+                f"{manifest.splits['val'].tokens:,} tokens, which give only {self._windows['val']} windows of "
+                f"val_seq_len + 1 = {val_window} tokens. Ask for at most {self._windows['val']}, or give validation "
+                "more text (a larger data.val_fraction, or a data.val_source), prepared into a new data_dir."
+            )
         self.manifest = manifest
         self.fingerprints = {str(self.data_dir): shard_fingerprint(self.data_dir)}
         self.train_dataset = StreamingDataset(
@@ -340,9 +358,9 @@ class TokenDataModule(L.LightningDataModule):
 
     def val_dataloader(self):
         """This rank's share of the validation windows, in order, ``(val_batch_size, seq_len + 1)`` int64; the last
-        batch may be short. The same windows whatever the number of processes (`data/val_split.py`)."""
-        from torch.utils.data import DataLoader
-
+        batch may be short. The same windows whatever the number of processes (`data/val_split.py`). With
+        ``final_val_windows``: the subset's loader and the final set's, chosen as each validation starts
+        (`data/val_sets.py`)."""
         from lightning_cqk.data.val_split import ValWindowShare, share, validation_windows
 
         trainer = self.trainer
@@ -360,7 +378,20 @@ class TokenDataModule(L.LightningDataModule):
                 "processes."
             )
         start, stop = share(n, world, rank)
-        windows = ValWindowShare(self.val_dataset, start, stop, self.val_batch_size)
+        loader = self._val_loader(ValWindowShare(self.val_dataset, start, stop, self.val_batch_size))
+        if self.final_val_windows is None or trainer is None or self._val_limit == 0:
+            return loader
+        from lightning_cqk.data.val_sets import ValidationSets, is_final_validation
+
+        trainer.limit_val_batches = 1.0  # the final set is longer than the subset: Lightning must not cut it
+        start, stop = share(self.final_val_windows, world, rank)
+        final = self._val_loader(ValWindowShare(self.val_dataset, start, stop, self.val_batch_size))
+        return ValidationSets(loader, final, lambda: is_final_validation(trainer))
+
+    def _val_loader(self, windows):
+        """The DataLoader of one rank's validation windows (in order, the last batch possibly short)."""
+        from torch.utils.data import DataLoader
+
         return DataLoader(
             windows,
             batch_size=self.val_batch_size,

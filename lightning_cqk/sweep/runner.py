@@ -508,6 +508,24 @@ def live_owner(sweep_dir: str | Path) -> LockOwner | None:
 WAIT = "wait"
 
 
+def _gpu_missing(sweep: Sweep) -> str | None:
+    """Why a sweep whose runs ask for a GPU (`trainer.accelerator: gpu|cuda`) cannot run here, before anything starts
+    (a CUDA device is looked for in a child process, so the runner itself never imports torch); None otherwise."""
+    asks = {str(r.overrides.get("trainer.accelerator", "")).lower() for r in sweep.runs} & {"gpu", "cuda"}
+    if not asks:
+        return None
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True
+    )
+    if probe.stdout.strip() == "True":
+        return None
+    return (
+        f"{sweep.spec_path} (profile {sweep.profile}) runs on a GPU (trainer.accelerator {asks.pop()}), and this "
+        "machine has no CUDA device torch can use (torch.cuda.is_available() is False): run it where a GPU is, or "
+        "choose the cpu profile (--profile cpu). Nothing was started."
+    )
+
+
 def _device_of(run_dir: Path) -> str:
     """The device the run's last attempt computed on (its run.json), else this machine's CPU."""
     from lightning_cqk.run_dir import read_record
@@ -590,6 +608,9 @@ def run_local(
             "corpus studies read $LIGHTNING_CQK_SHARED_DATA (set it to the folder holding the corpora); "
             "the coupling study's cpu profile needs nothing."
         )
+    missing_gpu = _gpu_missing(sweep)
+    if missing_gpu:
+        raise SpecError(missing_gpu)
     ledger = Ledger(sweep)
     ledger.dir.mkdir(parents=True, exist_ok=True)
     sweep_lock = None
