@@ -61,6 +61,7 @@ from lightning_cqk.device_info import cpu_model
 from lightning_cqk.package_versions import describe_difference, package_versions
 from lightning_cqk.run_dir import config_files, resumable_checkpoint, write_json_atomically
 from lightning_cqk.run_lock import LOCK_NAME, LockOwner, RunDirectoryInUse, acquire, holder
+from lightning_cqk.sweep import worker
 from lightning_cqk.sweep.identity import replace_run_paths, result_dir, run_identity
 from lightning_cqk.sweep.spec import Run, SpecError, Sweep, expand
 from lightning_cqk.sweep.spec_checks import owned_run_dir
@@ -290,7 +291,7 @@ class Ledger:
 
 # ----------------------------------------------------------------------------------------------- launching
 class _Launch:
-    """One run's subprocess in flight."""
+    """One run's process in flight (started by `worker.start_run`: `sweep --start fork` or `fresh`)."""
 
     def __init__(self, ledger: Ledger, run: Run, threads: int | None, restart_changed: bool = False) -> None:
         self.ledger, self.run = ledger, run
@@ -344,7 +345,7 @@ class _Launch:
         )
         ledger.write_manifest()
         self.start = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.proc = worker.start_run(cmd, env, self.log)  # forked from a pre-imported worker, or fresh (worker.py)
         verb = f"resuming from {self.resumed_from}" if self.resumed_from else "starting"
         print(f"[sweep] {run.name}: {verb} (attempt {attempts})", flush=True)
 
@@ -884,6 +885,13 @@ def sweep_command(argv: list[str]) -> None:
     parser.add_argument("--run", action="append", default=None, help="run only this run (repeatable)")
     parser.add_argument("--no-report", "--no_report", action="store_true", help="do not write the report afterwards")
     parser.add_argument(
+        "--start",
+        choices=worker.START_MODES,
+        default=worker.mode,
+        help="fork (default, Linux): start each run from one worker that imported torch and Lightning once; "
+        "fresh: a new python process per run (lightning_cqk/sweep/worker.py)",
+    )
+    parser.add_argument(
         "--restart-changed",
         "--restart_changed",
         action="store_true",
@@ -891,6 +899,7 @@ def sweep_command(argv: list[str]) -> None:
         "since; without it such runs are refused",
     )
     args = parser.parse_args(argv)
+    worker.mode = args.start
     try:
         sweep = expand(args.spec, args.profile, args.output)
         if args.jobs is not None and args.jobs < 1:
