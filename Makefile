@@ -89,7 +89,7 @@ print-config: install ## print the resolved config: make print-config CONFIG=...
 	$(BIN)/lightning_cqk fit --config $(CONFIG) --print_config
 
 ALL_STUDIES := $(sort $(basename $(notdir $(wildcard configs/ablations/*.yaml))))
-ablations: install ## run a study and its report: make ablations [STUDY=coupling|all] [PROFILE=cpu] (coupling ~38 min; resumable)
+ablations: install ## run a study and its report: make ablations [STUDY=coupling|all] [PROFILE=cpu] (--dry-run: its time; resumable)
 ifeq ($(STUDY),all)
 	@failed=''; for s in $(ALL_STUDIES); do \
 		echo "== $$s"; $(BIN)/lightning_cqk sweep configs/ablations/$$s.yaml --profile $(PROFILE) || failed="$$failed $$s"; \
@@ -97,6 +97,10 @@ ifeq ($(STUDY),all)
 else
 	$(BIN)/lightning_cqk sweep configs/ablations/$(STUDY).yaml --profile $(PROFILE)
 endif
+
+.PHONY: gpu-stratum
+gpu-stratum: install ## on a GPU machine: the pre-registered GPU stratum of the WikiText-2 claim (64 seeds), reported apart
+	$(BIN)/lightning_cqk sweep configs/ablations/corpus.yaml --profile gpu $(if $(OUTPUT),--output $(OUTPUT))
 
 .PHONY: bench
 BENCH_ARGS ?=

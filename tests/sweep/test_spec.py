@@ -423,3 +423,25 @@ def test_exclude_leaves_combinations_out_of_one_profile_only():
     assert {"d128-differential", "d128-coupled", "d64-standard"} <= cpu
     assert not {"d64-differential"} & cpu
     assert {"60m-differential", "150m-differential"} <= {r.group for r in expand(spec, "paper").runs}
+
+
+def test_the_gpu_stratum_is_a_separate_pre_registered_profile_refused_without_a_gpu(tmp_path: Path, shared_data):
+    """Issue 31 item 8: WikiText-2 coupled vs standard at seeds 101-164 on a GPU, its own grid, its own report; on a
+    machine without a CUDA device the sweep is refused before anything starts."""
+    import torch
+
+    from lightning_cqk.sweep.runner import run_local
+
+    sweep = expand(REPO / "configs" / "ablations" / "corpus.yaml", "gpu", tmp_path / "corpus-gpu")
+    arms = [r for r in sweep.runs if r.role != "tuning" and "lower_lr" not in r.group]
+    assert {r.levels["corpus"] for r in sweep.runs} == {"wikitext"}
+    assert sorted({r.seed for r in arms}) == list(range(101, 165)) and len(arms) == 2 * 64
+    assert all(r.overrides["trainer.accelerator"] == "gpu" for r in sweep.runs)
+    assert [c["name"] for c in sweep.spec["claims"]] == ["coupled-vs-standard-wikitext-gpu"]
+    cpu_seeds = {r.seed for r in expand(REPO / "configs" / "ablations" / "corpus.yaml", "cpu").runs}
+    assert not cpu_seeds & {r.seed for r in arms}, "the strata share no seed: pairs stay within a device"
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the refusal is for machines without one")
+    with pytest.raises(SpecError, match=r"no CUDA device .*--profile cpu\). Nothing was started"):
+        run_local(sweep)
+    assert not (tmp_path / "corpus-gpu").exists()
