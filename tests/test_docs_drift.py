@@ -82,14 +82,14 @@ def studies() -> dict[str, tuple[int, float]]:
     """{study: (cpu runs, dry-run estimate of its wall time in minutes)} from the specs and sweep/estimate.py."""
     import os
 
-    from lightning_cqk.sweep.estimate import estimate_runs
+    from lightning_cqk.sweep.estimate import estimate_runs, study_seconds
     from lightning_cqk.sweep.spec import expand
 
     os.environ.setdefault("LIGHTNING_CQK_SHARED_DATA", str(REPO.parent / "shared" / "data"))
     out = {}
     for spec in sorted((REPO / "configs" / "ablations").glob("*.yaml")):
         sweep = expand(spec, "cpu", REPO / "runs" / "never-written")
-        seconds = sum(r.seconds for r in estimate_runs(sweep)) / max(sweep.jobs, 1)
+        seconds = study_seconds(estimate_runs(sweep), sweep.jobs)  # what --dry-run prints
         out[spec.stem] = (len(sweep.runs), seconds / 60)
     return out
 
