@@ -153,6 +153,7 @@ def collect(sweep_dir: str | Path) -> dict[str, Any]:
     tuning_runs: list[dict[str, Any]] = []
     missing: list[str] = []
     unfinished: dict[str, str] = {}
+    adopted: dict[str, dict[str, Any]] = {}  # committed folder -> its finished runs
     for run in manifest["runs"]:
         is_tune = run["name"] in tune_names
         if not is_tune:
@@ -167,6 +168,14 @@ def collect(sweep_dir: str | Path) -> dict[str, Any]:
                     unfinished[run["name"]] = status
                 continue
             entry = {"name": run["name"], **record}
+        elif run.get("adopted_from"):  # numbers of a committed twin, adopted by the runner (sweep/adopt.py)
+            folder, twin = str(run["adopted_from"]).rsplit("#", 1)
+            if folder not in adopted:
+                adopted[folder] = results.read_committed(folder)[1]
+            if twin not in adopted[folder]:
+                missing.append(run["name"])
+                continue
+            entry = {"name": run["name"], **adopted[folder][twin]}
         else:
             run_dir = shared_source(sweep_dir, run) or sweep_dir / run["name"]
             if not run_dir.is_dir():
@@ -212,9 +221,10 @@ def shared_source(sweep_dir: Path, run: dict[str, Any]) -> Path | None:
 def computed_once(manifest: dict[str, Any]) -> list[str]:
     """`<run> = <the run whose numbers it has>` for every run the runner did not compute again."""
     return [
-        f"{r['name']} = {r.get('same_as') or r.get('reused_from')}"
+        f"{r['name']} = {r.get('same_as') or r.get('reused_from') or r.get('adopted_from')}"
+        + (f" (adopted: {r['probe']} reproduced its committed twin to the last digit)" if r.get("adopted_from") else "")
         for r in manifest.get("runs", [])
-        if r.get("same_as") or r.get("reused_from")
+        if r.get("same_as") or r.get("reused_from") or r.get("adopted_from")
     ]
 
 
@@ -896,6 +906,16 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
         notes.append(
             "Runs shared with other studies (identical configs, overrides and seed: the same run, counted in both): "
             + "; ".join(f"{study}: {', '.join(names)}" for study, names in shared.items())
+            + "."
+        )
+    differs = [
+        f"{r['name']} (vs {r['twin']})" for r in data["manifest"].get("runs", []) if r.get("reproduces") is False
+    ]
+    if differs:
+        notes.append(
+            "Committed runs not adopted: these probes did not reproduce their committed twins to the last digit on "
+            "this machine (another CPU type, or other code), so their arms were computed here: "
+            + "; ".join(differs)
             + "."
         )
     once = computed_once(data["manifest"])

@@ -62,6 +62,7 @@ from lightning_cqk.package_versions import describe_difference, package_versions
 from lightning_cqk.run_dir import config_files, resumable_checkpoint, write_json_atomically
 from lightning_cqk.run_lock import LOCK_NAME, LockOwner, RunDirectoryInUse, acquire, holder
 from lightning_cqk.sweep import worker
+from lightning_cqk.sweep.adopt import CommittedRun, committed_folders, index_committed, reproduces
 from lightning_cqk.sweep.identity import replace_run_paths, result_dir, run_identity
 from lightning_cqk.sweep.spec import Run, SpecError, Sweep, expand
 from lightning_cqk.sweep.spec_checks import owned_run_dir
@@ -140,6 +141,7 @@ class Ledger:
         self.status_dir = self.dir / "status"
         self.log_dir = self.dir / "logs"
         self._revision: str | None = None
+        self.committed: dict[str, CommittedRun] = {}  # identity -> a committed twin (`--adopt`, sweep/adopt.py)
 
     def code_revision(self) -> str:
         """The code this sweep invocation runs, as recorded per attempt: the commit, '-dirty' when tracked files
@@ -217,7 +219,9 @@ class Ledger:
     def is_done(self, run: Run) -> bool:
         """Finished with the same config; a finished run with another config hash is an error."""
         status = self.status(run)
-        if status.get("status") != DONE or not (self.result_dir(run) / "budget.json").is_file():
+        adopted = status.get("adopted_from")  # numbers in committed results (sweep/adopt.py)
+        where = Path(str(adopted).split("#")[0]) / "runs.csv" if adopted else self.result_dir(run) / "budget.json"
+        if status.get("status") != DONE or not where.is_file():
             return False
         if status.get("config_hash") != run.config_hash():
             raise SpecError(
@@ -553,7 +557,34 @@ def _shared_source(ledger: Ledger, run: Run, running: list[_Launch], finished: s
     source = _sibling_run(ledger, identity)
     if source is not None:
         return {**base, "reused_from": str(source["dir"]), "device": source["device"], "returncode": 0}
-    return None
+    return _adoption(ledger, run, identity, running, finished, base)
+
+
+def _adoption(
+    ledger: Ledger, run: Run, identity: str, running: list[_Launch], finished: set[str], base: dict[str, Any]
+) -> dict[str, Any] | str | None:
+    """A committed twin's numbers for `run` once its arm's probe (the lowest seed with a twin) reproduced its own twin
+    to the last digit here (sweep/adopt.py); WAIT while the probe has not finished; None when `run` is the probe,
+    has no twin, or the probe did not reproduce."""
+    twin = ledger.committed.get(identity)
+    if twin is None:
+        return None
+    probe = next((r for r in _arm(ledger, run) if ledger.identity(r) in ledger.committed), None)
+    if probe is None or probe.name == run.name:
+        return None
+    if probe.name not in finished:
+        return WAIT if ledger.status(probe).get("status") != FAILED else None
+    probe_twin = ledger.committed[ledger.identity(probe)]
+    if not reproduces(ledger.result_dir(probe), probe_twin):
+        ledger.set_status(probe, reproduces=False, twin=probe_twin.source)
+        return None
+    ledger.set_status(probe, reproduces=True, twin=probe_twin.source)
+    return {**base, "adopted_from": twin.source, "probe": probe.name, "device": cpu_model(), "returncode": 0}
+
+
+def _arm(ledger: Ledger, run: Run) -> list[Run]:
+    """The runs of `run`'s group, by seed."""
+    return sorted((r for r in ledger.sweep.runs if r.group == run.group), key=lambda r: r.seed)
 
 
 def _sibling_run(ledger: Ledger, identity: str) -> dict[str, Any] | None:
@@ -589,7 +620,11 @@ def _names(todo: list[Run], running: list[_Launch]) -> set[str]:
 
 
 def run_local(
-    sweep: Sweep, jobs: int = 1, only: list[str] | None = None, restart_changed: bool = False
+    sweep: Sweep,
+    jobs: int = 1,
+    only: list[str] | None = None,
+    restart_changed: bool = False,
+    adopt: list[str | Path] | None = None,
 ) -> dict[str, list[str]]:
     """Run every unfinished run of `sweep` (or only the named ones), `jobs` at a time.
 
@@ -613,6 +648,11 @@ def run_local(
     if missing_gpu:
         raise SpecError(missing_gpu)
     ledger = Ledger(sweep)
+    if adopt:  # read (and cross-check) the committed results before anything starts
+        try:
+            ledger.committed = index_committed(committed_folders(adopt))
+        except (FileNotFoundError, ValueError) as err:
+            raise SpecError(f"nothing was started: {err}") from None
     ledger.dir.mkdir(parents=True, exist_ok=True)
     sweep_lock = None
     try:
@@ -883,6 +923,13 @@ def sweep_command(argv: list[str]) -> None:
     parser.add_argument("--slurm", action="store_true", help="write SLURM array scripts instead of running")
     parser.add_argument("--max-parallel", "--max_parallel", type=int, default=None, help="SLURM array %% limit")
     parser.add_argument("--run", action="append", default=None, help="run only this run (repeatable)")
+    parser.add_argument(
+        "--adopt",
+        action="append",
+        default=None,
+        help="a folder of committed results (or of such folders, e.g. docs/results) whose finished twins of this "
+        "sweep's runs are adopted once each arm's lowest seed reproduces its twin to the last digit here (repeatable)",
+    )
     parser.add_argument("--no-report", "--no_report", action="store_true", help="do not write the report afterwards")
     parser.add_argument(
         "--start",
@@ -911,7 +958,7 @@ def sweep_command(argv: list[str]) -> None:
             files = write_slurm(sweep, args.spec, args.max_parallel)
             print("Wrote " + ", ".join(str(f) for f in files) + f"\nSubmit with: bash {files[-1]}")
             return
-        result = run_local(sweep, args.jobs or sweep.jobs, args.run, args.restart_changed)
+        result = run_local(sweep, args.jobs or sweep.jobs, args.run, args.restart_changed, args.adopt)
     except SpecError as err:
         sys.exit(f"lightning_cqk sweep: {err}")
     except KeyboardInterrupt:

@@ -93,3 +93,62 @@ def test_a_sweep_computes_one_run_per_identity_and_a_sibling_sweep_reuses_it(tmp
     assert (third.sweep_dir / "ref-s1" / "budget.json").is_file()
     fresh = group_values(collect(third.sweep_dir), "val/ppl")
     assert fresh["ref"] == values["ref"]  # a reused run equals a fresh run to the last digit
+
+
+def _one_arm_spec(tmp: Path) -> Path:
+    """The runner test's spec with one arm (ref) at seeds 1 and 2: seed 1 is the probe, seed 2 is adopted."""
+    path = _write_spec(tmp)
+    spec = yaml.safe_load(path.read_text())
+    spec["axes"]["arm"] = {"ref": spec["axes"]["arm"]["ref"]}
+    spec["profiles"]["cpu"]["seeds"] = [1, 2]
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+@pytest.mark.slow
+def test_committed_runs_are_adopted_only_after_the_probe_reproduces_them(tmp_path: Path, monkeypatch):
+    """A sweep, its committed results (report --output), then the same spec with --adopt: the probe (seed 1) runs and
+    reproduces its twin, so seed 2 is adopted (not computed) and the report reads it from the committed files. With
+    the committed probe's final values altered (consistently in runs.csv and curves.csv), nothing is adopted."""
+    import csv
+    import shutil
+
+    spec = _one_arm_spec(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.setattr(figures, "figures", lambda *args, **kwargs: [])
+    first = expand(spec, "cpu", str(tmp_path / "runs" / "first"))
+    assert not run_local(first, jobs=1)["failed"]
+    committed = tmp_path / "results" / "mini"
+    write_report(first.sweep_dir, output=committed, quiet=True)
+    values = group_values(collect(committed), "val/ppl")
+
+    second = expand(spec, "cpu", str(tmp_path / "runs" / "second"))
+    run_local(second, jobs=1, adopt=[tmp_path / "results"])
+    status = {p.stem: json.loads(p.read_text()) for p in (second.sweep_dir / "status").glob("*.json")}
+    assert status["ref-s1"]["reproduces"] is True and (second.sweep_dir / "ref-s1" / "budget.json").is_file()
+    assert status["ref-s2"]["adopted_from"] == f"{committed}#ref-s2" and status["ref-s2"]["probe"] == "ref-s1"
+    assert not (second.sweep_dir / "ref-s2").exists(), "an adopted run was computed"
+    assert group_values(collect(second.sweep_dir), "val/ppl") == values  # equal to the last digit
+    write_report(second.sweep_dir, quiet=True)
+    assert "ref-s2 = " in (second.sweep_dir / "report" / "mini.md").read_text()
+
+    altered = tmp_path / "altered" / "mini"
+    shutil.copytree(committed, altered)
+    for name, column in (("runs.csv", "val_loss"), ("curves.csv", "value")):
+        rows = list(csv.DictReader((altered / name).open()))
+        for row in rows:  # the probe's twin ends 1e-6 away (every final value it reports, consistently)
+            if row.get("run") == "ref-s1" and (name == "runs.csv" or row["tag"] == "val/loss"):
+                last = name == "runs.csv" or int(row["step"]) == max(
+                    int(r["step"]) for r in rows if r["run"] == "ref-s1"
+                )
+                row[column] = repr(float(row[column]) + 1e-6) if last else row[column]
+        with (altered / name).open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(rows)
+    third = expand(spec, "cpu", str(tmp_path / "runs" / "third"))
+    run_local(third, jobs=1, adopt=[altered])
+    status = {p.stem: json.loads(p.read_text()) for p in (third.sweep_dir / "status").glob("*.json")}
+    assert status["ref-s1"]["reproduces"] is False and "adopted_from" not in status["ref-s2"]
+    assert (third.sweep_dir / "ref-s2" / "budget.json").is_file(), "the arm is computed when the probe differs"
