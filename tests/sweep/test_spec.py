@@ -329,6 +329,7 @@ def _tiny(run_args: list[str], tmp_path: Path) -> list[str]:
         "--data.batch_size=2",
         "--data.val_batch_size=2",
         "--trainer.limit_val_batches=1",
+        "--data.final_val_windows=2",  # the final validation set, shrunk with the rest
         "--trainer.val_check_interval=2",
         "--budget.tokens=128",  # 2 steps
         f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
