@@ -366,7 +366,10 @@ def _periodic_by_step(folder: Path) -> list[tuple[int, Path]]:
 
 
 def _last_or_newer(last: Path, candidates: list[tuple[int, Path]]) -> tuple[Path, str]:
-    """An intact last.ckpt, unless an intact periodic file beside it holds a later step (then that file)."""
+    """An intact last.ckpt, unless an intact periodic file beside it holds a later step (then that file). Only the
+    periodic files that last.ckpt is pointed at count: a `best-*` file (BestCheckpoint's) can be the state of an
+    abandoned continuation after a rewind, which BestCheckpoint prunes once the run has resumed."""
+    candidates = [(step, p) for step, p in candidates if not p.name.startswith("best")]
     if not candidates or _same_file(last, candidates[0][1]):
         return last, ""  # the usual case: last.ckpt is a hard link of the newest periodic file
     last_step = checkpoint_step(last, [p for _, p in candidates])

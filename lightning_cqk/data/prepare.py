@@ -467,7 +467,7 @@ def _storage_full_message(code: int, out: Path, chunk_bytes: str) -> str:
             f"The new build does not fit in the {usage.free / 1e6:,.1f} MB free there (the old build stays until the "
             f"new one is complete, so both must fit at once). Free space on that disk (`df -h {out}` shows it) and "
             "run the same command again, or prepare into a folder on a disk with room (--output_dir <new folder>) "
-            "and point runs at it (--data.data_dir <new folder>)."
+            "and point runs at it (fit: --data.data_dir <new folder>)."
         )
     return (
         f"{said} while writing the new token shards of {out}. The partial build is removed and "

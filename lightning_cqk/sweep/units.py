@@ -66,6 +66,8 @@ def training_corpus(settings: dict) -> str | None:
         return TRAINING_CORPORA[corpus]
     source = settings.get("data.source")
     return TRAINING_CORPORA.get(source) if isinstance(source, str) else None
+
+
 MEASURE_COMMAND = "python -m lightning_cqk.sweep.units (lightning_cqk/sweep/units.py)"
 
 

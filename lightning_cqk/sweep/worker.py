@@ -36,7 +36,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 START_MODES = ("fork", "fresh")
@@ -251,14 +250,17 @@ INTERRUPTED = -int(signal.SIGINT)
 
 
 def _run_cli(argv: list[str]) -> int:
-    """`main()` as `python -m lightning_cqk` runs it; the exit code an interpreter would end with."""
+    """The package's `__main__` run as `python -m lightning_cqk` runs it (runpy, the interpreter's own mechanism for
+    `-m`: the door of the package, so the sweep layer imports nothing of the command line); the exit code an
+    interpreter would end with."""
+    import importlib.util
+    import runpy
     import traceback
 
-    from lightning_cqk.cli import main
-
-    sys.argv = [str(Path(main.__code__.co_filename).parent.parent / "__main__.py"), *argv]
+    spec = importlib.util.find_spec("lightning_cqk.__main__")
+    sys.argv = [str(spec.origin if spec else "lightning_cqk"), *argv]
     try:
-        main()
+        runpy.run_module("lightning_cqk", run_name="__main__", alter_sys=True)
         return 0
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):

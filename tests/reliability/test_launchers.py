@@ -253,7 +253,7 @@ def test_sigusr1_saves_into_the_run_requeues_and_a_stray_hpc_checkpoint_is_never
     stray = tmp_path / "hpc_ckpt_1.ckpt"
     stray.write_bytes((run_dir / "checkpoints" / "last.ckpt").read_bytes())  # step 5 of that run
     job.update(SLURM_JOB_ID="525252", MASTER_PORT=str(free_port()))
-    other = [*command[1:], *overrides(shards, runs, outs[2], None), "--seed_everything=7"]
+    other = [*command[1:], "--seed_everything=7", *overrides(shards, runs, outs[2], None)]  # save_dir stays last
     results = finish(srun(other, job, restart=0))
     assert [code for code, _ in results] == [0, 0], [err[-3000:] for _, err in results]
     assert f"note: {stray}: checkpoint(s) of Lightning's SLURM auto-requeue" in results[0][1], results[0][1][-3000:]

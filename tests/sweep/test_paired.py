@@ -25,6 +25,7 @@ def _instantiate(run, sweep_dir: Path, corpus: Path, shards: Path):
         "--data.val_fraction=0.2",
         "--data.seq_len=32",
         "--data.batch_size=2",
+        "--data.final_val_windows=2",  # the spec's final validation set, shrunk with the data
     ]
     cli = CQKCLI(args=args, run=False)
     dm = cli.datamodule

@@ -123,7 +123,8 @@ def test_committed_runs_are_adopted_only_after_the_probe_reproduces_them(tmp_pat
     write_report(first.sweep_dir, output=committed, quiet=True)
     values = group_values(collect(committed), "val/ppl")
 
-    second = expand(spec, "cpu", str(tmp_path / "runs" / "second"))
+    # in another folder than the first sweep's: a sibling sweep's runs would be reused before any adoption
+    second = expand(spec, "cpu", str(tmp_path / "adopting" / "second"))
     run_local(second, jobs=1, adopt=[tmp_path / "results"])
     status = {p.stem: json.loads(p.read_text()) for p in (second.sweep_dir / "status").glob("*.json")}
     assert status["ref-s1"]["reproduces"] is True and (second.sweep_dir / "ref-s1" / "budget.json").is_file()
@@ -147,7 +148,7 @@ def test_committed_runs_are_adopted_only_after_the_probe_reproduces_them(tmp_pat
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\n")
             writer.writeheader()
             writer.writerows(rows)
-    third = expand(spec, "cpu", str(tmp_path / "runs" / "third"))
+    third = expand(spec, "cpu", str(tmp_path / "not-adopting" / "third"))
     run_local(third, jobs=1, adopt=[altered])
     status = {p.stem: json.loads(p.read_text()) for p in (third.sweep_dir / "status").glob("*.json")}
     assert status["ref-s1"]["reproduces"] is False and "adopted_from" not in status["ref-s2"]
