@@ -102,5 +102,7 @@ def reproduces(run_dir: Path, twin: CommittedRun) -> bool:
     scalars = read_scalars(run_dir, {"val/loss", "val/ppl"})
     if not scalars.get("val/loss") or not scalars.get("val/ppl"):
         return False
-    loss, ppl = scalars["val/loss"][-1][1], scalars["val/ppl"][-1][1]
-    return repr(float(loss)) == repr(twin.val_loss) and repr(float(ppl)) == repr(twin.val_ppl)
+    loss, ppl = float(scalars["val/loss"][-1][1]), float(scalars["val/ppl"][-1][1])
+    if not all(math.isfinite(x) for x in (loss, ppl, twin.val_loss, twin.val_ppl)):
+        return False  # a diverged run vouches for nothing: its arm is computed here
+    return repr(loss) == repr(twin.val_loss) and repr(ppl) == repr(twin.val_ppl)

@@ -142,6 +142,7 @@ class Ledger:
         self.log_dir = self.dir / "logs"
         self._revision: str | None = None
         self.committed: dict[str, CommittedRun] = {}  # identity -> a committed twin (`--adopt`, sweep/adopt.py)
+        self._identities: dict[str, str] = {}  # run name -> identity, once it can be computed (`identity`)
 
     def code_revision(self) -> str:
         """The code this sweep invocation runs, as recorded per attempt: the commit, '-dirty' when tracked files
@@ -211,10 +212,14 @@ class Ledger:
         paths of this sweep's other runs (`budget.match_to`) replaced by their identities."""
         from lightning_cqk.sweep.tuning import resolve_overrides
 
-        overrides = resolve_overrides(run.overrides, self.sweep.spec, self.sweep.sweep_dir)
+        if run.name in self._identities:
+            return self._identities[run.name]
+        overrides = resolve_overrides(run.overrides, self.sweep.spec, self.sweep.sweep_dir)  # raises before the grid
         others = {r.name: self.identity(r) for r in self.sweep.runs if r.name in run.depends_on}
         overrides = replace_run_paths(overrides, self.sweep.sweep_dir, others)
-        return run_identity(run.configs, overrides, run.seed)
+        # stable from here on within one invocation (the grid it reads has finished; a run it names, too)
+        self._identities[run.name] = run_identity(run.configs, overrides, run.seed)
+        return self._identities[run.name]
 
     def is_done(self, run: Run) -> bool:
         """Finished with the same config; a finished run with another config hash is an error."""
@@ -537,7 +542,7 @@ def _device_of(run_dir: Path) -> str:
 
     record = read_record(run_dir) or {}
     attempts = record.get("attempts") or [{}]
-    return attempts[-1].get("device") or cpu_model()
+    return attempts[-1].get("device") or "unrecorded"  # never reused by another sweep (_sibling_run)
 
 
 def _shared_source(ledger: Ledger, run: Run, running: list[_Launch], finished: set[str]) -> dict[str, Any] | str | None:
@@ -579,7 +584,8 @@ def _adoption(
         ledger.set_status(probe, reproduces=False, twin=probe_twin.source)
         return None
     ledger.set_status(probe, reproduces=True, twin=probe_twin.source)
-    return {**base, "adopted_from": twin.source, "probe": probe.name, "device": cpu_model(), "returncode": 0}
+    device = ledger.status(probe).get("device")  # the twin's numbers are the probe's machine's numbers
+    return {**base, "adopted_from": twin.source, "probe": probe.name, "device": device, "returncode": 0}
 
 
 def _arm(ledger: Ledger, run: Run) -> list[Run]:
