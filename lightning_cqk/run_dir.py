@@ -703,6 +703,14 @@ class RunDirectory:
     def abandon(self, log=print) -> None:
         """After a launch that failed before training started: remove the directory if this process created it."""
         if self.created and not self.started() and self.path.is_dir():
+            self.discard(log=lambda m: log(f"{m}, which failed before training started."))
+        elif self.lock is not None:
+            self.lock.release()
+
+    def discard(self, log=print) -> bool:
+        """Remove the directory this process created, everything in it, and release its lock (a launch that failed
+        or stopped before its first optimizer step: nothing in it is worth keeping). True when it is gone."""
+        if self.created and self.path.is_dir():
             for child in self.path.iterdir():  # everything but the lock, while still holding it
                 if child.name != LOCK_NAME:
                     shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
@@ -711,7 +719,9 @@ class RunDirectory:
             try:
                 self.path.rmdir()  # fails harmlessly when another launch has taken the directory meanwhile
             except OSError:
-                return
-            log(f"run directory: removed {self.path}, created by this launch, which failed before training started.")
-        elif self.lock is not None:
+                return False
+            log(f"run directory: removed {self.path}, created by this launch")
+            return True
+        if self.lock is not None:
             self.lock.release()
+        return False

@@ -8,8 +8,12 @@ When training really starts (`on_train_start`: the checkpoint, if any, is restor
       restored step;
     - writes the resolved configuration (`config.yaml` for the first attempt, `config.resume-<n>.yaml` after) and
       starts the attempt in `run.json` (run_dir.py), so nothing is recorded for a launch that never trained;
-    - makes the first Ctrl-C (SIGINT) behave like SIGTERM: training stops at the end of the batch in progress and
-      `RunCheckpoint` saves (`save_on_sigterm`); a second Ctrl-C stops at once, without saving;
+    - makes the first Ctrl-C (SIGINT) behave like SIGTERM: training stops at the end of the optimizer step in
+      progress and `RunCheckpoint` saves (`save_on_sigterm`); a second Ctrl-C stops at once, without saving. With
+      `accumulate_grad_batches` > 1 the stop waits for the step's last micro-batch (a save between micro-batches
+      would lose the accumulated gradients and resume inexactly); before the first optimizer step nothing is
+      lost, so the stop comes at the end of the micro-batch in progress and nothing is saved (the CLI then removes
+      the run directory this launch created and prints the command that starts the run again);
     - makes SIGUSR1 (SLURM's warning before the time limit, `#SBATCH --signal=SIGUSR1@90`) the same clean stop,
       after which the CLI requeues the job (`cli/slurm.py`: Lightning's own auto-requeue, which saved
       `hpc_ckpt_N.ckpt` into the working directory, is off);
@@ -71,6 +75,7 @@ class RunSession(L.Callback):
         self._previous_sigterm: Any = None
         self._previous_sigusr1: Any = None
         self._stop_wanted = False
+        self._agreed = False  # several processes stop at one batch boundary that rank zero decides
         self._trainer: L.Trainer | None = None
         self._recorded = False  # this attempt is in run.json
 
@@ -88,12 +93,15 @@ class RunSession(L.Callback):
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
             self._previous_sigusr1 = signal.signal(signal.SIGUSR1, self._on_sigusr1)
             loop = trainer.fit_loop.epoch_loop
-            if trainer.world_size > 1 and hasattr(loop, "_broadcast_sigterm_tensor"):
+            self._agreed = trainer.world_size > 1 and hasattr(loop, "_broadcast_sigterm_tensor")
+            if trainer.world_size == 1 or self._agreed:  # Lightning's handler would stop between micro-batches
                 self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+            if self._agreed:
                 broadcast = type(loop)._broadcast_sigterm_tensor
 
                 def agreed_stop() -> None:  # runs at every training batch's start, on every rank
-                    if self._stop_wanted and trainer.is_global_zero:
+                    between_steps = loop.batch_progress.current.ready % trainer.accumulate_grad_batches == 0
+                    if self._stop_wanted and trainer.is_global_zero and (between_steps or trainer.global_step == 0):
                         trainer._signal_connector.received_sigterm = True  # the flag Lightning broadcasts now
                     broadcast(loop)
 
@@ -117,6 +125,11 @@ class RunSession(L.Callback):
             what += "; changed and applied: " + "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
         rank_zero_info(f"run: {self.run.path} ({what}); resolved configuration: {self.run.path / name}")
 
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any, **kwargs: Any) -> None:
+        """One process: a wanted stop becomes Lightning's stop once this batch closed an optimizer step."""
+        if self._stop_wanted and not self._agreed and not trainer.fit_loop.epoch_loop._should_accumulate():
+            trainer._signal_connector.received_sigterm = True  # Lightning raises the stop after this batch
+
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """A fit that never started training (already at its end) is an attempt too: record it."""
         self._record(trainer, trained_no_step=True)
@@ -124,11 +137,13 @@ class RunSession(L.Callback):
     def _on_sigint(self, signum: int, frame: Any) -> None:
         self.signal_name = "SIGINT"
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C interrupts at once
-        print(
-            "\nCtrl-C: stopping at the end of this batch and saving a checkpoint (press Ctrl-C again to stop at once, "
-            "without saving).",
-            flush=True,
+        trainer = self._trainer
+        when = (
+            "at the end of this batch; no optimizer step has been taken, so nothing is saved"
+            if trainer is not None and trainer.global_step == 0
+            else "at the end of this optimizer step and saving a checkpoint"
         )
+        print(f"\nCtrl-C: stopping {when} (press Ctrl-C again to stop at once, without saving).", flush=True)
         self._want_stop(signal.SIGINT)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -145,8 +160,10 @@ class RunSession(L.Callback):
         trainer = self._trainer
         if trainer is None:
             return
-        if self._previous_sigterm is None:  # one process: Lightning's clean stop at the batch boundary
-            trainer._signal_connector.received_sigterm = True
+        if not self._agreed:  # one process: Lightning's clean stop, at the next optimizer-step boundary
+            self._stop_wanted = True
+            if trainer.global_step == 0 or trainer.world_size > 1:  # nothing trained yet: after this micro-batch
+                trainer._signal_connector.received_sigterm = True
             return
         if not self._stop_wanted:
             launcher = trainer.strategy.launcher

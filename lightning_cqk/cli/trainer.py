@@ -379,6 +379,8 @@ class CQKCLI(LightningCLI):
     def _end_interrupted(self, signal_name: str, saved: bool) -> None:
         run = self.run_directory
         ckpt, note = resumable_checkpoint(run.path)
+        if ckpt is None and self.trainer.global_step == 0 and run.created:
+            return self._end_before_first_step(signal_name)
         run.end_attempt(status=INTERRUPTED, signal=signal_name, step=self.trainer.global_step, checkpoint=str(ckpt))
         resume = command_line(self._argv, drop=("--ckpt_path", "--on_unfinished"), add=("--ckpt_path", "last"))
         if self.config.fit.trainer.logger.init_args.get("version") and "init_args.version" not in " ".join(self._argv):
@@ -387,6 +389,19 @@ class CQKCLI(LightningCLI):
         print(
             f"\nrun: {run.path} interrupted by {signal_name} at step {self.trainer.global_step} ({state}"
             f"{'; ' + note if note else ''}). Resume with:\n  {resume}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _end_before_first_step(self, signal_name: str) -> None:
+        """Stopped before the first optimizer step: nothing to resume. Remove the directory this launch created (it
+        would show as an empty run in TensorBoard and make a pasted `--ckpt_path last` refuse) and say how to start."""
+        run = self.run_directory
+        removed = run.discard(log=lambda m: None)
+        where = f"{run.path} is removed" if removed else f"{run.path} is left as it was (another launch holds it)"
+        print(
+            f"\nrun: stopped by {signal_name} before its first optimizer step; nothing was trained or saved, and "
+            f"{where}. Start it again with:\n  {command_line(self._argv)}",
             file=sys.stderr,
             flush=True,
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -195,6 +196,69 @@ def test_sigterm_to_the_process_group_and_ctrl_c_save_and_the_same_command_resum
             assert attempt["from_step"] == saved_steps[-1] and "resuming it from" in err
         saved_steps.append(step)
     assert sorted(p.name for p in (runs / "quickstart").iterdir()) == [run_dir.name]
+
+
+def probe_flags(at_batch: int, signal_name: str) -> list[str]:
+    return ["--trainer.callbacks+=signal_probe.SignalAtBatch", f"--trainer.callbacks.at_batch={at_batch}",
+            f"--trainer.callbacks.signal_name={signal_name}"]  # fmt: skip
+
+
+def _signal_at_micro_batch(fit_args: list[str], run_dir: Path, sig: signal.Signals, at_batch: int) -> tuple[int, str]:
+    """Run `fit` in its own process group; `signal_probe.SignalAtBatch` sends `sig` to the group at micro-batch
+    `at_batch` (the same moment every time). Returns the exit status and the output."""
+    environment = {**env(), "PYTHONPATH": os.pathsep.join([str(REPO), str(Path(__file__).parent)])}
+    command = [sys.executable, *fit_args, *probe_flags(at_batch, sig.name)]
+    proc = subprocess.Popen(command, env=environment, cwd=run_dir.parents[2], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        _kill_group(proc)
+    return proc.returncode, out + err
+
+
+@pytest.mark.slow
+def test_ctrl_c_before_the_first_optimizer_step_removes_the_run_and_the_printed_command_starts_it(shards, tmp_path):
+    """Issue 35 item 2: at step 0 of an accumulated step (the card's PubMed job on a CPU) Ctrl-C left an empty run
+    folder and printed a `--ckpt_path last` command that was refused when pasted."""
+    runs = tmp_path / "runs"
+    args = fit(shards, runs, "--trainer.max_steps=2", "--trainer.accumulate_grad_batches=100")
+    run_dir = runs / "quickstart" / "standard-tiny-L1-H2-d16-ff32-s1337"
+    status, output = _signal_at_micro_batch(args, run_dir, signal.SIGINT, at_batch=30)
+    assert status == 130, output[-3000:]
+    assert "no optimizer step has been taken, so nothing is saved" in output
+    assert "before its first optimizer step; nothing was trained or saved" in output, output[-3000:]
+    assert not run_dir.exists() and not list((runs / "quickstart").iterdir()), "no empty run left for TensorBoard"
+    pasted = output.split("Start it again with:\n", 1)[1].splitlines()[0].strip()
+    assert shlex.split(pasted) == ["lightning_cqk", *args[2:], *probe_flags(30, "SIGINT")], "the command as typed"
+    again = run(args, tmp_path)  # pasted, without the test's probe
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((run_dir / "run.json").read_text())["attempts"][-1]["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_a_stop_between_accumulated_micro_batches_waits_for_the_step_and_resumes_exactly(shards, tmp_path):
+    """A save between two micro-batches of a step lost their gradients: the resumed step accumulated fewer. Now the
+    stop waits for the step's last micro-batch, and interrupted + resumed equals uninterrupted, bit for bit."""
+    runs = tmp_path / "runs"
+    args = fit(shards, runs, "--trainer.max_steps=3", "--trainer.accumulate_grad_batches=50")
+    run_dir = runs / "quickstart" / "standard-tiny-L1-H2-d16-ff32-s1337"
+    status, output = _signal_at_micro_batch(args, run_dir, signal.SIGTERM, at_batch=75)  # mid-way through step 2
+    assert status == 143, output[-3000:]
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    micro_batches = saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["processed"]
+    assert (saved["global_step"], micro_batches) == (2, 100), "saved at the end of the step in progress"
+
+    resumed = run([*args, "--ckpt_path=last"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    straight = run(fit(shards, tmp_path / "straight", "--trainer.max_steps=3", "--trainer.accumulate_grad_batches=50"),
+                   tmp_path)  # fmt: skip
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    finals = [r / "quickstart" / run_dir.name / "checkpoints" / "last.ckpt" for r in (runs, tmp_path / "straight")]
+    weights = [torch.load(final, weights_only=False)["state_dict"] for final in finals]
+    assert weights[0].keys() == weights[1].keys()
+    for name in weights[0]:
+        torch.testing.assert_close(weights[0][name], weights[1][name], rtol=0, atol=0, msg=name)
 
 
 def _ckpt(path: Path, step: int) -> None:
