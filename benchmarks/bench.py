@@ -752,6 +752,9 @@ def main(argv: list[str] | None = None) -> None:
     missing_gpt2 = gpt2_unavailable(args.bpe_file)
     if missing_gpt2 and any(":gpt2:" in f":{s}:" for s in args.presets or []):
         sys.exit(f"bench: {missing_gpt2}")
+    if missing_gpt2 and set(args.only) == {"prepare"}:  # its one row times the GPT-2 tokenizer: nothing to show
+        reason = missing_gpt2.replace("they need", "which needs", 1)
+        sys.exit(f"bench: nothing to measure: --only prepare times the GPT-2 tokenizer, {reason}")
     if args.threads:
         torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"

@@ -268,47 +268,53 @@ class ModelConfig:
     def _validate(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "mlp_hidden", "block_size", "vocab_size"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}.")
+                raise ConfigError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}.")
         if self.n_embd % self.n_head:
-            raise ValueError(
-                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; pick n_head among "
-                f"{[h for h in range(1, self.n_embd + 1) if self.n_embd % h == 0 and h <= 64]}."
+            heads = [h for h in range(1, min(self.n_embd, 64) + 1) if self.n_embd % h == 0]
+            nearest = min(heads, key=lambda h: (abs(h - self.n_head), -h))
+            width = self.n_head * max(1, round(self.n_embd / self.n_head))
+            raise ConfigError(
+                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: every head needs the same width. "
+                f"Use --model.config.n_head {nearest} (n_head may be any of {heads}), or "
+                f"--model.config.n_embd {width} to keep {self.n_head} heads."
             )
         if self.position == "rope" and self.head_size % 2:
-            raise ValueError(f"RoPE needs an even head size, got n_embd/n_head = {self.head_size}.")
+            raise ConfigError(f"RoPE needs an even head size, got n_embd/n_head = {self.head_size}.")
         for name in ("dropout", "embd_dropout", "attn_dropout", "resid_dropout"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 null = "" if name == "dropout" else " or null (use dropout)"
-                raise ValueError(f"{name} must be in [0, 1){null}, got {value}.")
+                raise ConfigError(f"{name} must be in [0, 1){null}, got {value}.")
         if self.residual_init not in ("scaled", "plain"):
-            raise ValueError(
+            raise ConfigError(
                 f"residual_init={self.residual_init!r} is not 'scaled' (GPT-2) or 'plain' (N(0, init_std))."
             )
         if isinstance(self.vocab_multiple, bool) or not isinstance(self.vocab_multiple, int) or self.vocab_multiple < 1:
-            raise ValueError(f"vocab_multiple must be a positive integer (1: no padding), got {self.vocab_multiple!r}.")
+            raise ConfigError(
+                f"vocab_multiple must be a positive integer (1: no padding), got {self.vocab_multiple!r}."
+            )
         seen: dict[int, int] = {}
         for i, override in enumerate(self.layer_overrides):
             if override.pattern is not None:
                 if override.layers:
-                    raise ValueError(
+                    raise ConfigError(
                         f"layer_overrides[{i}] sets both layers={override.layers} and pattern={override.pattern!r}; "
                         "set only one of them."
                     )
                 try:
                     override.resolve(self.n_layer)
                 except ValueError as err:
-                    raise ValueError(f"layer_overrides[{i}].pattern: {err}") from None
+                    raise ConfigError(f"layer_overrides[{i}].pattern: {err}") from None
             elif not override.layers:
-                raise ValueError(f"layer_overrides[{i}] lists no layers: set `layers` (0-based) or `pattern`.")
+                raise ConfigError(f"layer_overrides[{i}] lists no layers: set `layers` (0-based) or `pattern`.")
             for layer in override.resolve(self.n_layer):
                 if not 0 <= layer < self.n_layer:
-                    raise ValueError(
+                    raise ConfigError(
                         f"layer_overrides[{i}] names layer {layer}, but the model has layers 0..{self.n_layer - 1} "
                         "(indices are 0-based)."
                     )
                 if layer in seen:
-                    raise ValueError(f"layer {layer} appears in layer_overrides[{seen[layer]}] and [{i}].")
+                    raise ConfigError(f"layer {layer} appears in layer_overrides[{seen[layer]}] and [{i}].")
                 seen[layer] = i
         # Backends are validated here, at config time, so a typo fails before any data is prepared.
         from lightning_cqk.attention import validate_attention

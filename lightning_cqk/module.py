@@ -104,7 +104,7 @@ class LitLM(L.LightningModule):
         self.activation_checkpointing, self.loss_chunk = activation_checkpointing, loss_chunk
         check_torch_features(config, optim)
         if isinstance(loss_chunk, bool) or not isinstance(loss_chunk, int) or loss_chunk < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"loss_chunk={loss_chunk!r}; use 0 (no chunking) or a positive number of tokens, e.g. 4096."
             )
         if meta_init:
@@ -130,7 +130,7 @@ class LitLM(L.LightningModule):
         if any(c < 1 or c > config.block_size for c in self.eval_contexts) or not (
             0 < (eval_stride or 1) <= min(self.eval_contexts, default=1 << 62)
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"eval_contexts must lie in [1, block_size={config.block_size}] and eval_stride in [1, the smallest "
                 "context], got "
                 f"{self.eval_contexts} and {eval_stride}."
@@ -317,13 +317,13 @@ class LitLM(L.LightningModule):
         # Without a Trainer (a plain loop calling this), model.optim.decay_steps alone sets the schedule's length.
         max_steps = self.trainer.max_steps if self._trainer is not None else None
         if max_steps == 0:
-            raise ValueError(
+            raise ConfigError(
                 "trainer.max_steps is 0: a budget of zero steps trains nothing. Set trainer.max_steps >= 1, or -1 "
                 "with a budget (--budget.tokens / flops / wallclock) that sets it."
             )
         decay_steps = cfg.decay_steps or max_steps
         if decay_steps is None or decay_steps <= 0:
-            raise ValueError(
+            raise ConfigError(
                 "The learning-rate schedule needs a length: set trainer.max_steps or model.optim.decay_steps "
                 f"(got max_steps={max_steps}, decay_steps={cfg.decay_steps})."
             )
@@ -384,7 +384,7 @@ class LitLM(L.LightningModule):
             check_val_check_interval(self.trainer)
         seq_len = getattr(self.trainer.datamodule, "seq_len", None) if self._trainer is not None else None
         if seq_len is not None and seq_len > self.config.block_size:  # the CLI links them; a hand-built run may not
-            raise ValueError(
+            raise ConfigError(
                 f"data.seq_len={seq_len} is longer than the model's block_size={self.config.block_size}, the longest "
                 "sequence it accepts. Use --data.seq_len <= block_size, or build the model with a block_size >= "
                 "seq_len (the CLI links model.config.block_size to data.seq_len)."
@@ -408,7 +408,7 @@ def check_val_check_interval(trainer: L.Trainer) -> None:
     accumulate = getattr(trainer, "accumulate_grad_batches", 1) or 1
     if isinstance(interval, int) and not isinstance(interval, bool) and interval > 0 and interval % accumulate:
         steps = max(1, round(interval / accumulate))
-        raise ValueError(
+        raise ConfigError(
             f"trainer.val_check_interval={interval} is not a multiple of trainer.accumulate_grad_batches={accumulate}: "
             "Lightning counts val_check_interval in training batches, so validation would run in the middle of an "
             f"accumulated optimizer step. For a validation every {steps} optimizer steps use "
@@ -416,7 +416,7 @@ def check_val_check_interval(trainer: L.Trainer) -> None:
         )
     if interval is None or isinstance(interval, bool) or interval != 0 or trainer.limit_val_batches == 0:
         return
-    raise ValueError(
+    raise ConfigError(
         f"trainer.val_check_interval is {interval!r}: validation after every 0 training batches is not a "
         "schedule. Give the training batches between validations, e.g. --trainer.val_check_interval 100, or turn "
         "validation during training off with --trainer.limit_val_batches 0."

@@ -45,3 +45,14 @@ def test_bench_without_the_gpt2_vocabulary_runs_the_bytes_rows_and_says_what_it_
     assert explicit.returncode == 1 and "Traceback" not in explicit.stderr
     assert explicit.stderr.strip().startswith("bench: they need the GPT-2 vocabulary")
     assert len(explicit.stderr.strip().splitlines()) == 1
+
+
+def test_bench_only_prepare_without_the_gpt2_vocabulary_says_so_and_fails(tmp_path: Path):
+    """Issue 35: it printed an empty table and exited 0."""
+    bench = tmp_path / "repo" / "benchmarks"
+    shutil.copytree(REPO / "benchmarks", bench, ignore=shutil.ignore_patterns("__pycache__"))
+    script = [sys.executable, str(bench / "bench.py"), "--device", "cpu", "--threads", "1", "--only", "prepare"]
+    run = subprocess.run(script, env=_offline_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert run.stderr.startswith("bench: nothing to measure: --only prepare times the GPT-2 tokenizer"), run.stderr
+    assert "--bpe_file" in run.stderr and not run.stdout.strip()

@@ -185,6 +185,27 @@ def main(argv: list[str] | None = None) -> None:
         _dispatch(argv, from_command_line)
 
 
+def join_negative_values(argv: list[str]) -> list[str]:
+    """`--flag -1e-3` as `--flag=-1e-3`: argparse reads a token that starts with '-' as an option unless it looks
+    like a plain negative number (`-1`, `-0.5`), so `--model.optim.lr -1e-3` was "expected one argument"."""
+    out: list[str] = []
+    for arg in argv:
+        previous = out[-1] if out else ""
+        if previous.startswith("--") and "=" not in previous and arg.startswith("-") and _is_number(arg):
+            out[-1] = f"{previous}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _dispatch(argv: list[str], from_command_line: bool) -> None:
     if argv[0] in _JSONARGPARSE_COMMANDS:
         from lightning_cqk.cli import class_paths
@@ -201,6 +222,7 @@ def _dispatch(argv: list[str], from_command_line: bool) -> None:
     if argv[0] in EXTRA_COMMANDS:
         EXTRA_COMMANDS[argv[0]](argv[1:])
         return
+    argv = join_negative_values(argv)
     from lightning_cqk.resources import ConfigNotFound, resolve_config_args  # configs/... of the installed package
 
     try:

@@ -47,7 +47,7 @@ from lightning_cqk.data.request import (
     free_dir_beside,
     prepare_command,
 )
-from lightning_cqk.data.sources import as_source_list
+from lightning_cqk.data.sources import as_source_list, list_source_files
 from lightning_cqk.data.tokenizers import eos_id_of, vocab_size_of
 from lightning_cqk.errors import ConfigError, MissingInputError
 
@@ -423,6 +423,21 @@ class TokenDataModule(L.LightningDataModule):
         except (FileNotFoundError, ValueError):  # the source is not here (shards made elsewhere): compare by name
             return build_request(source, *args, listable=False, val_overlap=overlap)
 
+    def _refuse_a_missing_source(self, manifest: Manifest) -> None:
+        """Shards of another source, and the source asked for is not on this machine: say that first (it is the
+        mistake; shards compared by name are only for shards made elsewhere from the same source)."""
+        if self.source is None or self.corpus is not None:
+            return
+        if any(remote.is_remote(spec) for spec in as_source_list(self.source)):
+            return
+        try:
+            list_source_files(self.source)
+        except MissingInputError as err:
+            raise MissingInputError(
+                f"{err} (data.data_dir={self.data_dir} holds shards of {describe(manifest)}; to train on those as "
+                "they are: --data.source null)"
+            ) from None
+
     def _check_source(self, manifest: Manifest) -> None:
         """Refuse shards made from another source/tokenizer/settings than asked for (``source: null``: any)."""
         if self.source is None and self.corpus is None:
@@ -435,6 +450,7 @@ class TokenDataModule(L.LightningDataModule):
                 differ.append(f"max_documents: downloaded {done}, asked {self.prepare_kwargs['max_documents']}")
         if not differ:
             return
+        self._refuse_a_missing_source(manifest)
         kw = self.prepare_kwargs
         first = as_source_list(self.source)[0] if self.source is not None else self.corpus
         stem = builtin_name(first) or Path(str(first).rstrip("/")).stem or "data"

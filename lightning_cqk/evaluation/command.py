@@ -16,13 +16,30 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 from lightning_cqk.evaluation import LM_EVAL_MISSING
 from lightning_cqk.evaluation.task_files import check_task_folder
 from lightning_cqk.run_dir import write_json_atomically
+
+
+def read_hub_data_from_cache_when_offline() -> None:
+    """When the Hugging Face Hub cannot be reached (the same probe as `fit`'s corpus download, at most
+    `HUB_PROBE_SECONDS`), set the Hub and `datasets` offline before they are imported: a task's data then comes from
+    the local datasets cache or fails at once, instead of after five retries of growing waits (32 s)."""
+    from lightning_cqk.data.corpora import OFFLINE_VARIABLES, hub_unreachable
+
+    why = hub_unreachable()
+    if why is None or why.startswith("this machine is set offline"):
+        return
+    for name in OFFLINE_VARIABLES:
+        os.environ[name] = "1"
+    print(f"lightning_cqk eval: the Hugging Face Hub is out of reach ({why}); task data is read from the local "
+          "datasets cache only.", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _require_lm_eval() -> None:
@@ -169,6 +186,7 @@ def lm_evaluate(
 
 def eval_command(argv: list[str]) -> None:
     """``lightning_cqk eval ...`` (jsonargparse over ``lm_evaluate``)."""
+    read_hub_data_from_cache_when_offline()
     _require_lm_eval()
     from jsonargparse import CLI
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,26 @@ def test_eval_command_end_to_end(model, task_dir, tmp_path):
     assert results["config"]["model"] == "lightning_cqk" and results["config"]["limit"] == 3
     assert results["config"]["checkpoint"] == str(ckpt.resolve())
     assert "samples" not in results
+
+
+@pytest.mark.slow
+def test_eval_with_the_hub_out_of_reach_reads_the_cache_only_and_fails_at_once(model, tmp_path):
+    """Issue 35: offline, `eval` spent 32 s on five Hub retries (with growing waits) before its clean message."""
+    ckpt = save_checkpoint(model, tmp_path / "last.ckpt")
+    with socket.socket() as s:  # a port nothing listens on: the Hub's address refuses at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and "proxy" not in k.lower()}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf"),
+               HF_ENDPOINT=f"http://127.0.0.1:{port}")  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "lightning_cqk", "eval", f"--checkpoint={ckpt}", "--tasks=hellaswag", "--limit=1"],
+        capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert "the Hugging Face Hub is out of reach" in run.stderr and "local datasets cache only" in run.stderr
+    assert "Retrying" not in run.stderr, "no download was tried"
+    assert "a task's data could not be downloaded" in run.stderr
 
 
 def test_default_output_is_beside_the_checkpoint_and_never_overwrites(tmp_path):

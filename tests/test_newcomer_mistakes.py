@@ -1,0 +1,73 @@
+"""Mistakes a newcomer makes in the first hour (issue 35 item 4), through the real `lightning_cqk fit` command: each
+ends in one paragraph that names the fix (no traceback), and the fix works when pasted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_cqk.cli.main import join_negative_values
+from lightning_cqk.config import ModelConfig
+from lightning_cqk.data import prepare
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("mistakes-data")
+    with (root / "corpus.jsonl").open("w") as f:
+        for i in range(40):
+            f.write(json.dumps({"text": f"Document {i}. " + "Queries meet keys. " * (2 + i % 5)}) + "\n")
+    prepare(str(root / "corpus.jsonl"), str(root / "shards"), val_fraction=0.2)
+    return root / "shards"
+
+
+def fit(tmp_path: Path, shards: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", LIGHTNING_CQK_LOG_DIR=str(tmp_path / "log"))
+    args = [sys.executable, "-m", "lightning_cqk", "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
+            f"--data.data_dir={shards}", "--data.source=null", "--trainer.max_steps=1",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}", *extra]  # fmt: skip
+    return subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def one_paragraph(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("lightning_cqk fit: ")]
+    return line
+
+
+@pytest.mark.slow
+def test_a_width_that_heads_do_not_divide_names_both_fixes_without_a_traceback(shards, tmp_path):
+    said = one_paragraph(fit(tmp_path, shards, "--model.config.n_embd", "130", "--model.config.n_head", "4"))
+    assert "n_embd=130 is not divisible by n_head=4" in said
+    assert "--model.config.n_head 5" in said and "--model.config.n_embd 128" in said
+    base = dict(n_layer=1, block_size=8, vocab_size=256)
+    assert ModelConfig(n_embd=130, n_head=5, **base).head_size == 26  # the pasted fixes build
+    assert ModelConfig(n_embd=128, n_head=4, **base).head_size == 32
+
+
+@pytest.mark.slow
+def test_a_missing_source_is_named_before_the_shards_it_does_not_match(shards, tmp_path):
+    said = one_paragraph(fit(tmp_path, shards, f"--data.source={tmp_path / 'typo.jsonl'}"))
+    assert said.startswith(f"lightning_cqk fit: Text source '{tmp_path / 'typo.jsonl'}' does not exist."), said
+    assert "does not match the shards" not in said and "--data.source null" in said
+
+
+@pytest.mark.slow
+def test_a_negative_number_after_a_flag_is_its_value(shards, tmp_path):
+    said = one_paragraph(fit(tmp_path, shards, "--model.optim.lr", "-1e-3"))
+    assert "optim.lr=-0.001 is not allowed" in said  # parsed as the value, then refused for what it is
+
+
+def test_negative_values_are_joined_to_their_flag_and_nothing_else_is():
+    assert join_negative_values(["fit", "--model.optim.lr", "-1e-3", "--trainer.max_steps", "-1"]) == [
+        "fit", "--model.optim.lr=-1e-3", "--trainer.max_steps=-1"]  # fmt: skip
+    kept = ["fit", "--model.optim.lr=-1e-3", "--print_config", "-h", "--a", "--b", "-", "--c", "-x"]
+    assert join_negative_values(kept) == kept
