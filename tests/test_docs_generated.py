@@ -93,3 +93,23 @@ def test_every_committed_report_is_what_report_recomputes_from_its_committed_fil
         write_report(copy / study, quiet=True)
         for name in (f"{study}.md", f"{study}.csv", "claims.csv"):
             assert (copy / study / name).read_text() == (results / study / name).read_text(), f"{study}/{name}"
+
+
+@pytest.mark.slow
+def test_a_report_of_a_committed_results_folder_leaves_every_file_as_committed(tmp_path: Path):
+    """Issue 35 item 7: `lightning_cqk report docs/results/coupling` redrew stability.png from committed files that
+    do not hold the gradient norms it plots, leaving the checkout dirty. Figures found there are kept as committed."""
+    import shutil
+
+    from lightning_cqk.sweep.report import write_report
+
+    results = REPO / "docs" / "results"
+    if not (results / "coupling" / "study.json").is_file():
+        pytest.skip("no committed coupling results")
+    copy = tmp_path / "results"
+    shutil.copytree(results, copy)
+    write_report(copy / "coupling", quiet=True)
+    committed = sorted(p.name for p in (results / "coupling").iterdir())
+    assert sorted(p.name for p in (copy / "coupling").iterdir()) == committed
+    for name in committed:
+        assert (copy / "coupling" / name).read_bytes() == (results / "coupling" / name).read_bytes(), name

@@ -1119,7 +1119,12 @@ def write_report(
                         names[name] = name
             else:
                 names.update({path.name: path.name for path in write_committed(data, stage)})
-            names.update({fig.stem: fig.name for fig in figures(data, stage, judgements)})
+            drawn = figures(data, stage, judgements)
+            if in_place:  # drawn from the runs' event files, which a results folder does not hold: kept as committed
+                for fig in drawn:
+                    if (out / fig.name).is_file():
+                        shutil.copy2(out / fig.name, fig)
+            names.update({fig.stem: fig.name for fig in drawn})
     except report_folder.NotAReportFolder as err:
         raise ReportError(
             f"{err}: the report replaces its folder as a whole, which would delete them. Write it into a new folder "
