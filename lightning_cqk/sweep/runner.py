@@ -406,6 +406,18 @@ def run_progress(log: Path, tail_bytes: int = 8192) -> tuple[int, int, str | Non
     return int(found.group(1)), int(found.group(2)), found.group(4)
 
 
+def _fraction_left(run_dir: Path, steps: int | None) -> float:
+    """The share of a run's steps still to train: 1 for a new run, less for one resumed from a checkpoint."""
+    from lightning_cqk.checkpoint_files import checkpoint_step
+    from lightning_cqk.run_dir import resumable_checkpoint
+
+    if not steps or not run_dir.is_dir():
+        return 1.0
+    ckpt, _ = resumable_checkpoint(run_dir)
+    step = checkpoint_step(ckpt) if ckpt is not None else None
+    return 1.0 if step is None else max(0.0, 1.0 - step / steps)
+
+
 def _clock(seconds: float) -> str:
     seconds = max(0, int(round(seconds)))
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
@@ -424,16 +436,20 @@ class Progress:
         try:
             from lightning_cqk.sweep.estimate import estimate_runs
 
-            self.estimates = {r.name: r.seconds for r in estimate_runs(ledger.sweep)}
+            estimates = estimate_runs(ledger.sweep)
         except Exception as err:  # an estimate that cannot be made leaves the study eta out, never the sweep
             print(f"[sweep] progress: no study eta ({type(err).__name__}: {err})", flush=True)
-            self.estimates = {}
+            estimates = []
+        self.estimates = {r.name: r.seconds for r in estimates}
+        steps = {r.name: r.steps for r in estimates}
+        # A run that an earlier invocation stopped resumes from its checkpoint: only its remaining steps are to go.
+        self.left = {r.name: _fraction_left(ledger.sweep.sweep_dir / r.name, steps.get(r.name)) for r in todo}
         self.measured: list[tuple[float, float]] = []  # (seconds taken, seconds estimated) of finished runs
 
     def finished(self, launch: _Launch, ok: bool) -> None:
         estimate, start = self.estimates.get(launch.run.name), getattr(launch, "start", None)
-        if ok and estimate and start is not None:
-            self.measured.append((time.perf_counter() - start, estimate))
+        if ok and estimate and start is not None:  # a resumed run is measured against its remaining share
+            self.measured.append((time.perf_counter() - start, estimate * self.left.get(launch.run.name, 1.0)))
 
     def line(self, todo: list[Run], running: list[_Launch], finished: set[str], failed: set[str]) -> str:
         parts, remaining = [], 0.0
@@ -443,12 +459,12 @@ class Progress:
             estimate = self.estimates.get(launch.run.name)
             if progress is None:
                 parts.append(f"{launch.run.name} starting")
-                remaining += (estimate or 0.0) * scale
+                remaining += (estimate or 0.0) * scale * self.left.get(launch.run.name, 1.0)
                 continue
             step, steps, eta = progress
             parts.append(f"{launch.run.name} step {step}/{steps}" + (f" eta {eta}" if eta else ""))
             remaining += (estimate or 0.0) * scale * (1 - step / steps if steps else 1.0)
-        remaining += sum(self.estimates.get(r.name, 0.0) for r in todo) * scale
+        remaining += sum(self.estimates.get(r.name, 0.0) * self.left.get(r.name, 1.0) for r in todo) * scale
         done = len(finished) + len(failed)
         head = f"[sweep] progress: {done}/{self.total} runs finished" + (f" ({len(failed)} failed)" if failed else "")
         elapsed = f"elapsed {_clock(time.monotonic() - self.started_at)}"

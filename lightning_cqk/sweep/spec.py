@@ -117,8 +117,10 @@ class Run:
         for config in self.configs:
             args += ["--config", config]
         for key, value in self.overrides.items():
-            args.append(f"--{key}={format_value(value)}")
+            if key != "trainer.enable_progress_bar":
+                args.append(f"--{key}={format_value(value)}")
         args += [
+            "--trainer.enable_progress_bar=true",  # progress lines in the run's log: the sweep's progress reads them
             f"--seed_everything={self.seed}",
             f"--trainer.logger.init_args.save_dir={sweep_dir.parent}",
             f"--trainer.logger.init_args.name={sweep_dir.name}",

@@ -137,6 +137,12 @@ def test_killed_sweep_restarts_skips_done_runs_and_resumes_from_last_checkpoint(
     for png in ("val_curves", "stability", "ppl_vs_tokens"):
         assert (out / "report" / f"{png}.png").stat().st_size > 5000
 
+    # each run's log has its progress lines (the sweep's progress line reads them; issue 35: all read 'starting')
+    from lightning_cqk.sweep.runner import run_progress
+
+    assert run_progress(out / "logs" / "ref-s1.log")[:2] == (6, 6)
+    assert run_progress(out / "logs" / "matched-s1.log")[:2] == (12, 12)
+
     third = _sweep(spec, out, "--no-report")
     assert third.returncode == 0 and third.stdout.count("done before, skipped") == 3
 

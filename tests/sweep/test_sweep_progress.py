@@ -62,3 +62,25 @@ def test_progress_lines_name_each_running_run_and_the_study_eta(coupling, tmp_pa
     assert capsys.readouterr().out == ""
     progress.maybe_print(todo, running, set(), set())
     assert "[sweep] progress:" in capsys.readouterr().out
+
+
+def test_a_run_resumed_from_its_checkpoint_counts_only_its_remaining_steps_in_the_study_eta(coupling, tmp_path: Path):
+    """Issue 35 item 3: after a resume, the study's eta counted a resumed run as a full one."""
+    import torch
+
+    from lightning_cqk.sweep.estimate import estimate_runs
+
+    ledger = Ledger(coupling)
+    runs = coupling.runs
+    resumed = runs[0]
+    steps = {r.name: r.steps for r in estimate_runs(coupling)}[resumed.name]
+    ckpt = coupling.sweep_dir / resumed.name / "checkpoints" / f"step={steps // 4 * 3:08d}.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    torch.save({"global_step": steps // 4 * 3}, ckpt)
+    progress = Progress(ledger, list(runs), jobs=1)
+    assert progress.left[resumed.name] == pytest.approx(1 - (steps // 4 * 3) / steps)
+    line = progress.line(list(runs), [], finished=set(), failed=set())
+    expected = (
+        sum(progress.estimates[r.name] for r in runs) - progress.estimates[resumed.name] * (steps // 4 * 3) / steps
+    )
+    assert f"study eta {runner._clock(expected)}" in line
