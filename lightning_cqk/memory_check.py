@@ -243,8 +243,11 @@ def refusal(
     fits_batch: int | None = None,
     resuming: bool = False,
     fits_in_bf16: bool = False,
+    micro_batch: int | None = None,
+    accumulate: int = 1,
 ) -> str:
-    """The one-paragraph message of a run whose training step will not fit."""
+    """The one-paragraph message of a run whose training step will not fit (`micro_batch`, `accumulate`: the run's
+    data.batch_size and trainer.accumulate_grad_batches, so the advice keeps the tokens per optimizer step)."""
     if resuming:  # data.* cannot change on a resume (run_dir.RESUME_POLICY): a smaller micro-batch is a new run
         precision = "--trainer.precision bf16-mixed (a resume may change it), " if fits_in_bf16 else ""
         new_run = f" --data.batch_size {fits_batch}" if fits_batch else " and a smaller --data.batch_size"
@@ -254,12 +257,16 @@ def refusal(
             f"smaller one start a new run: leave out --ckpt_path and add --on_unfinished new{new_run}"
         )
     else:
-        smaller = (
-            f"a smaller micro-batch (--data.batch_size {fits_batch}, with --trainer.accumulate_grad_batches scaled up "
-            "to keep the tokens per optimizer step)"
-            if fits_batch
-            else "a smaller micro-batch (--data.batch_size) or --data.seq_len"
-        )
+        if fits_batch and micro_batch and micro_batch % fits_batch == 0:
+            kept = accumulate * micro_batch // fits_batch
+            smaller = (
+                f"a smaller micro-batch with the same tokens per optimizer step (--data.batch_size {fits_batch} "
+                f"--trainer.accumulate_grad_batches {kept})"
+            )
+        elif fits_batch:
+            smaller = f"a smaller micro-batch (--data.batch_size {fits_batch})"
+        else:
+            smaller = "a smaller micro-batch (--data.batch_size) or --data.seq_len"
         fixes = (
             f"{smaller}, a smaller model, or a device with more memory; or start it anyway with --memory_check warn "
             "(the estimate is a lower bound; lightning_cqk/memory_check.py)"
@@ -347,7 +354,9 @@ def check_memory(
         )
         in_bf16 = estimate(micro_batch=micro_batch, **dict(numbers, precision="bf16-mixed")).total * processes
         fits_in_bf16 = activation_bytes_per_element(trainer.precision) == 4 and in_bf16 <= available
-        problems.append(refusal(est, available, where, processes, fits_batch, resuming, fits_in_bf16))
+        accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+        problems.append(refusal(est, available, where, processes, fits_batch, resuming, fits_in_bf16,
+                                micro_batch=micro_batch, accumulate=accumulate))  # fmt: skip
     if _validates(trainer):
         problems += _validation_problems(model, datamodule, config, shape, micro_batch, seq_len, available, where,
                                          processes, resuming)  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,34 @@ def test_negative_values_are_joined_to_their_flag_and_nothing_else_is():
         "fit", "--model.optim.lr=-1e-3", "--trainer.max_steps=-1"]  # fmt: skip
     kept = ["fit", "--model.optim.lr=-1e-3", "--print_config", "-h", "--a", "--b", "-", "--c", "-x"]
     assert join_negative_values(kept) == kept
+
+
+@pytest.mark.slow
+def test_a_run_that_would_train_for_days_says_so_with_a_gpu_and_a_cpu_size_command_that_works(tmp_path):
+    """Issue 35 item 1: the card's PubMed job sat at step 0 of 9,155 on a CPU with no word of its length. The limit
+    is lowered so that a tiny run crosses it; the printed CPU-size command is then run as pasted."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", LIGHTNING_CQK_LONG_RUN_HOURS="0.000001")
+    source = tmp_path / "corpus.jsonl"  # enough text for the CPU-size recipe's 128-token windows
+    source.write_text("".join(json.dumps({"text": f"Abstract {i}. " + "Keys meet queries. " * (20 + i % 7)}) + "\n"
+                              for i in range(300)))  # fmt: skip
+    args = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), f"--data.data_dir={tmp_path / 'shards'}",
+            f"--data.source={source}", "--data.val_fraction=0.2", "--trainer.max_steps=4",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "lightning_cqk", *args], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (said,) = [line for line in done.stdout.splitlines() + done.stderr.splitlines() if "at this pace" in line]
+    assert "s per micro-batch, 2 optimizer steps left" in said and "LIGHTNING_CQK_LONG_RUN_HOURS" in said
+    gpu = said.split("torchrun ", 1)[1].split(". At CPU size", 1)[0]
+    assert gpu.startswith("--standalone --nproc_per_node 8 -m lightning_cqk fit --config ")
+    assert gpu.endswith("--trainer.devices 8 --trainer.strategy ddp")
+    cpu = said.split("#a-paper-config-at-cpu-size): ", 1)[1].split(". (This note", 1)[0]
+    pasted = shlex.split(cpu)
+    assert pasted[:2] == ["lightning_cqk", "fit"] and "--trainer.max_steps" in pasted
+    env.pop("LIGHTNING_CQK_LONG_RUN_HOURS")
+    small = subprocess.run([sys.executable, "-m", *pasted], env=env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=600)  # fmt: skip
+    assert small.returncode == 0, small.stderr[-3000:]
+    (run,) = (tmp_path / "runs" / "quickstart").glob("standard-tiny-L2-*")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 200, summary

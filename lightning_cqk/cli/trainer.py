@@ -26,6 +26,7 @@ from lightning_cqk.callbacks import RunSummary, TokenBudget  # noqa: E402
 from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO  # noqa: E402
 from lightning_cqk.callbacks.data_guard import DataFolderGuard  # noqa: E402
 from lightning_cqk.callbacks.progress import use_line_progress  # noqa: E402
+from lightning_cqk.callbacks.run_length import RunLengthCheck, limit_hours_from_env  # noqa: E402
 from lightning_cqk.callbacks.run_session import RunSession  # noqa: E402
 from lightning_cqk.checkpoint_files import CorruptCheckpointError, load_checkpoint  # noqa: E402
 from lightning_cqk.cli import class_paths, slurm  # noqa: E402
@@ -331,9 +332,30 @@ class CQKCLI(LightningCLI):
             trainer.callbacks.append(self._session)
         if self.subcommand == "fit" and not any(isinstance(cb, DataFolderGuard) for cb in trainer.callbacks):
             trainer.callbacks.append(DataFolderGuard())  # after RunSession: a refused resume is a recorded attempt
+        if self.subcommand == "fit" and not any(isinstance(cb, RunLengthCheck) for cb in trainer.callbacks):
+            trainer.callbacks.append(RunLengthCheck(limit_hours_from_env(), advice=self._long_run_advice))
         sub = self.subcommand
         use_line_progress(trainer, (self.config[sub] if sub else self.config).trainer.get("callbacks"))
         return trainer
+
+    def _long_run_advice(self) -> str:
+        """What a run that would train for days here can do instead: the same command on GPUs, or at CPU size."""
+        data = self.config.fit.data
+        init = data.get("init_args", data) if hasattr(data, "get") else {}
+        corpus = init.get("corpus") if hasattr(init, "get") else None
+        stem = str(corpus) if corpus else Path(str(init.get("data_dir") or "data")).name.split("-")[0] or "data"
+        gpu_flags = ("--trainer.devices", "--trainer.strategy", "--trainer.accelerator", "--ckpt_path")
+        gpu = command_line(self._argv, drop=gpu_flags, add=("--trainer.devices", "8", "--trainer.strategy", "ddp"))
+        cpu_size = dict(CPU_SIZE, **{"--data.data_dir": f"data/{stem}-bytes-cpu"})
+        cpu = command_line(
+            self._argv, drop=(*cpu_size, "--ckpt_path"), add=tuple(x for kv in cpu_size.items() for x in kv)
+        )
+        return (
+            "Ctrl-C stops it (saved at the end of the step in progress). On a node with 8 GPUs (docs/scaling-out.md "
+            f"for SLURM and several nodes): torchrun --standalone --nproc_per_node 8 -m {gpu}. At CPU size, the same "
+            "recipe with a small shape, bytes and 200 steps (docs/configs-and-data.md#a-paper-config-at-cpu-size): "
+            f"{cpu}."
+        )
 
     def before_fit(self) -> None:
         """Before shards are prepared or a step is taken: refuse a run that will not fit in memory (memory_check.py)."""
@@ -406,6 +428,25 @@ class CQKCLI(LightningCLI):
             flush=True,
         )
 
+
+#: The shape, data and length flags that shrink a recipe to a CPU (docs/configs-and-data.md, "A paper config at CPU
+#: size"); every other setting of the recipe stays. `--data.data_dir` is added per run (the bytes shards' folder).
+CPU_SIZE = {
+    "--model.config.n_layer": "2",
+    "--model.config.n_embd": "64",
+    "--model.config.n_head": "4",
+    "--model.config.mlp_hidden": "256",
+    "--data.tokenizer": "bytes",
+    "--data.seq_len": "128",
+    "--data.batch_size": "8",
+    "--budget.tokens": "null",
+    "--trainer.max_steps": "200",
+    "--model.optim.warmup_steps": "20",
+    "--trainer.accumulate_grad_batches": "1",
+    "--trainer.val_check_interval": "100",
+    "--trainer.limit_val_batches": "8",
+    "--trainer.accelerator": "cpu",
+}
 
 _COUNT_OR_FRACTION = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches")
 
