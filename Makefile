@@ -63,7 +63,7 @@ test-latest: ## run the suite against the newest releases pyproject.toml allows 
 	$(call UNINSTALL_TORCHVISION,.venv-latest/bin/)
 	LIGHTNING_CQK_UNLOCKED=1 .venv-latest/bin/python -m pytest -m "not gpu" -q -n $(TEST_JOBS)
 
-quickstart: install ## train configs/quickstart.yaml (tiny model on the built-in corpus; < 3 min on 2 CPU cores)
+quickstart: install ## train configs/quickstart.yaml (tiny model on the built-in corpus; ~70 s on 2 idle CPU cores, more when busy)
 	$(BIN)/lightning_cqk fit --config configs/quickstart.yaml
 
 TEST_JOBS ?= 2

@@ -143,7 +143,12 @@ class RunSummary(L.Callback):
             if math.isfinite(s["tokens_per_sec"])
             else f"no rate: {s['rate_note']}"
         )
-        lines.append(f"  steps {s['steps']:,} | tokens seen {s['tokens_seen']:,} | {rate_text}")
+        if s["fit_tokens"] != s["tokens_seen"] and math.isfinite(s["tokens_per_sec"]):  # resumed: totals, then rate
+            whole = f"{s['run_train_seconds']:.1f} s of training in all"
+            rate_text = f"this attempt: {int(s['fit_tokens']):,} tokens, {rate_text}"
+            lines.append(f"  steps {s['steps']:,} | tokens seen {s['tokens_seen']:,} in {whole} | {rate_text}")
+        else:
+            lines.append(f"  steps {s['steps']:,} | tokens seen {s['tokens_seen']:,} | {rate_text}")
         if s["log_dir"]:
             lines.append(f"  logs        {s['log_dir']}")
         if s["last_checkpoint"]:

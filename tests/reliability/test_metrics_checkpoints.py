@@ -171,6 +171,25 @@ def test_a_resume_that_trains_no_step_prints_no_rate(make_module, make_trainer, 
     assert record["fit"]["steps"] == 0 and record["fit"]["tokens_per_sec"] == "nan" and record["fit"]["rate_note"]
 
 
+def test_a_resumed_run_prints_its_totals_and_this_attempts_rate_apart(make_module, make_trainer, token_loader,
+                                                                      tmp_path, capsys):  # fmt: skip
+    """Issue 35 item 5: the whole run's tokens were printed beside only the last attempt's seconds and rate."""
+    folder = tmp_path / "A" / "checkpoints"
+    first = make_trainer([RunSummary(), RunCheckpoint(every_n_steps=2, keep_last=1, dirpath=str(folder))], max_steps=4,
+                         enable_checkpointing=True, default_root_dir=str(folder.parent))  # fmt: skip
+    first.fit(make_module(), token_loader())  # as `fit` runs: RunSummary's clock keeps the training seconds
+    capsys.readouterr()
+    trainer = make_trainer([RunSummary()], max_steps=8, default_root_dir=str(tmp_path / "A"))
+    trainer.fit(make_module(), token_loader(), ckpt_path=str(tmp_path / "A" / "checkpoints" / "last.ckpt"))
+    out = capsys.readouterr().out
+    record = json.loads((tmp_path / "run" / "summary.json").read_text())
+    whole, fit = record["train_seconds"], record["fit"]
+    assert fit["tokens"] == 256 and record["tokens_seen"] == 512 and whole > fit["train_seconds"]
+    expected = (f"steps 8 | tokens seen 512 in {whole:.1f} s of training in all | this attempt: 256 tokens, "
+                f"{fit['tokens_per_sec']:,.0f} tokens/s over {fit['train_seconds']:.1f} s of training")  # fmt: skip
+    assert expected in out, out
+
+
 # ------------------------------------------------------------------ class 1: an explosive (finite) update, recovered
 class Explode(L.Callback):
     """A finite but explosive update: after optimizer step `step`, one weight matrix is 1e9 everywhere."""
