@@ -25,6 +25,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
 from lightning_cqk.callbacks import RunSummary, TokenBudget  # noqa: E402
 from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO  # noqa: E402
 from lightning_cqk.callbacks.data_guard import DataFolderGuard  # noqa: E402
+from lightning_cqk.callbacks.model_summary import without_flops_column  # noqa: E402
 from lightning_cqk.callbacks.progress import use_line_progress  # noqa: E402
 from lightning_cqk.callbacks.run_length import RunLengthCheck, limit_hours_from_env  # noqa: E402
 from lightning_cqk.callbacks.run_session import RunSession  # noqa: E402
@@ -332,6 +333,7 @@ class CQKCLI(LightningCLI):
             trainer.callbacks.append(self._session)
         if self.subcommand == "fit" and not any(isinstance(cb, DataFolderGuard) for cb in trainer.callbacks):
             trainer.callbacks.append(DataFolderGuard())  # after RunSession: a refused resume is a recorded attempt
+        without_flops_column(trainer.callbacks)  # Lightning's FLOPs column reads 0 for LitLM (model_summary.py)
         if self.subcommand == "fit" and not any(isinstance(cb, RunLengthCheck) for cb in trainer.callbacks):
             trainer.callbacks.append(RunLengthCheck(limit_hours_from_env(), advice=self._long_run_advice))
         sub = self.subcommand
