@@ -164,3 +164,28 @@ def test_a_bad_option_is_four_lines_not_the_hundred_line_usage(capsys):
         "hint: 'trainer.max_stepz' is not a known key in a --config file or on the command line. "
         "Did you mean 'trainer.max_steps' or 'trainer.max_time'?",
     ]
+
+
+@pytest.mark.slow
+def test_a_pubmed_launch_prints_no_repeated_library_noise(tmp_path):
+    """Issue 35 item 9: every PubMed launch printed torch's DataLoader-worker warning three times, Lightning's
+    "`max_epochs` was not set" (the token budget sets the length) and a FLOPs column of zeros with "0 Total Flops"."""
+    source = tmp_path / "abstracts.jsonl"
+    source.write_text("".join(json.dumps({"text": f"Abstract {i}. " + "Keys meet queries. " * 30}) + "\n"
+                              for i in range(60)))  # fmt: skip
+    args = ["fit", "--config", str(REPO / "configs" / "pubmed.yaml"), "--data.corpus=null", f"--data.source={source}",
+            "--data.tokenizer=bytes", f"--data.data_dir={tmp_path / 'shards'}", "--data.num_workers=64",
+            "--model.config.n_layer=1", "--model.config.n_embd=32", "--model.config.n_head=2",
+            "--model.config.mlp_hidden=64", "--data.seq_len=64", "--data.batch_size=4", "--budget.tokens=5120",
+            "--model.optim.warmup_steps=2", "--trainer.val_check_interval=20", "--trainer.limit_val_batches=2",
+            "--trainer.accumulate_grad_batches=1",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "lightning_cqk", *args], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "Run summary" in out and "Total params" in out
+    for noise in ("worker processes in total", "`max_epochs` was not set", "Total Flops", "FLOPs"):
+        assert noise not in out, noise
+    assert out.count("DataLoader workers (data.num_workers) on") == 1, "said once, with the flag that fits"

@@ -10,6 +10,7 @@ import atexit
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,11 @@ class CQKCLI(LightningCLI):
             trainer.logger.class_path = "lightning_cqk.callbacks.tensorboard.TensorBoardLogger"
         if trainer.get("precision") is None:
             trainer.precision = auto_precision(trainer.get("accelerator"))
+        budget = config.get("budget")
+        if sub == "fit" and budget is not None and any(budget.get(k) is not None for k in BUDGET_LIMITS):
+            # The budget sets max_steps once the Trainer exists: Lightning's "`max_epochs` was not set. Setting it
+            # to 1000 epochs" (max_steps -1 at construction) does not describe this run, which stops at its budget.
+            warnings.filterwarnings("ignore", message=r"`max_epochs` was not set\. Setting it to 1000 epochs")
         logger = trainer.get("logger")
         if is_tensorboard(logger) and logger.init_args.get("version") is None:  # validate / test / predict
             owner = checkpoint_run(config.get("ckpt_path"))
@@ -449,6 +455,8 @@ CPU_SIZE = {
     "--trainer.limit_val_batches": "8",
     "--trainer.accelerator": "cpu",
 }
+
+BUDGET_LIMITS = ("tokens", "flops", "wallclock", "match_to")  # a `budget:` that sets the run's length
 
 _COUNT_OR_FRACTION = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches")
 

@@ -28,6 +28,12 @@ WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
         "data.num_workers is a setting of every data config (default 0: memory-mapped token shards load in the main "
         "process); the advice repeats for every loader of every run",
     ),
+    (
+        r"This DataLoader will create \d+ worker processes in total",
+        UserWarning,
+        "torch repeats it for every loader of a run (three times); the DataModule says it once, with the flag that "
+        "matches the machine (data/datamodule.py note_worker_count)",
+    ),
 )
 
 LOG_MESSAGES: tuple[tuple[str, str, str], ...] = (

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -82,9 +83,28 @@ def ignore_stop_signals(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C sent to it alone is the training process's to handle
 
 
+_WORKER_NOTES: set[int] = set()
+
+
+def note_worker_count(num_workers: int) -> None:
+    """Say once per process when the DataLoader workers outnumber this machine's CPUs (torch warns at every loader
+    it builds, three times a run; the command line hides that warning, `cli/warnings.py`)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if num_workers > cpus and num_workers not in _WORKER_NOTES:
+        _WORKER_NOTES.add(num_workers)
+        print(
+            f"data: {num_workers} DataLoader workers (data.num_workers) on {cpus} CPUs share the cores with training; "
+            f"--data.num_workers {cpus} matches this machine.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def token_loader(dataset, batch_size: int, num_workers: int, train: bool, vocab_size: int | None = None, where=""):
     """A StreamingDataLoader of int64 token windows: training drops partial batches, validation keeps every window."""
     from litdata import StreamingDataLoader
+
+    note_worker_count(num_workers)
 
     return StreamingDataLoader(
         dataset,
@@ -392,6 +412,7 @@ class TokenDataModule(L.LightningDataModule):
         """The DataLoader of one rank's validation windows (in order, the last batch possibly short)."""
         from torch.utils.data import DataLoader
 
+        note_worker_count(self.num_workers)
         return DataLoader(
             windows,
             batch_size=self.val_batch_size,
