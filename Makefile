@@ -108,6 +108,7 @@ bench: install ## speed table, side by side: Lightning vs plain loop, backends v
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
 tensorboard: install ## serve the curves of every run under runs/ (Custom Scalars tab: loss, val/ppl, grad norms first)
+	@echo "curves of every run under runs/: open http://localhost:6006/#custom_scalars (loss first; Time Series: every tag)"
 	$(BIN)/tensorboard --logdir runs
 
 clean: ## remove caches (keeps runs/, data/ and the virtualenv)

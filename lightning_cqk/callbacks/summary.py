@@ -28,6 +28,8 @@ from lightning_cqk.callbacks.clock import TrainingClock, rate
 from lightning_cqk.callbacks.common import run_dir, write_json
 
 SUMMARY_FILE = "summary.json"
+#: The address that opens TensorBoard on this run's Custom Scalars layout (the loss first; callbacks/tensorboard.py).
+CURVES_ADDRESS = "http://localhost:6006/#custom_scalars"
 
 
 def last_validation_step(run_directory: str) -> int | None:
@@ -156,6 +158,7 @@ class RunSummary(L.Callback):
         root = trainer.logger.save_dir if trainer.logger is not None else None
         if root:
             lines.append(f"  curves      tensorboard --logdir {root}   (or: make tensorboard)")
+            lines.append(f"              then open {CURVES_ADDRESS}   (loss first)")
         lines.append("=" * 72)
         print("\n".join(lines), flush=True)
 

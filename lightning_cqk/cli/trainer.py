@@ -30,6 +30,8 @@ from lightning_cqk.callbacks.model_summary import without_flops_column  # noqa: 
 from lightning_cqk.callbacks.progress import use_line_progress  # noqa: E402
 from lightning_cqk.callbacks.run_length import RunLengthCheck, limit_hours_from_env  # noqa: E402
 from lightning_cqk.callbacks.run_session import RunSession  # noqa: E402
+from lightning_cqk.callbacks.tensorboard import TensorBoardLogger as CQKTensorBoardLogger  # noqa: E402
+from lightning_cqk.callbacks.tensorboard import layout_for  # noqa: E402
 from lightning_cqk.checkpoint_files import CorruptCheckpointError, load_checkpoint  # noqa: E402
 from lightning_cqk.cli import class_paths, slurm  # noqa: E402
 from lightning_cqk.cli.presets import PresetArgumentParser, unset_shape_defaults  # noqa: E402
@@ -340,6 +342,9 @@ class CQKCLI(LightningCLI):
         if self.subcommand == "fit" and not any(isinstance(cb, DataFolderGuard) for cb in trainer.callbacks):
             trainer.callbacks.append(DataFolderGuard())  # after RunSession: a refused resume is a recorded attempt
         without_flops_column(trainer.callbacks)  # Lightning's FLOPs column reads 0 for LitLM (model_summary.py)
+        for logger in trainer.loggers:  # TensorBoard's Custom Scalars: only the charts this run's callbacks log
+            if isinstance(logger, CQKTensorBoardLogger):
+                logger.layout = layout_for(trainer.callbacks)
         if self.subcommand == "fit" and not any(isinstance(cb, RunLengthCheck) for cb in trainer.callbacks):
             trainer.callbacks.append(RunLengthCheck(limit_hours_from_env(), advice=self._long_run_advice))
         sub = self.subcommand

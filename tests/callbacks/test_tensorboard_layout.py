@@ -65,6 +65,25 @@ def test_fit_logs_no_epoch_and_writes_the_layout(tmp_path: Path, monkeypatch):
     assert "epoch" not in scalars
     layout = events.Tags()["tensors"]
     assert "custom_scalars__config__" in layout
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    written = layout_pb2.Layout()
+    written.ParseFromString(events.Tensors("custom_scalars__config__")[0].tensor_proto.string_val[0])
+    charts = {chart.title for category in written.category for chart in category.chart}
+    assert "gradient norms" in charts and "loss (train/loss, val/loss)" in charts  # GradNormMonitor was added
+    assert not charts & {"throughput", "attention entropy"}, "no chart that no callback of the run logs"
+
+
+def test_the_layout_keeps_the_charts_of_the_callbacks_present_and_drops_empty_categories():
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
+    from lightning_cqk.callbacks import GradNormMonitor, Throughput
+    from lightning_cqk.callbacks.tensorboard import layout_for
+
+    bare = layout_for([])
+    assert list(bare) == ["1 read first"] and list(bare["1 read first"]) == ["loss (train/loss, val/loss)", "val/ppl"]
+    full = layout_for([GradNormMonitor(), LearningRateMonitor(), Throughput()])
+    assert list(full["1 read first"]) == list(LAYOUT["1 read first"]) and list(full["2 instruments"]) == ["throughput"]
 
 
 @pytest.mark.parametrize("metrics", [{"epoch": 3}, {}])
