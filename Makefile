@@ -20,7 +20,7 @@ LIGHTNING_CQK_SHARED_DATA ?= ../shared/data
 export LIGHTNING_CQK_SHARED_DATA
 
 .DEFAULT_GOAL := help
-.PHONY: help install quickstart test test-fast test-slow lint format fit print-config tensorboard clean ablations
+.PHONY: help install quickstart test test-fast test-slow lint format fit print-config tensorboard clean ablations study-data
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -106,6 +106,10 @@ gpu-stratum: install ## on a GPU machine: the pre-registered GPU stratum of the 
 BENCH_ARGS ?=
 bench: install ## speed table, side by side: Lightning vs plain loop, backends vs standard, loader, prepare, inference (BENCH_ARGS=...)
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
+
+DIR ?= ../shared/data
+study-data: install ## fetch the corpus studies' text (WikiText-2 test, PubMed, C4) into DIR (../shared/data), checked
+	$(BIN)/python -m lightning_cqk.data.study_data $(DIR)
 
 tensorboard: install ## serve the curves of every run under runs/ (Custom Scalars tab: loss, val/ppl, grad norms first)
 	@echo "curves of every run under runs/: open http://localhost:6006/#custom_scalars (loss first; Time Series: every tag)"

@@ -663,7 +663,9 @@ def run_local(
     if missing:
         raise SpecError(
             f"{sweep.spec_path} (profile {sweep.profile}) needs {missing}, which do not exist. The cpu profiles of the "
-            "corpus studies read $LIGHTNING_CQK_SHARED_DATA (set it to the folder holding the corpora); "
+            "corpus studies read $LIGHTNING_CQK_SHARED_DATA (set it to the folder holding the corpora; with network "
+            "access, `make study-data DIR=<folder>` fetches them, checked: "
+            "docs/studies-and-reports.md#the-studies-data); "
             "the coupling study's cpu profile needs nothing."
         )
     missing_gpu = _gpu_missing(sweep)

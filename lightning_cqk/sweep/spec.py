@@ -762,9 +762,10 @@ def _fill(value: Any, placeholders: dict[str, str | None]) -> Any:
             if sub is None:
                 raise SpecError(
                     f"This profile reads local corpora ({value}): set {SHARED_DATA_ENV} to the folder that holds them "
-                    f"(e.g. `export {SHARED_DATA_ENV}=/path/to/data`, with wikitext/, pubmed/, webtext/ inside; see "
-                    "docs/studies-and-reports.md), or run a profile that needs none (`--profile paper`, or the "
-                    "coupling study's cpu profile)."
+                    f"(e.g. `export {SHARED_DATA_ENV}=/path/to/data`, with wikitext/, pubmed/, webtext/ inside). On a "
+                    "machine with network access, `make study-data DIR=/path/to/data` fetches them from their "
+                    "public sources, checked byte for byte (docs/studies-and-reports.md#the-studies-data); or run a "
+                    "profile that needs none (`--profile paper`, or the coupling study's cpu profile)."
                 )
             value = value.replace("{" + key + "}", sub)
         return value
