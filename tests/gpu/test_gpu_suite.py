@@ -135,6 +135,7 @@ def test_shipped_callbacks_do_not_sync_the_step(tmp_path, monkeypatch):
     cli.trainer.callbacks.append(probe)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert probe.checked == 5
+    assert sorted(probe.reads.values()) == [1] * 5, f"one documented read per optimizer step: {dict(probe.reads)}"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="2-GPU DDP needs 2 CUDA devices")
