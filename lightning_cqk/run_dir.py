@@ -325,6 +325,12 @@ def describe_end(run_dir: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
+DISTRIBUTED_NOTE = (
+    "{path} is a distributed-checkpoint folder (FSDP2, --trainer.strategy ModelParallelStrategy), which `fit` cannot "
+    "resume yet (issue 32): a new run would start at step 0"
+)
+
+
 def resumable_checkpoint(run_dir: Path) -> tuple[Path | None, str]:
     """The checkpoint to resume `run_dir` from, and a note when it is not an intact `checkpoints/last.ckpt`.
 
@@ -336,6 +342,8 @@ def resumable_checkpoint(run_dir: Path) -> tuple[Path | None, str]:
     """
     folder = Path(run_dir) / "checkpoints"
     last = folder / "last.ckpt"
+    if last.is_dir():  # FSDP2 (ModelParallelStrategy) writes a distributed-checkpoint folder
+        return None, DISTRIBUTED_NOTE.format(path=last)
     candidates = _periodic_by_step(folder)
     if last.is_file():
         problem = checkpoint_problem(last)
@@ -570,6 +578,8 @@ def resolve_fit(
                 if state.note:
                     notes.append(f"{d}: {state.note}.")
                 return FitPlan(d, str(state.checkpoint), True, notes=notes)
+            if (d / "checkpoints" / "last.ckpt").is_dir():  # never a silent restart of a sharded run from step 0
+                raise ResumeRefused(f"--ckpt_path last: {state.note}. Start a new run without --ckpt_path.")
             why = state.note or "no checkpoint (it stopped before its first save)"
             notes.append(f"{d} has {why}; passed over.")
         name = next_free_name(root, base)

@@ -18,6 +18,7 @@ os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata would oth
 
 import torch  # noqa: E402
 import yaml  # noqa: E402
+from jsonargparse import Namespace  # noqa: E402
 from lightning.pytorch import LightningDataModule, Trainer  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
 from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
@@ -35,6 +36,7 @@ from lightning_cqk.callbacks.tensorboard import layout_for  # noqa: E402
 from lightning_cqk.checkpoint_files import CorruptCheckpointError, load_checkpoint  # noqa: E402
 from lightning_cqk.cli import class_paths, slurm  # noqa: E402
 from lightning_cqk.cli.presets import PresetArgumentParser, unset_shape_defaults  # noqa: E402
+from lightning_cqk.cli.strategy import resolve_strategy  # noqa: E402
 from lightning_cqk.config import size_label, upgrade_config_dict, upgrade_run_config  # noqa: E402
 from lightning_cqk.launch import detect_launch, publish_failure, publish_plan, receive_plan  # noqa: E402
 from lightning_cqk.module import LitLM  # noqa: E402
@@ -145,6 +147,11 @@ class CQKCLI(LightningCLI):
             trainer.logger.class_path = "lightning_cqk.callbacks.tensorboard.TensorBoardLogger"
         if trainer.get("precision") is None:
             trainer.precision = auto_precision(trainer.get("accelerator"))
+        strategy = resolve_strategy(trainer.get("strategy"))  # `--trainer.strategy ModelParallelStrategy` (FSDP2)
+        if isinstance(strategy, dict):
+            trainer.strategy = Namespace(
+                class_path=strategy["class_path"], init_args=Namespace(**strategy["init_args"])
+            )
         budget = config.get("budget")
         if sub == "fit" and budget is not None and any(budget.get(k) is not None for k in BUDGET_LIMITS):
             # The budget sets max_steps once the Trainer exists: Lightning's "`max_epochs` was not set. Setting it
