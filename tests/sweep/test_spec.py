@@ -239,8 +239,9 @@ def test_coupling_grid():
     leapfrog = sweep.run("coupled-leapfrog-s2")
     assert leapfrog.overrides["model.config.attention"] == "coupled"
     assert leapfrog.overrides["model.config.attention_options"] == {"integrator": "leapfrog"}
-    assert leapfrog.cli_args(sweep.sweep_dir)[-5:] == [
+    assert leapfrog.cli_args(sweep.sweep_dir)[-6:] == [
         "--data.seed=2",
+        "--trainer.enable_progress_bar=true",  # progress lines in the run's log, whatever the spec says (inert key)
         "--seed_everything=2",
         "--trainer.logger.init_args.save_dir=runs",
         "--trainer.logger.init_args.name=coupling-cpu",
