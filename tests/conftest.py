@@ -43,3 +43,20 @@ def shared_data() -> Path:
     if not path.is_dir():
         pytest.skip(f"shared real-data folder {path} is absent (set LIGHTNING_CQK_SHARED_DATA to use another)")
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_shards(tmp_path_factory) -> Path:
+    """Byte-token shards of 60 short documents (20% validation), prepared once per test process: the data of a tiny
+    `fit` (`--data.data_dir <it> --data.source=null --data.seq_len=16 --data.batch_size=2`). Read-only for tests."""
+    import json
+
+    from lightning_cqk.data import prepare
+
+    root = tmp_path_factory.mktemp("tiny-shards")
+    with (root / "corpus.jsonl").open("w") as f:
+        for i in range(60):
+            f.write(json.dumps({"text": f"Document {i}. " + "Queries meet keys in the attention. " * (2 + i % 5)}))
+            f.write("\n")
+    prepare(str(root / "corpus.jsonl"), str(root / "shards"), val_fraction=0.2)
+    return root / "shards"

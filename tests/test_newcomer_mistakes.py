@@ -14,19 +14,8 @@ import pytest
 
 from lightning_cqk.cli.main import join_negative_values
 from lightning_cqk.config import ModelConfig
-from lightning_cqk.data import prepare
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("mistakes-data")
-    with (root / "corpus.jsonl").open("w") as f:
-        for i in range(40):
-            f.write(json.dumps({"text": f"Document {i}. " + "Queries meet keys. " * (2 + i % 5)}) + "\n")
-    prepare(str(root / "corpus.jsonl"), str(root / "shards"), val_fraction=0.2)
-    return root / "shards"
 
 
 def fit(tmp_path: Path, shards: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -45,8 +34,8 @@ def one_paragraph(done: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.slow
-def test_a_width_that_heads_do_not_divide_names_both_fixes_without_a_traceback(shards, tmp_path):
-    said = one_paragraph(fit(tmp_path, shards, "--model.config.n_embd", "130", "--model.config.n_head", "4"))
+def test_a_width_that_heads_do_not_divide_names_both_fixes_without_a_traceback(tiny_shards, tmp_path):
+    said = one_paragraph(fit(tmp_path, tiny_shards, "--model.config.n_embd", "130", "--model.config.n_head", "4"))
     assert "n_embd=130 is not divisible by n_head=4" in said
     assert "--model.config.n_head 5" in said and "--model.config.n_embd 128" in said
     base = dict(n_layer=1, block_size=8, vocab_size=256)
@@ -55,15 +44,15 @@ def test_a_width_that_heads_do_not_divide_names_both_fixes_without_a_traceback(s
 
 
 @pytest.mark.slow
-def test_a_missing_source_is_named_before_the_shards_it_does_not_match(shards, tmp_path):
-    said = one_paragraph(fit(tmp_path, shards, f"--data.source={tmp_path / 'typo.jsonl'}"))
+def test_a_missing_source_is_named_before_the_shards_it_does_not_match(tiny_shards, tmp_path):
+    said = one_paragraph(fit(tmp_path, tiny_shards, f"--data.source={tmp_path / 'typo.jsonl'}"))
     assert said.startswith(f"lightning_cqk fit: Text source '{tmp_path / 'typo.jsonl'}' does not exist."), said
     assert "does not match the shards" not in said and "--data.source null" in said
 
 
 @pytest.mark.slow
-def test_a_negative_number_after_a_flag_is_its_value(shards, tmp_path):
-    said = one_paragraph(fit(tmp_path, shards, "--model.optim.lr", "-1e-3"))
+def test_a_negative_number_after_a_flag_is_its_value(tiny_shards, tmp_path):
+    said = one_paragraph(fit(tmp_path, tiny_shards, "--model.optim.lr", "-1e-3"))
     assert "optim.lr=-0.001 is not allowed" in said  # parsed as the value, then refused for what it is
 
 

@@ -4,29 +4,25 @@ GPU test fails on any other synchronisation and no longer on that read."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from lightning_cqk.callbacks.step_reads import StepReads
-from lightning_cqk.data import prepare
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 
 
-def test_the_sync_window_opens_only_for_the_one_documented_read_per_step(tmp_path: Path, monkeypatch):
+def test_the_sync_window_opens_only_for_the_one_documented_read_per_step(
+    tiny_shards: Path, tmp_path: Path, monkeypatch
+):
     from sync_probe import SyncErrorSteps
 
     from lightning_cqk.cli.trainer import CQKCLI
 
-    with (tmp_path / "corpus.jsonl").open("w") as f:
-        for i in range(60):
-            f.write(json.dumps({"text": f"Document {i}. " + "Queries meet keys. " * (3 + i % 4)}) + "\n")
-    prepare(str(tmp_path / "corpus.jsonl"), str(tmp_path / "shards"), val_fraction=0.2)
     monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
     args = [
-        "--config", str(REPO / "configs" / "quickstart.yaml"), f"--data.data_dir={tmp_path / 'shards'}",
+        "--config", str(REPO / "configs" / "quickstart.yaml"), f"--data.data_dir={tiny_shards}",
         "--data.source=null", "--data.seq_len=16", "--data.batch_size=2", "--model.config.n_layer=1",
         "--model.config.n_embd=16", "--model.config.n_head=2", "--trainer.max_steps=7",
         "--trainer.limit_val_batches=0", "--trainer.log_every_n_steps=1000", "--trainer.enable_progress_bar=false",

@@ -4,7 +4,6 @@ Now the bare class name is the class, and FSDP2 shards over every process by def
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,7 +13,6 @@ import pytest
 import torch
 
 from lightning_cqk.cli.strategy import FSDP2Strategy, resolve_strategy
-from lightning_cqk.data import prepare
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,12 +39,8 @@ def test_fsdp2_shards_over_every_process_unless_told_otherwise(nodes, devices, g
 
 
 @pytest.mark.slow
-def test_the_documented_flag_trains_sharded(tmp_path: Path):
-    with (tmp_path / "corpus.jsonl").open("w") as f:
-        for i in range(60):
-            f.write(json.dumps({"text": f"Document {i}. " + "Queries meet keys. " * (3 + i % 4)}) + "\n")
-    prepare(str(tmp_path / "corpus.jsonl"), str(tmp_path / "shards"), val_fraction=0.2)
-    args = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), f"--data.data_dir={tmp_path / 'shards'}",
+def test_the_documented_flag_trains_sharded(tiny_shards: Path, tmp_path: Path):
+    args = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), f"--data.data_dir={tiny_shards}",
             "--data.source=null", "--data.seq_len=16", "--data.batch_size=2", "--model.config.n_layer=1",
             "--model.config.n_embd=16", "--model.config.n_head=2", "--trainer.max_steps=2",
             "--trainer.strategy", "ModelParallelStrategy", "--trainer.devices=1", "--trainer.accelerator=cpu",
