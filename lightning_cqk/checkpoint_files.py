@@ -18,6 +18,16 @@ come from elsewhere (a colleague, a download), and a pickle can run any code whi
   newest intact checkpoint beside it: the one with the highest step (`checkpoint_step`), never the most recently
   modified (a copy or restore changes modification times).
 
+**Distributed-checkpoint folders.** FSDP2 (`--trainer.strategy ModelParallelStrategy`) saves a checkpoint as a
+folder of the same name (`last.ckpt/`, `step=00000100.ckpt/`): torch.distributed.checkpoint's shards and their index
+`.metadata` (written last, once every shard is complete), and Lightning's `meta.pt`, a `torch.save` file with the rest
+of the state (step, loops, callbacks, hyper-parameters; rank 0 writes it after the shards). Every function here takes
+such a folder where it takes a file: a folder is intact when its index exists and its meta.pt is (`checkpoint_problem`),
+its step is meta.pt's, `load_checkpoint` returns meta.pt's content (the sharded weights and optimizer states are the
+strategy's to load), and `replace_folder` puts a folder written under a temporary name in place. A folder is never
+loaded where weights are needed (`generate`, `eval`, the NaN guard's rollback): consolidate it into one file first
+(`CONSOLIDATE`).
+
 Standard library only at import (torch is imported when a file is loaded): `run_dir.py` and the light command line
 use `checkpoint_problem`.
 """
@@ -28,6 +38,7 @@ import os
 import pathlib
 import pickle
 import re
+import shutil
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,6 +56,14 @@ TRUSTED_GLOBALS: tuple[type, ...] = (
 )
 
 
+#: Inside a distributed-checkpoint folder: Lightning's `torch.save` file of everything but the sharded tensors
+#: (`lightning.fabric.utilities.load._METADATA_FILENAME`), and torch.distributed.checkpoint's index of the shards.
+META_NAME = "meta.pt"
+SHARD_INDEX_NAME = ".metadata"
+#: How to turn a distributed-checkpoint folder into one file that `generate`, `eval` and `--model.checkpoint` load.
+CONSOLIDATE = "lightning_cqk consolidate {path}"
+
+
 class CorruptCheckpointError(ConfigError):
     """A checkpoint file that cannot be read: truncated (a crash while writing), damaged, or not a checkpoint."""
 
@@ -54,15 +73,36 @@ class UntrustedCheckpointError(ConfigError):
 
 
 # --------------------------------------------------------------------------------------------------- intact?
+def is_checkpoint_folder(path: str | Path) -> bool:
+    """Whether `path` is a directory saved as a checkpoint (a distributed-checkpoint folder, intact or not)."""
+    return Path(path).is_dir()
+
+
+def state_file(path: str | Path) -> Path:
+    """The `torch.save` file that holds a checkpoint's step and settings: the file itself, or a folder's meta.pt."""
+    path = Path(path)
+    return path / META_NAME if path.is_dir() else path
+
+
 def checkpoint_problem(path: str | Path) -> str | None:
     """What is wrong with a `torch.save` checkpoint file (a zip archive), or None when it reads back intact.
 
     Checks the zip structure and every member's CRC: a truncated file has no central directory, a damaged one fails
     a CRC. A file that is not a zip at all, or a zip without the ``<name>/data.pkl`` that ``torch.save`` writes, is
     named as not a checkpoint. (A legacy non-zip ``torch.save`` file, a pickle, is left to ``torch.load``.) Reads
-    the whole file once.
+    the whole file once. A distributed-checkpoint folder is intact when its shard index `.metadata` (written once
+    every shard is complete) and its `meta.pt` exist and meta.pt is intact.
     """
     path = Path(path)
+    if path.is_dir():
+        for name in (SHARD_INDEX_NAME, META_NAME):
+            if not (path / name).is_file():
+                return (
+                    f"a distributed-checkpoint folder without its {name} (its save was cut short, or it is not a "
+                    "checkpoint)"
+                )
+        problem = checkpoint_problem(path / META_NAME)
+        return None if problem is None else f"its {META_NAME} is damaged: {problem}"
     try:
         if path.stat().st_size == 0:
             return "the file is empty"
@@ -109,7 +149,7 @@ def saved_step(path: str | Path) -> int | None:
     """
     import torch
 
-    path = Path(path)
+    path = state_file(path)
     try:
         with torch.serialization.safe_globals(list(TRUSTED_GLOBALS)):
             checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
@@ -131,14 +171,15 @@ def checkpoint_step(path: str | Path, siblings: Sequence[Path] = ()) -> int | No
         return named
     for sibling in siblings:
         sibling_step = step_in_name(sibling)
-        if sibling_step is not None and sibling != path and _same_file(path, sibling):
+        if sibling_step is not None and sibling != path and same_checkpoint(path, sibling):
             return sibling_step
     return saved_step(path)
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def same_checkpoint(a: Path, b: Path) -> bool:
+    """Whether two checkpoints are one (hard links of one file; for folders, of one meta.pt)."""
     try:
-        return os.path.samefile(a, b)
+        return os.path.samefile(state_file(a), state_file(b))
     except OSError:
         return False
 
@@ -154,7 +195,7 @@ def newest_intact_checkpoint(folder: str | Path, exclude: str | Path | None = No
     if not folder.is_dir():
         return None
     skip = Path(exclude).resolve() if exclude is not None else None
-    candidates = [p for p in folder.glob("*.ckpt") if p.is_file() and p.resolve() != skip]
+    candidates = [p for p in folder.glob("*.ckpt") if p.exists() and p.resolve() != skip]
     ranked = sorted(candidates, key=lambda p: _step_rank(p, candidates), reverse=True)
     return next((p for p in ranked if checkpoint_problem(p) is None), None)
 
@@ -214,6 +255,7 @@ def check_checkpoint(path: str | Path) -> None:
     problem = checkpoint_problem(path)
     if problem is not None:
         raise CorruptCheckpointError(corrupt_checkpoint_message(path, problem))
+    path = state_file(path)
     if zipfile.is_zipfile(path):
         objects = untrusted_objects(path)
         if objects:
@@ -227,7 +269,8 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", verify: bool = 
     """`torch.load(path, weights_only=True)` with `TRUSTED_GLOBALS` allowed, and clear errors (module docstring).
 
     Args:
-        path: a local checkpoint file.
+        path: a local checkpoint file, or a distributed-checkpoint folder (its meta.pt is loaded: the run's state
+            without the sharded weights and optimizer states).
         map_location: as for `torch.load` (default: the CPU).
         verify: check the zip CRCs first (one extra sequential read, about a second per GB).
 
@@ -239,12 +282,13 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", verify: bool = 
     import torch
 
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"Checkpoint {path} does not exist.")
-    if verify:
+    if verify or path.is_dir():
         problem = checkpoint_problem(path)
         if problem is not None:
             raise CorruptCheckpointError(corrupt_checkpoint_message(path, problem))
+    path = state_file(path)
     try:
         with torch.serialization.safe_globals(list(TRUSTED_GLOBALS)):
             return torch.load(path, map_location=map_location, weights_only=True)
@@ -266,3 +310,77 @@ def _first_line(err: BaseException) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     useful = [line for line in lines if "global" in line.lower()] or lines
     return useful[0][:300] if useful else type(err).__name__
+
+
+def refuse_checkpoint_folder(path: str | Path) -> None:
+    """For a command that needs the weights in one file: refuse a distributed-checkpoint folder with the command that
+    consolidates it (its weights are sharded over the processes that saved it)."""
+    if Path(path).is_dir():
+        raise ConfigError(
+            f"Checkpoint {path} is a distributed-checkpoint folder (saved by FSDP2, --trainer.strategy "
+            "ModelParallelStrategy): its weights are sharded, and this command needs them in one file. Consolidate "
+            f"it once: {CONSOLIDATE.format(path=path)} (writes {path}.consolidated: weights and settings), then give "
+            "that file."
+        )
+
+
+# --------------------------------------------------------------------------------------------- folders
+def fsync_folder(folder: str | Path) -> None:
+    """Flush a folder's entries (a rename inside it) to disk; a no-op where folders cannot be opened (Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_path(path: str | Path) -> None:
+    """Remove a checkpoint file, link or folder (missing: nothing to do)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def replace_folder(source: str | Path, target: str | Path) -> None:
+    """Put the folder `source` (written completely under a temporary name beside `target`) at `target`.
+
+    A folder cannot be renamed over a non-empty one, so whatever is at `target` is first renamed aside (to a hidden
+    `.<name>.old.<pid>.tmp`, which `RunCheckpoint` removes at the next start if this process dies before it does),
+    then `source` is renamed to `target`, then the old one is removed. A reader sees the old checkpoint, the new one,
+    or (between the two renames) none at that name, never half of one: a resume then takes the newest intact
+    periodic checkpoint instead (`run_dir.resumable_checkpoint`).
+    """
+    source, target = Path(source), Path(target)
+    old = None
+    if target.exists() or target.is_symlink():
+        old = target.with_name(f".{target.name}.old.{os.getpid()}.tmp")
+        remove_path(old)
+        os.rename(target, old)
+    os.rename(source, target)
+    fsync_folder(target.parent)
+    if old is not None:
+        remove_path(old)
+
+
+def link_folder(source: str | Path, target: str | Path) -> None:
+    """Make `target` a folder of hard links to the files of folder `source` (no byte copied), built under a temporary
+    name and put in place by `replace_folder`. Raises OSError where hard links are impossible."""
+    source, target = Path(source), Path(target)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    remove_path(tmp)
+    try:
+        for root, _, files in os.walk(source):
+            here = tmp / Path(root).relative_to(source)
+            here.mkdir(parents=True, exist_ok=True)
+            for name in files:
+                os.link(Path(root) / name, here / name)
+        replace_folder(tmp, target)
+    finally:
+        remove_path(tmp)

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.checkpoint_files import checkpoint_problem, checkpoint_step, step_in_name
+from lightning_cqk.checkpoint_files import checkpoint_problem, checkpoint_step, same_checkpoint, step_in_name
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.package_versions import package_versions
 from lightning_cqk.run_lock import (
@@ -325,12 +325,6 @@ def describe_end(run_dir: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
-DISTRIBUTED_NOTE = (
-    "{path} is a distributed-checkpoint folder (FSDP2, --trainer.strategy ModelParallelStrategy), which `fit` cannot "
-    "resume yet (issue 32): a new run would start at step 0"
-)
-
-
 def resumable_checkpoint(run_dir: Path) -> tuple[Path | None, str]:
     """The checkpoint to resume `run_dir` from, and a note when it is not an intact `checkpoints/last.ckpt`.
 
@@ -338,14 +332,13 @@ def resumable_checkpoint(run_dir: Path) -> tuple[Path | None, str]:
     intact `*step=<N>*.ckpt` beside it; else the periodic file of the highest step that reads back intact (a run
     killed between writing a periodic file and pointing last.ckpt at it, or a missing, dangling or damaged
     last.ckpt). Steps, never modification times, decide (`checkpoint_files.checkpoint_step`); `nonfinite-*` files,
-    the NaN guard's pre-divergence states, are never picked automatically.
+    the NaN guard's pre-divergence states, are never picked automatically. FSDP2's distributed-checkpoint folders
+    (`last.ckpt/`, `step=<N>.ckpt/`) are ranked and checked the same way (`checkpoint_files.checkpoint_problem`).
     """
     folder = Path(run_dir) / "checkpoints"
     last = folder / "last.ckpt"
-    if last.is_dir():  # FSDP2 (ModelParallelStrategy) writes a distributed-checkpoint folder
-        return None, DISTRIBUTED_NOTE.format(path=last)
     candidates = _periodic_by_step(folder)
-    if last.is_file():
+    if last.is_file() or last.is_dir():
         problem = checkpoint_problem(last)
         if problem is None:
             return _last_or_newer(last, candidates)
@@ -368,7 +361,7 @@ def _periodic_by_step(folder: Path) -> list[tuple[int, Path]]:
     found = []
     for p in folder.glob("*.ckpt"):
         step = step_in_name(p)
-        if step is not None and p.name != "last.ckpt" and not p.name.startswith("nonfinite") and p.is_file():
+        if step is not None and p.name != "last.ckpt" and not p.name.startswith("nonfinite") and p.exists():
             found.append((step, p))
     return sorted(found, key=lambda item: (item[0], item[1].name), reverse=True)
 
@@ -378,7 +371,7 @@ def _last_or_newer(last: Path, candidates: list[tuple[int, Path]]) -> tuple[Path
     periodic files that last.ckpt is pointed at count: a `best-*` file (BestCheckpoint's) can be the state of an
     abandoned continuation after a rewind, which BestCheckpoint prunes once the run has resumed."""
     candidates = [(step, p) for step, p in candidates if not p.name.startswith("best")]
-    if not candidates or _same_file(last, candidates[0][1]):
+    if not candidates or same_checkpoint(last, candidates[0][1]):
         return last, ""  # the usual case: last.ckpt is a hard link of the newest periodic file
     last_step = checkpoint_step(last, [p for _, p in candidates])
     if last_step is None:
@@ -392,13 +385,6 @@ def _last_or_newer(last: Path, candidates: list[tuple[int, Path]]) -> tuple[Path
                 f"(the run stopped between the two writes); using {p.name}"
             )
     return last, ""
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------------------------------------- what changed
@@ -578,8 +564,6 @@ def resolve_fit(
                 if state.note:
                     notes.append(f"{d}: {state.note}.")
                 return FitPlan(d, str(state.checkpoint), True, notes=notes)
-            if (d / "checkpoints" / "last.ckpt").is_dir():  # never a silent restart of a sharded run from step 0
-                raise ResumeRefused(f"--ckpt_path last: {state.note}. Start a new run without --ckpt_path.")
             why = state.note or "no checkpoint (it stopped before its first save)"
             notes.append(f"{d} has {why}; passed over.")
         name = next_free_name(root, base)
@@ -649,7 +633,7 @@ def _resolve_named(run_dir: Path, ckpt_request: str | None, on_unfinished: str, 
 
 
 def _resolve_file(root: Path, base: str, version: str | None, ckpt: Path) -> FitPlan:
-    if not ckpt.is_file():
+    if not ckpt.exists():
         raise ResumeRefused(f"--ckpt_path {ckpt}: no such file.")
     if version is not None:
         return FitPlan(root / version, str(ckpt), True)

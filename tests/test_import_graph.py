@@ -40,7 +40,7 @@ NAME = "lightning_cqk"
 
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "config", "strict_yaml", "package_versions"),
-    ("resources", "run_lock", "checkpoint_files", "launch", "run_dir", "device_info"),
+    ("resources", "run_lock", "checkpoint_files", "checkpoint_consolidate", "launch", "run_dir", "device_info"),
     ("attention",),
     ("model",),
     ("optim",),

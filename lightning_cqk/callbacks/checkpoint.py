@@ -18,6 +18,7 @@ would load damaged tensor bytes silently.
                                     (every `log_every_n_steps`: no collective on the other steps)
     last.ckpt                       after every save and when training ends; a hard link to the periodic file
                                     just written (no second write), a full atomic write where links are impossible
+                                    (FSDP2's distributed-checkpoint folders: a folder of hard links to its files)
     keep_last / keep_every_n_steps  retention: the newest `keep_last` periodic files are kept, plus every file whose
                                     step is a multiple of `keep_every_n_steps` (milestones); last.ckpt always.
                                     Retention deletes only files in this run's own checkpoint folder: the list
@@ -77,7 +78,11 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_cqk.checkpoint_files import (
     checkpoint_problem,
+    fsync_folder,
+    link_folder,
     load_checkpoint,
+    remove_path,
+    state_file,
     step_in_name,
 )
 from lightning_cqk.errors import StorageFullError, storage_full_errno
@@ -93,19 +98,6 @@ def storage_full_message(code: int, target: Path) -> str:
         f"removed. Free space on that disk (`df -h {target.parent}`), then run the same command with --ckpt_path last "
         "to resume from the newest checkpoint."
     )
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # e.g. Windows: directories cannot be opened; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -132,7 +124,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, target)
-            _fsync_dir(target.parent)
+            fsync_folder(target.parent)
         except (OSError, RuntimeError) as err:  # torch.save: a RuntimeError "enforce fail" whose context is the OSError
             code = storage_full_errno(err)
             if code is None:
@@ -156,7 +148,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def link_or_copy_atomically(source: Path, target: Path) -> bool:
-    """Make `target` a hard link to `source`, replacing it atomically; False when hard links are impossible."""
+    """Make `target` a hard link to `source`, replacing it atomically; False when hard links are impossible.
+
+    A distributed-checkpoint folder (FSDP2) becomes a folder of hard links to its files (`link_folder`).
+    """
+    if source.is_dir():
+        try:
+            link_folder(source, target)
+        except OSError:
+            return False
+        return True
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         tmp.unlink(missing_ok=True)
@@ -165,7 +166,7 @@ def link_or_copy_atomically(source: Path, target: Path) -> bool:
     except OSError:
         tmp.unlink(missing_ok=True)
         return False
-    _fsync_dir(target.parent)
+    fsync_folder(target.parent)
     return True
 
 
@@ -249,7 +250,7 @@ class RunCheckpoint(ModelCheckpoint):
             if folder.is_dir():  # leftovers of a save that was killed (the run lock rules out a live writer)
                 for leftover in folder.iterdir():
                     if TMP_PATTERN.match(leftover.name):
-                        leftover.unlink(missing_ok=True)
+                        remove_path(leftover)  # a file, or a distributed-checkpoint folder (FSDP2)
                         rank_zero_info(f"RunCheckpoint: removed {leftover}, left by an interrupted save.")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -267,8 +268,8 @@ class RunCheckpoint(ModelCheckpoint):
             return  # no prefix of its own: its files cannot be told from the other callbacks' files
         for path in sorted(Path(self.dirpath).glob(pattern)):
             step = step_in_name(path)
-            if step is not None and step > trainer.global_step and path.is_file():
-                path.unlink(missing_ok=True)
+            if step is not None and step > trainer.global_step and path.exists():
+                remove_path(path)
                 self.periodic = [(s, p) for s, p in self.periodic if Path(p).name != path.name]
                 rank_zero_info(
                     f"RunCheckpoint: deleted {path} (step {step}), left by a continuation after the resumed step "
@@ -419,7 +420,7 @@ class RunCheckpoint(ModelCheckpoint):
                 own.append((int(step), str(path)))
             elif self.dirpath and _is_local_file_protocol(str(self.dirpath)):
                 mine = Path(self.dirpath) / Path(str(path)).name  # a copy of the run: its own file of that name
-                if mine.is_file():
+                if mine.exists():
                     own.append((int(step), str(mine)))
         return own
 
@@ -514,7 +515,7 @@ class BestCheckpoint(ModelCheckpoint):
 
         def mine(path: Any) -> str:
             own = folder / Path(str(path)).name if path else None
-            return str(own) if own is not None and own.is_file() else ""
+            return str(own) if own is not None and own.exists() else ""
 
         state = dict(state_dict, dirpath=self.dirpath)
         state["best_k_models"] = {mine(p): v for p, v in state_dict.get("best_k_models", {}).items() if mine(p)}
@@ -539,7 +540,7 @@ class BestCheckpoint(ModelCheckpoint):
             if step is None or step > trainer.global_step or score is None or not math.isfinite(score):
                 why = f"from step {step}, after the resumed step {trainer.global_step}" if step is not None else ""
                 if trainer.is_global_zero:
-                    path.unlink(missing_ok=True)
+                    remove_path(path)
                 rank_zero_info(
                     f"BestCheckpoint: pruned {path}, a best file this run does not track ({why or 'no score'})."
                 )
@@ -556,7 +557,7 @@ class BestCheckpoint(ModelCheckpoint):
         k = len(ordered) if self.save_top_k < 0 else self.save_top_k
         for path, _ in ordered[k:]:
             if trainer.is_global_zero and Path(path).resolve().parent == Path(self.dirpath).resolve():
-                Path(path).unlink(missing_ok=True)
+                remove_path(path)
         kept = ordered[:k]
         self.best_k_models = dict(kept)
         if kept:
@@ -584,7 +585,7 @@ def _recorded_score(path: Path, state_key: str) -> tuple[int | None, float | Non
     if checkpoint_problem(path) is not None:
         return None, None
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        checkpoint = torch.load(state_file(path), map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - an unreadable file is pruned, not tracked
         return None, None
     state = (checkpoint.get("callbacks") or {}).get(state_key) or {}

@@ -20,7 +20,7 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lightning_cqk.checkpoint_files import check_checkpoint
+from lightning_cqk.checkpoint_files import check_checkpoint, refuse_checkpoint_folder
 from lightning_cqk.errors import ConfigError, MissingInputError
 from lightning_cqk.launch import is_rank_zero_launch
 from lightning_cqk.run_dir import RunDirectory, checkpoint_run_name, is_husk, next_free_name
@@ -74,6 +74,7 @@ class GlueCLI(LightningCLI):
             raise ConfigError(
                 "Give the pretrained LM checkpoint: --model.checkpoint runs/<experiment>/<run>/checkpoints/last.ckpt"
             )
+        refuse_checkpoint_folder(checkpoint)
         if not Path(checkpoint).is_file():
             raise MissingInputError(
                 f"--model.checkpoint {checkpoint} does not exist. Give a .ckpt written by `lightning_cqk fit`, e.g. "

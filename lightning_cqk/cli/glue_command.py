@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.checkpoint_files import check_checkpoint
+from lightning_cqk.checkpoint_files import check_checkpoint, refuse_checkpoint_folder
 from lightning_cqk.downstream.glue_table import render_table, summarise_seeds, write_glue_table
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS, TaskDataMissing, get_task, load_task
 from lightning_cqk.errors import MissingInputError
@@ -70,6 +70,7 @@ def glue(
     from lightning_cqk.cli.glue import GlueCLI  # Lightning: imported when fine-tuning, not for glue-table
 
     ckpt = Path(checkpoint)
+    refuse_checkpoint_folder(ckpt)
     if not ckpt.is_file():
         raise MissingInputError(f"Checkpoint {ckpt} does not exist; give a .ckpt written by `lightning_cqk fit`.")
     check_checkpoint(ckpt)  # truncated, corrupt or untrusted: refused once, before any task runs

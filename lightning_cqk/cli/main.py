@@ -8,6 +8,7 @@
     lightning_cqk report runs/coupling-cpu                                          # its tables and figures
     lightning_cqk fit --config configs/glue/sst2.yaml --model.checkpoint <ckpt>   # downstream: GlueCLI
     lightning_cqk glue --checkpoint <ckpt> | glue-table <ckpt|dir>... | mc-eval --checkpoint <ckpt> --tasks '[a.jsonl]'
+    lightning_cqk consolidate runs/<experiment>/<run>/checkpoints/last.ckpt     # FSDP2 folder -> one file
 
 `fit/validate/test/predict` are LightningCLI subcommands: configs compose left to right, command-line flags win,
 `--print_config` prints the resolved config. Two values are linked so that model and data cannot disagree:
@@ -127,6 +128,12 @@ def _eval_command(argv: list[str]) -> None:
     eval_command(argv)
 
 
+def _consolidate_command(argv: list[str]) -> None:
+    from lightning_cqk.checkpoint_consolidate import consolidate_command
+
+    consolidate_command(argv)
+
+
 EXTRA_COMMANDS = {
     "prepare": _prepare_command,
     "attention": _attention_command,
@@ -137,10 +144,11 @@ EXTRA_COMMANDS = {
     "mc-eval": _mc_eval_command,
     "generate": _generate_command,
     "eval": _eval_command,
+    "consolidate": _consolidate_command,
 }
 
 USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,sweep,report,glue,glue-table,mc-eval,
-                     generate,eval} ...
+                     generate,eval,consolidate} ...
 
   fit        train:                     lightning_cqk fit --config configs/quickstart.yaml
   validate   evaluate a checkpoint:     lightning_cqk validate --config <run>/config.yaml --ckpt_path <ckpt>
@@ -157,6 +165,7 @@ USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,swe
                   lightning_cqk mc-eval --checkpoint <ckpt> --tasks '[arc.jsonl]' [--num_fewshot 5]
   generate   sample text from a checkpoint, streamed: lightning_cqk generate --checkpoint <ckpt> --prompt "..."
   eval       lm-evaluation-harness tasks: lightning_cqk eval --checkpoint <ckpt> --tasks hellaswag,arc_easy
+  consolidate  one file from an FSDP2 checkpoint folder: lightning_cqk consolidate <run>/checkpoints/last.ckpt
 
 A config whose model.class_path is in lightning_cqk.downstream (configs/glue/<task>.yaml) trains with the downstream
 CLI:                                    lightning_cqk fit --config configs/glue/sst2.yaml --model.checkpoint <ckpt>

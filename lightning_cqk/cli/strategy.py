@@ -6,13 +6,32 @@ bare class name of `lightning.pytorch.strategies` into its class (`DDPStrategy`,
 `ModelParallelStrategy` into `FSDP2Strategy`: the same strategy with the sizes this framework can use by default.
 Lightning's own defaults ("auto" = data-parallel over nodes, tensor-parallel over each node's devices) ask for
 tensor parallelism on one node (8 GPUs: tensor-parallel 8), which `LitLM` refuses (it shards with FSDP2 only).
+
+Its checkpoints are distributed-checkpoint folders (`checkpoint_files`: shards, their index, meta.pt), saved whole or
+not at all: every rank writes under a hidden temporary name beside the target, and rank zero puts the finished folder
+in place (`checkpoint_files.replace_folder`), so a kill during a save leaves the previous checkpoint (Lightning writes
+into the target folder itself: a kill there leaves the old meta.pt beside half the new shards). Loading checks the
+folder first (a clear `CorruptCheckpointError` naming the newest intact checkpoint beside it) and reads meta.pt with
+`weights_only=True`, as every other checkpoint of the package.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Literal
 
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.strategies import ModelParallelStrategy
+
+from lightning_cqk.checkpoint_files import (
+    TRUSTED_GLOBALS,
+    CorruptCheckpointError,
+    checkpoint_problem,
+    corrupt_checkpoint_message,
+    remove_path,
+    replace_folder,
+)
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -38,6 +57,34 @@ class FSDP2Strategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         self.resolve_sizes()  # before Lightning's "auto" (data-parallel = nodes, tensor-parallel = devices per node)
         super().setup_environment()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        """Save the folder under a temporary name, then put it in place whole (module docstring)."""
+        if not self._save_distributed_checkpoint or not _is_local_file_protocol(str(filepath)):
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        target = Path(self.broadcast(str(filepath)))  # rank zero's path and process id name the folder on every rank
+        tmp = target.with_name(f".{target.name}.{self.broadcast(os.getpid())}.tmp")
+        if self.is_global_zero:
+            remove_path(tmp)
+        self.barrier("FSDP2Strategy.save_checkpoint:start")
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        self.barrier("FSDP2Strategy.save_checkpoint:written")
+        if self.is_global_zero:
+            replace_folder(tmp, target)
+        self.barrier("FSDP2Strategy.save_checkpoint:in-place")
+        return None
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Refuse a cut-short or damaged folder by name; read meta.pt as plain data (`weights_only=True`)."""
+        import torch
+
+        path = Path(self.broadcast(str(checkpoint_path)))
+        if _is_local_file_protocol(str(path)):
+            problem = checkpoint_problem(path)
+            if problem is not None:
+                raise CorruptCheckpointError(corrupt_checkpoint_message(path, problem))
+        with torch.serialization.safe_globals(list(TRUSTED_GLOBALS)):
+            return super().load_checkpoint(path, weights_only=True)
 
 
 def resolve_strategy(value: Any) -> Any:

@@ -139,7 +139,7 @@ class CQKCLI(LightningCLI):
             check_run_name_part(logger.init_args.get("version"), "--trainer.logger.init_args.version")
         if sub == "fit" and is_tensorboard(logger):
             self._plan_fit()  # ResumeRefused / RunDirectoryInUse: `main` prints them without a traceback
-        elif sub is not None and ckpt and Path(ckpt).is_file():
+        elif sub is not None and ckpt and Path(ckpt).exists():
             self._merge_checkpoint_hparams(ckpt)
         config = self.config[sub] if sub else self.config
         trainer = config.trainer

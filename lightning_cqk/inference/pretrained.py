@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.checkpoint_files import load_checkpoint
+from lightning_cqk.checkpoint_files import load_checkpoint, refuse_checkpoint_folder
 from lightning_cqk.config import ModelConfig, upgrade_config_dict
 from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.tokenizers import Tokenizer, get_tokenizer, vocab_size_of
@@ -55,6 +55,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """The checkpoint's dict (on the CPU), with a clear error when it is missing, truncated, corrupt, untrusted or not
     a `LitLM` checkpoint (read by `checkpoint_files.load_checkpoint`: weights_only=True, zip CRCs checked)."""
     path = Path(path)
+    refuse_checkpoint_folder(path)
     if not path.is_file():
         raise MissingInputError(
             f"Checkpoint {path} does not exist. Give a .ckpt written by `lightning_cqk fit`, e.g. "

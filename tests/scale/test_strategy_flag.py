@@ -4,6 +4,7 @@ Now the bare class name is the class, and FSDP2 shards over every process by def
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,21 +39,70 @@ def test_fsdp2_shards_over_every_process_unless_told_otherwise(nodes, devices, g
     assert strategy.resolve_sizes() == sizes
 
 
-@pytest.mark.slow
-def test_the_documented_flag_trains_sharded(tiny_shards: Path, tmp_path: Path):
-    args = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), f"--data.data_dir={tiny_shards}",
-            "--data.source=null", "--data.seq_len=16", "--data.batch_size=2", "--model.config.n_layer=1",
-            "--model.config.n_embd=16", "--model.config.n_head=2", "--trainer.max_steps=2",
+SHARDED_CALLBACKS = """
+trainer:
+  val_check_interval: 2
+  check_val_every_n_epoch: null
+  limit_val_batches: 1
+  callbacks:
+    - class_path: lightning_cqk.callbacks.RunCheckpoint
+      init_args: {every_n_steps: 1, keep_last: 2}
+    - class_path: lightning_cqk.callbacks.BestCheckpoint
+"""
+
+
+def _sharded_fit(shards: Path, root: Path, *extra: str) -> subprocess.CompletedProcess:
+    (root / "callbacks.yaml").write_text(SHARDED_CALLBACKS)
+    args = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--config", str(root / "callbacks.yaml"),
+            f"--data.data_dir={shards}", "--data.source=null", "--data.seq_len=16", "--data.batch_size=2",
+            "--model.config.n_layer=1", "--model.config.n_embd=16", "--model.config.n_head=2",
             "--trainer.strategy", "ModelParallelStrategy", "--trainer.devices=1", "--trainer.accelerator=cpu",
-            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"]  # fmt: skip
+            f"--trainer.logger.init_args.save_dir={root / 'runs'}", *extra]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-m", "lightning_cqk", *args], env=env, cwd=tmp_path, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "lightning_cqk", *args], env=env, cwd=root, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
+
+
+def _consolidated_weights(folder: Path, out: Path) -> dict[str, torch.Tensor]:
+    """The weights of a distributed-checkpoint folder, consolidated by the command the package's refusals print."""
+    from lightning_cqk.checkpoint_files import CONSOLIDATE, load_checkpoint
+
+    command = CONSOLIDATE.format(path=folder).split() + ["--output", str(out)]
+    done = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"))  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    (run,) = (tmp_path / "runs" / "quickstart").iterdir()
-    assert (run / "checkpoints" / "last.ckpt").is_dir(), "a distributed-checkpoint folder: the model was sharded"
-    # Resuming that folder is not built yet (issue 32 item 3): refused by name, never a silent restart from step 0.
-    again = subprocess.run([sys.executable, "-m", "lightning_cqk", *args, "--ckpt_path", "last"], env=env, cwd=tmp_path,
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert again.returncode == 1 and "is a distributed-checkpoint folder" in again.stderr, again.stderr[-3000:]
-    assert sorted(p.name for p in (tmp_path / "runs" / "quickstart").iterdir()) == [run.name], "no new run"
+    return load_checkpoint(out)["state_dict"]
+
+
+@pytest.mark.slow
+def test_the_documented_flag_trains_sharded_and_resumes_exactly(tiny_shards: Path, tmp_path: Path):
+    """Issue 32 item 3: an FSDP2 run's checkpoints are folders; `--ckpt_path last` resumed none of them (a silent
+    restart from step 0). Now it continues at the saved step, to the same weights as a run never stopped, with
+    retention and last.ckpt as for files."""
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    whole.mkdir(), parts.mkdir()
+    done = _sharded_fit(tiny_shards, whole, "--trainer.max_steps=5")
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = _sharded_fit(tiny_shards, parts, "--trainer.max_steps=3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    (run,) = (parts / "runs" / "quickstart").iterdir()
+    folder = run / "checkpoints"
+    assert (folder / "last.ckpt").is_dir(), "a distributed-checkpoint folder: the model was sharded"
+    assert sorted(p.name for p in folder.glob("step=*")) == ["step=00000002.ckpt", "step=00000003.ckpt"], "keep_last 2"
+    assert os.path.samefile(folder / "last.ckpt" / "meta.pt", folder / "step=00000003.ckpt" / "meta.pt"), "linked"
+    (folder / ".step=00000004.ckpt.99999.tmp").mkdir()  # a save killed before it was put in place
+    again = _sharded_fit(tiny_shards, parts, "--trainer.max_steps=5", "--ckpt_path", "last")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert sorted(p.name for p in (parts / "runs" / "quickstart").iterdir()) == [run.name], "no new run"
+    attempts = json.loads((run / "run.json").read_text())["attempts"]
+    assert [(a["ckpt_path"], a["from_step"]) for a in attempts] == [(None, 0), (str(folder / "last.ckpt"), 3)]
+    assert attempts[-1]["status"] == "finished" and attempts[-1]["step"] == 5
+    assert not list(folder.glob(".*.tmp")), "the killed save's leftover is removed"
+    assert sorted(p.name for p in folder.glob("*step=*")) == ["best-step=4.ckpt", "step=00000004.ckpt",
+                                                              "step=00000005.ckpt"]  # fmt: skip
+    (whole_run,) = (whole / "runs" / "quickstart").iterdir()
+    resumed = _consolidated_weights(folder / "last.ckpt", tmp_path / "resumed.ckpt")
+    uninterrupted = _consolidated_weights(whole_run / "checkpoints" / "last.ckpt", tmp_path / "whole.ckpt")
+    assert resumed.keys() == uninterrupted.keys() and resumed
+    for name, value in uninterrupted.items():
+        torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=f"{name} differs after the resume")
