@@ -223,6 +223,13 @@ def optim_config(steps: int) -> OptimConfig:
 
 
 def compile_blocks(model: GPT) -> None:
+    """Regional compilation of every block, with dynamo's caches emptied first: every variant's blocks run the same
+    code object (`Block.forward`), whose graphs count towards one recompile limit (8) per process, so without the reset
+    the variants after the first few would silently run eager. A limit hit is an error, not an eager fallback."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     for block in model.blocks:
         block.compile()
 

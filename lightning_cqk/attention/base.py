@@ -53,7 +53,7 @@ The decode contract (incremental inference with a cache, issue 16):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -129,6 +129,10 @@ class AttentionContext:
         reference: for models with a backend that sets `uses_reference_stream`: `reference[i]` is what block i's
             attention receives (its input norm applied) when the model runs the fixed reference stream, (1, L, C)
             with L >= T; listed for every layer up to the last one that reads it. None otherwise.
+        layer_reference: `reference[i]` of the block being run, (1, L, C), set by the model for each block (a copy of
+            the context per block, `for_layer`), so that a backend reads a tensor rather than indexing the list by its
+            layer index: one compiled graph serves every layer (indexing by a Python int specialises each layer's
+            graph). None outside a GPT pass; a backend then reads `reference[layer_idx]`.
 
     Decode mode only (all None in training; see the module docstring's decode contract):
         cache: this layer's `LayerCache` (the model sets it before each block), or None for a layer that caches
@@ -147,6 +151,7 @@ class AttentionContext:
     sin: torch.Tensor | None = None
     embeddings: torch.Tensor | None = None
     reference: list[torch.Tensor] | None = None
+    layer_reference: torch.Tensor | None = None
     cache: LayerCache | None = None
     positions: torch.Tensor | None = None
     key_valid: torch.Tensor | None = None
@@ -154,6 +159,13 @@ class AttentionContext:
     key_positions: torch.Tensor | None = None
     rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
     _key_rope: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    def for_layer(self, layer_idx: int) -> AttentionContext:
+        """This context for block `layer_idx`: `layer_reference` set to its reference state (a copy; the same context
+        when the model has no reference stream or the layer is past the last one that reads it)."""
+        if self.reference is None or layer_idx >= len(self.reference):
+            return self
+        return replace(self, layer_reference=self.reference[layer_idx])
 
     @property
     def decoding(self) -> bool:

@@ -219,14 +219,21 @@ class FixedInputQKAttention(ProjectedAttention):
         q, k = self.query_key(x.size(1), ctx)  # (1, nh, T, hs) each
         return causal_logits(q, k)  # (1, nh, T, T)
 
-    def query_key(self, T: int, ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k (1, nh, T, hs) from the leading T positions of this layer's reference state."""
+    def layer_reference(self, ctx: AttentionContext) -> torch.Tensor:
+        """This layer's reference state (1, L, C): the tensor the model hands this block (`ctx.layer_reference`, one
+        compiled graph for every layer), else `ctx.reference[layer_idx]` (a context built by hand)."""
+        if ctx.layer_reference is not None:
+            return ctx.layer_reference
         if ctx.reference is None:
             raise ValueError(
                 f"{self.name} takes q and k from the model's fixed reference stream (AttentionContext.reference), "
                 "which GPT provides; outside a GPT pass reference=[... (1, L, C) per layer ...] yourself."
             )
-        r = ctx.reference[self.layer_idx]  # (1, L, C)
+        return ctx.reference[self.layer_idx]  # (1, L, C)
+
+    def query_key(self, T: int, ctx: AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (1, nh, T, hs) from the leading T positions of this layer's reference state."""
+        r = self.layer_reference(ctx)  # (1, L, C)
         if T > r.size(1):
             raise ValueError(
                 f"{self.name} (layer {self.layer_idx}): sequence length {T} exceeds the fixed input's length "
@@ -295,12 +302,7 @@ class FixedInputQKAttention(ProjectedAttention):
 
     def _reference(self, ctx: AttentionContext) -> torch.Tensor:
         """This layer's reference state (1, L, C), detached when `detach_reference`."""
-        if ctx.reference is None:
-            raise ValueError(
-                f"{self.name} takes q and k from the model's fixed reference stream (AttentionContext.reference), "
-                "which GPT provides; outside a GPT pass reference=[... (1, L, C) per layer ...] yourself."
-            )
-        r = ctx.reference[self.layer_idx].to(self.q_proj.weight.dtype)  # (1, L, C); a cache may keep it narrower
+        r = self.layer_reference(ctx).to(self.q_proj.weight.dtype)  # (1, L, C); a cache may keep it narrower
         return r.detach() if self.options.detach_reference else r
 
     def stream_key(self) -> tuple:

@@ -227,7 +227,7 @@ class GPT(nn.Module):
         for i, block in enumerate(self.blocks[: last + 1]):
             states.append(block.norm_1(r))  # (1, L, C): block i's attention input on the stream
             if i < last:
-                r = block(r, ctx)  # (1, L, C)
+                r = block(r, ctx.for_layer(i))  # (1, L, C)
         return states
 
     def forward(
@@ -291,11 +291,12 @@ class GPT(nn.Module):
         x = self.embed(self.wte(idx))  # (B, T, C)
         ctx = self.context(T, embeddings=x, reference=self.reference_states(T))
         checkpointing = self.activation_checkpointing and self.training and torch.is_grad_enabled()
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
+            layer_ctx = ctx.for_layer(i)  # its own reference state, if any: one compiled graph for every layer
             if checkpointing:  # keep only the block's input; recompute its activations in backward
-                x = checkpoint(block, x, ctx, use_reentrant=False)  # (B, T, C)
+                x = checkpoint(block, x, layer_ctx, use_reentrant=False)  # (B, T, C)
             else:
-                x = block(x, ctx)  # (B, T, C)
+                x = block(x, layer_ctx)  # (B, T, C)
         return self.norm_f(x)  # (B, T, C)
 
     def _decode_hidden_states(
@@ -323,10 +324,11 @@ class GPT(nn.Module):
             ctx.cos = self.rope_cos[ctx.positions].unsqueeze(1)  # (B, 1, T, hs/2)
             ctx.sin = self.rope_sin[ctx.positions].unsqueeze(1)  # (B, 1, T, hs/2)
             ctx.rope_tables = (self.rope_cos, self.rope_sin)
-        for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
-            ctx.cache = layer_cache
+        for i, (block, layer_cache) in enumerate(zip(self.blocks, cache.layers, strict=True)):
+            ctx.cache = layer_cache  # set in place (no copy): the gathered key RoPE tables stay shared by every layer
+            ctx.layer_reference = ctx.for_layer(i).layer_reference
             x = block(x, ctx)  # (B, T, C)
-        ctx.cache = None
+        ctx.cache = ctx.layer_reference = None
         cache.advance(T)
         return self.norm_f(x)  # (B, T, C)
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
 
 from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
@@ -63,13 +65,18 @@ def test_backend_trains_200_steps_bf16(name, compiled):
     torch.manual_seed(0)
     cfg = ModelConfig(preset="60m", block_size=1024, vocab_size=50304, attention=attention, attention_options=options)
     model = GPT(cfg).cuda()
-    if compiled:
+    if compiled:  # a recompile-limit hit raises instead of running eager (tests/attention/test_compile_graphs.py)
+        torch._dynamo.reset()
+        counters.clear()
         for block in model.blocks:
             block.compile()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     losses = []
-    with _fused_kernels() if fused else torch.enable_grad():
+    with (
+        _fused_kernels() if fused else torch.enable_grad(),
+        torch._dynamo.config.patch(fail_on_recompile_limit_hit=True),
+    ):
         for _ in range(200):
             batch = torch.randint(0, 50304, (4, 1025), device="cuda", generator=gen)
             with torch.autocast("cuda", dtype=BF16):
@@ -81,6 +88,9 @@ def test_backend_trains_200_steps_bf16(name, compiled):
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.detach())
     losses = torch.stack(losses).cpu()
+    if compiled:  # compiled means compiled: its graphs were captured, and one serves every layer
+        graphs = counters["stats"]["unique_graphs"]
+        assert 1 <= graphs <= 3, f"{name}: {graphs} compiled graphs for {cfg.n_layer} layers"
     assert torch.isfinite(losses).all()
     assert losses[-20:].mean() < math.log(50304) + 0.5  # random tokens: near the uniform loss, not diverged
 
