@@ -118,12 +118,18 @@ def coupling_step_forward(cond, target, w1, b1, w2, b2, clamp: float | None, add
     th = None
     if clamp is not None:
         # 1/a folded into the small weights: s / a = h (W2_s / a) + b2_s / a, one pass over (N, P d) fewer.
-        th = torch.addmm(b2s / clamp, h, W2s / clamp).tanh_()  # tanh(s / a)
+        th = _at_least_fp32(torch.addmm(b2s / clamp, h, W2s / clamp)).tanh_()  # tanh(s / a)
         e = torch.mul(th, clamp).exp_()  # exp(a tanh(s / a))
     else:
-        e = torch.addmm(b2s, h, W2s).exp_()
-    out = t.addcmul_(target, e)  # target * e + t, (N, P d)
+        e = _at_least_fp32(torch.addmm(b2s, h, W2s)).exp_()
+    out = t.addcmul_(target, e)  # target * e + t, (N, P d): computed in e's precision, rounded once to target's
     return out, (cond, target, z, e, W1, W2s, W2t, th, groups, P)
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """`x` in fp32 when it is narrower (bf16/fp16 under autocast): the scale exp(S(s)) and tanh are computed in fp32,
+    as a compiler's fused kernel computes them, and rounded once, in the product; fp32 and fp64 stay as they are."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def coupling_step_backward(saved, g):
@@ -141,10 +147,12 @@ def coupling_step_backward(saved, g):
         g_target = g
         g_h = g @ W2.t()  # (N, P H)
     else:
-        g_target = g * e  # (N, P d)
-        g_s = g_target * target  # dL/d S(s)
+        g_e = g * e  # (N, P d), in e's precision (fp32 under autocast)
+        g_s = g_e * target  # dL/d S(s)
+        g_target = g_e.to(g.dtype)
         if th is not None:  # through the soft clamp: dS/ds = 1 - tanh^2(s / a)
             g_s = torch.addcmul(g_s, g_s * th, th, value=-1.0)
+        g_s = g_s.to(g.dtype)  # the matmuls below take the forward's dtypes
         g_h = torch.addmm(g_s @ W2s.t(), g, W2t.t())  # (N, P H)
     h = F.silu(z)  # (N, P H), recomputed (small)
     sig = torch.sigmoid(z)

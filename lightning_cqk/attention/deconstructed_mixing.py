@@ -110,6 +110,7 @@ from torch.utils.checkpoint import checkpoint
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
 from lightning_cqk.attention.cache import LayerCache
 from lightning_cqk.attention.functional import causal_mask
+from lightning_cqk.attention.matched_norm import MatchedRMSNorm
 from lightning_cqk.attention.rope import apply_rope
 
 if TYPE_CHECKING:
@@ -157,8 +158,8 @@ class ProjectedAttention(AttentionBackend):
         self.v_proj = nn.Linear(C, C, bias=config.bias)
         self.out_proj = nn.Linear(C, C, bias=config.bias)
         if options.qk_norm:
-            self.q_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
-            self.k_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
+            self.q_norm = MatchedRMSNorm(self.head_size, eps=config.norm_eps)
+            self.k_norm = MatchedRMSNorm(self.head_size, eps=config.norm_eps)
         else:
             self.q_norm = self.k_norm = None
         self.resid_dropout = nn.Dropout(config.resid_dropout_p)

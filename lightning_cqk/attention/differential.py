@@ -87,6 +87,7 @@ from torch import nn
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions, QKWeight, QKWeights
 from lightning_cqk.attention.cache import LayerCache
 from lightning_cqk.attention.functional import attention_probs, causal_logits, masked_logits
+from lightning_cqk.attention.matched_norm import MatchedRMSNorm
 from lightning_cqk.attention.transform import build_transform, check_transform, qk_stage, transform_flops
 
 if TYPE_CHECKING:
@@ -148,8 +149,8 @@ class DifferentialAttention(AttentionBackend):
         self.v_proj = nn.Linear(C, self.n_kv_half_head * self.head_size, bias=config.bias)
         self.out_proj = nn.Linear(C, C, bias=config.bias)
         if options.qk_norm:
-            self.q_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
-            self.k_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
+            self.q_norm = MatchedRMSNorm(self.head_size, eps=config.norm_eps)
+            self.k_norm = MatchedRMSNorm(self.head_size, eps=config.norm_eps)
         else:
             self.q_norm = self.k_norm = None
         self.qk_transform = build_transform(options.qk_transform, config, layer_idx, config.n_head, self.head_size)

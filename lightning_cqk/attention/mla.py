@@ -130,6 +130,7 @@ from torch import nn
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions, QKWeight, QKWeights
 from lightning_cqk.attention.cache import LayerCache
 from lightning_cqk.attention.functional import causal_attention, causal_logits, masked_attention
+from lightning_cqk.attention.matched_norm import MatchedRMSNorm
 from lightning_cqk.attention.rope import apply_rope, build_rope_cache
 from lightning_cqk.attention.transform import build_transform, check_transform, qk_stage, transform_flops
 
@@ -241,13 +242,13 @@ class MultiHeadLatentAttention(AttentionBackend):
         self.kr_proj = nn.Linear(C, dims.d_rope, bias=bias)
         self.out_proj = nn.Linear(nh * dims.d_v, C, bias=bias)
         if options.latent_norm:
-            self.q_latent_norm = nn.RMSNorm(dims.d_cq, eps=config.norm_eps) if dims.d_cq else None
-            self.kv_latent_norm = nn.RMSNorm(dims.d_ckv, eps=config.norm_eps)
+            self.q_latent_norm = MatchedRMSNorm(dims.d_cq, eps=config.norm_eps) if dims.d_cq else None
+            self.kv_latent_norm = MatchedRMSNorm(dims.d_ckv, eps=config.norm_eps)
         else:
             self.q_latent_norm = self.kv_latent_norm = None
         if options.qk_norm:
-            self.q_norm = nn.RMSNorm(dims.d_nope + dims.d_rope, eps=config.norm_eps)
-            self.k_norm = nn.RMSNorm(dims.d_nope + dims.d_rope, eps=config.norm_eps)
+            self.q_norm = MatchedRMSNorm(dims.d_nope + dims.d_rope, eps=config.norm_eps)
+            self.k_norm = MatchedRMSNorm(dims.d_nope + dims.d_rope, eps=config.norm_eps)
         else:
             self.q_norm = self.k_norm = None
         self.qk_transform = build_transform(options.qk_transform, config, layer_idx, nh, dims.d_nope + dims.d_rope)

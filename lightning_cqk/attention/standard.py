@@ -85,6 +85,7 @@ from torch.utils.checkpoint import checkpoint
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions, QKWeight, QKWeights
 from lightning_cqk.attention.cache import LayerCache
 from lightning_cqk.attention.functional import causal_attention, causal_logits, masked_attention
+from lightning_cqk.attention.matched_norm import MatchedRMSNorm
 from lightning_cqk.attention.rope import apply_rope
 from lightning_cqk.attention.transform import build_transform, check_transform, qk_stage, transform_flops
 
@@ -177,8 +178,8 @@ class StandardAttention(AttentionBackend):
         self.v_proj = None if self.v_tied else nn.Linear(C, kv_width, bias=config.bias)
         self.out_proj = nn.Linear(C, C, bias=config.bias)
         if options.qk_norm:
-            self.q_norm = None if self.q_tied else nn.RMSNorm(self.head_size, eps=config.norm_eps)
-            self.k_norm = nn.RMSNorm(self.head_size, eps=config.norm_eps)
+            self.q_norm = None if self.q_tied else MatchedRMSNorm(self.head_size, eps=config.norm_eps)
+            self.k_norm = MatchedRMSNorm(self.head_size, eps=config.norm_eps)
         else:
             self.q_norm = self.k_norm = None
         self.qk_transform = build_transform(options.qk_transform, config, layer_idx, self.n_head, self.head_size)

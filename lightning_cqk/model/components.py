@@ -39,6 +39,21 @@ class SwiGLUMLP(nn.Module):
         return self.dropout(self.out_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))  # (B, T, C)
 
 
+def in_autocast_dtype(x: torch.Tensor) -> torch.Tensor:
+    """A norm's output (fp32 under autocast: norms are on autocast's fp32 list) cast once to the autocast dtype.
+
+    Every projection that reads it (q, k and v; SwiGLU's gate and up) would otherwise cast its own bf16 copy and keep
+    it for backward: three casts and three saved (B, T, C) copies where one does. The same values reach each matmul
+    (autocast would cast the same tensor). Outside autocast (fp32 and the fp64 tests) it returns x itself.
+    """
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        if x.dtype != dtype and x.is_floating_point():
+            return x.to(dtype)
+    return x
+
+
 NORMS = {
     "layernorm": lambda config: nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias),
     "rmsnorm": lambda config: nn.RMSNorm(config.n_embd, eps=config.norm_eps),

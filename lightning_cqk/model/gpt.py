@@ -46,7 +46,7 @@ from torch.utils.checkpoint import checkpoint
 from lightning_cqk.attention import AttentionBackend, AttentionContext, build_attention
 from lightning_cqk.attention.rope import build_rope_cache
 from lightning_cqk.config import ModelConfig
-from lightning_cqk.model.components import make_mlp, make_norm
+from lightning_cqk.model.components import in_autocast_dtype, make_mlp, make_norm
 from lightning_cqk.model.decode import DecodeCache
 
 
@@ -61,8 +61,8 @@ class Block(nn.Module):
         self.mlp = make_mlp(config)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        x = x + self.attn(self.norm_1(x), ctx)  # (B, T, C)
-        return x + self.mlp(self.norm_2(x))  # (B, T, C)
+        x = x + self.attn(in_autocast_dtype(self.norm_1(x)), ctx)  # (B, T, C)
+        return x + self.mlp(in_autocast_dtype(self.norm_2(x)))  # (B, T, C)
 
 
 class GPT(nn.Module):
@@ -333,10 +333,13 @@ class GPT(nn.Module):
         return self.norm_f(x)  # (B, T, C)
 
     def num_parameters(self) -> dict[str, int]:
-        """Total and non-embedding parameter counts (tied weights counted once).
+        """Total and non-embedding parameter counts (tied weights counted once), and the padding rows apart.
 
         Non-embedding excludes the token embedding, the learned position table and an untied output head, the
-        convention of Kaplan et al. (2020) that makes models of different vocabularies comparable.
+        convention of Kaplan et al. (2020) that makes models of different vocabularies comparable. `vocab_padding`:
+        the parameters of the rows beyond vocab_size (`vocab_multiple`: GPT-2's 50,257 ids -> 50,304 rows), part of
+        total and embedding; never a target, they only take part in the softmax (as in nanoGPT and arXiv
+        2606.04032's code). A paper's count with an unpadded vocabulary is total - vocab_padding.
         """
         unique = {id(p): p for p in self.parameters()}
         total = sum(p.numel() for p in unique.values())
@@ -344,7 +347,10 @@ class GPT(nn.Module):
         if self.wpe is not None:
             embedding[id(self.wpe.weight)] = self.wpe.weight
         n_embedding = sum(p.numel() for p in embedding.values())
-        return {"total": total, "non_embedding": total - n_embedding, "embedding": n_embedding}
+        tables = 1 if self.lm_head.weight is self.wte.weight else 2
+        padding = tables * (self.config.padded_vocab_size - self.config.vocab_size) * self.config.n_embd
+        counts = {"total": total, "non_embedding": total - n_embedding, "embedding": n_embedding}
+        return {**counts, "vocab_padding": padding}
 
 
 # ------------------------------------------------------------------------------------------ paired initialisation

@@ -265,3 +265,25 @@ def test_shipped_yaml_lists_every_option_with_its_default():
     assert spec.pop("kind") == "invertible"
     assert spec == {f.name: f.default for f in dataclasses.fields(InvertibleCoupling.Options)}
     ModelConfig(attention_options={**options, "qk_transform": {"kind": "invertible", **spec}}, vocab_size=257)
+
+
+@pytest.mark.parametrize("options", [{}, {"scale_clamp": None}], ids=["clamped", "no_clamp"])
+def test_fused_computes_the_scale_in_fp32_for_bf16_inputs(options):
+    """Issue 32 item 5: in bf16 the fused path computed exp(S(s)) in bf16 (rounded twice before the product); now the
+    scale is fp32 and the product is rounded once, as a compiler's fused kernel does. Pure bf16 (no autocast) runs
+    forward and backward, with gradients in the inputs' dtype."""
+    from lightning_cqk.attention.coupling import coupling_step_forward
+
+    P, d = 3, 4
+    module = coupling(P, d, **options, fused=True).to(torch.bfloat16)
+    bank = module.conditioners
+    cond, target = torch.randn(8, P * d, dtype=torch.bfloat16), torch.randn(8, P * d, dtype=torch.bfloat16)
+    _, saved = coupling_step_forward(cond, target, bank.w1[0], bank.b1[0], bank.w2[0], bank.b2[0],
+                                     module.options.scale_clamp, False)  # fmt: skip
+    assert saved[3].dtype == torch.float32, "exp(S(s)) in fp32"
+    q = torch.randn(2, P, 5, d, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, P, 5, d, dtype=torch.bfloat16, requires_grad=True)
+    q1, k1 = module(q, k)
+    (q1.float().sum() + k1.float().square().sum()).backward()
+    assert q1.dtype == k1.dtype == q.grad.dtype == k.grad.dtype == torch.bfloat16
+    assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in module.parameters())
