@@ -9,10 +9,11 @@ width M, L layers, V (padded) vocabulary:
 
     states       16 P with AdamW (fp32 weights 4 + grads 4 + two moments 8); Muon: 12 P on its matrices (one momentum)
     bf16 copies  2 P (autocast's cast of every weight, kept for the backward)
-    activations  per layer, bf16, what autograd keeps with the fused SDPA kernel (no T x T map):
-                 attention 2BTC x (2 norm/projection inputs + q + 2 k/v (x n_kv/n_head) + output + out-proj input + 1)
-                 MLP 2BTC (input) + 2BTM x (2 for GELU: up, act | 4 for SwiGLU: gate, up, act, product)
-                 checkpointing on: 2BTC per layer (the block input) + one layer's activations, recomputed
+    activations  per layer, what autograd keeps with the fused SDPA kernel (no T x T map), by the rule of
+                 `memory_check.block_activation_bytes` (measured under autocast: tests/test_memory_check.py):
+                 BT x [8C (the two norm inputs: the fp32 residual stream) + 2C x (2 norm outputs, each cast once
+                 + q + 2 k/v (x n_kv/n_head) + output + out-proj input) + 2M x (2 for GELU | 4 for SwiGLU)]
+                 checkpointing on: 4BTC per layer (the fp32 block input) + one layer's activations, recomputed
     logits       plain: B T V x 10 (bf16 logits 2 + their fp32 copy 4 + its gradient 4); chunked: 4096 V x 12
     peak         states + bf16 copies + activations + logits (the backward starts with all activations alive)
 
@@ -33,6 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from lightning_cqk.config import ModelConfig, upgrade_config_dict  # noqa: E402
 from lightning_cqk.data.tokenizers import vocab_size_of  # noqa: E402
+from lightning_cqk.memory_check import block_activation_bytes  # noqa: E402
 from lightning_cqk.model import GPT  # noqa: E402
 from lightning_cqk.optim.muon import muon_split  # noqa: E402
 
@@ -59,9 +61,8 @@ def setting(path: Path) -> dict:
 def activations_per_layer(c: ModelConfig, B: int, T: int) -> float:
     opts = c.attention_options or {}
     kv = (opts.get("n_kv_groups") or c.n_head) / c.n_head
-    attention = 2 * B * T * c.n_embd * (2 + 1 + 2 * kv + 1 + 1 + 1)
-    mlp = 2 * B * T * c.n_embd + 2 * B * T * c.mlp_hidden * (4 if c.ffn == "swiglu" else 2)
-    return attention + mlp
+    per_token = block_activation_bytes(c.n_embd, c.mlp_hidden, "bf16-mixed", c.ffn == "swiglu", kv)
+    return B * T * per_token
 
 
 def row(path: Path) -> dict:
@@ -75,7 +76,7 @@ def row(path: Path) -> dict:
     copies = 2 * P
     per_layer = activations_per_layer(c, B, T)
     act_off = c.n_layer * per_layer
-    act_on = c.n_layer * 2 * B * T * c.n_embd + per_layer
+    act_on = c.n_layer * 4 * B * T * c.n_embd + per_layer
     V = c.padded_vocab_size
     logits_plain, logits_chunked = 10 * B * T * V, 12 * min(CHUNK, B * T) * V
     return {

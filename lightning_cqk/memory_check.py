@@ -9,16 +9,21 @@ The estimate is a lower bound of the peak of one training step, per process, in 
     parameters      the model's own parameter count x 4 (fp32 master weights; Lightning's mixed precision keeps them)
     gradients       the same again
     optimizer       AdamW's two moments: 8 bytes per parameter (Muon's one buffer for matrices is less; not refined)
-    activations     per layer and token, the tensors a pre-norm GPT block saves for backward: the two norm inputs,
-                    q, k, v, the attention output, the two projection inputs and the MLP's input, hidden
-                    pre-activation and activation: 9 C + 2 F elements (C = n_embd, F = mlp_hidden), at 2 bytes under
-                    16-bit precision and 4 otherwise; attention scores are not counted (SDPA's fused kernels keep
-                    none; the math fallback's B H T^2 makes the real peak higher)
+    activations     per layer and token, the tensors a pre-norm GPT block saves for backward
+                    (`block_activation_bytes`, measured: tests/test_memory_check.py): the two norm inputs (the
+                    residual stream: fp32 under mixed precision), the two norm outputs (each cast once), q, k, v, the
+                    attention output and the output projection's input, and the MLP's hidden tensors (2 F for GELU,
+                    4 F for SwiGLU); 2 C r + (7 C + 2 F) w bytes for GELU (C = n_embd, F = mlp_hidden, w = 2 under
+                    16-bit precision and 4 otherwise, r = 4 unless the weights themselves are 16-bit): 38 C at
+                    bf16-mixed with F = 4 C (the earlier 9 C + 2 F elements at w, 34 C, was 12% low); attention
+                    scores are not counted (SDPA's fused kernels keep none; the math fallback's B H T^2 makes the real
+                    peak higher), nor per-token statistics (norm and softmax: under 1% at C >= 256)
     logits          micro-batch x seq_len x vocabulary: the logits at the activation width, plus the fp32 copy and
                     its gradient that the loss makes (8 bytes)
-With `--model.activation_checkpointing true` a layer keeps only its input (C elements per token) and one block's
-activations are rebuilt at a time: n_layer C + (9 C + 2 F) per token. With `--model.loss_chunk N` the logits, their
-fp32 copy and gradient exist for N tokens at a time (`model/loss.py`), not the whole micro-batch.
+With `--model.activation_checkpointing true` a layer keeps only its input (C elements per token, at the residual
+stream's r bytes) and one block's activations are rebuilt at a time: n_layer C r + one block per token. With
+`--model.loss_chunk N` the logits, their fp32 copy and gradient exist for N tokens at a time (`model/loss.py`), not
+the whole micro-batch.
 Sharded strategies (FSDP / ModelParallelStrategy) divide the first three by the world size; processes that share one
 host's memory (DDP on CPU) multiply the whole by their number. Backends with other shapes (MLA latents, differential
 pairs, hybrid MLP layers) are estimated as standard attention: the parameter count is always the model's own.
@@ -27,7 +32,7 @@ Validation is estimated too (`estimate_validation`), when the trainer validates 
 its batches are `data.val_batch_size` windows of `data.val_seq_len` tokens (each defaulting to the training ones),
 scored in `block_size` chunks when longer, and once more per `model.eval_contexts` length (sliding windows of that
 many tokens). Its peak is what training leaves resident (parameters, gradients and optimizer state) plus the largest
-of those forwards: no tensor is kept for backward, so one block's activations (9 C + 2 F elements per token) and the
+of those forwards: no tensor is kept for backward, so one block's activations (as above, per token) and the
 logits with their fp32 copy and loss (the loss chunk applies to the plain windows only). A run whose validation does
 not fit is refused the same way, naming the validation's numbers, instead of training `val_check_interval` steps and
 dying at its first validation.
@@ -89,6 +94,25 @@ def activation_bytes_per_element(precision: str | int | None) -> int:
     return 2 if "16" in str(precision) else 4
 
 
+def residual_bytes_per_element(precision: str | int | None) -> int:
+    """The residual stream's width: 4 under mixed precision (autocast keeps it fp32), 2 when the weights are 16-bit
+    (`bf16-true`, `16-true`)."""
+    return 2 if "16" in str(precision) and "true" in str(precision) else 4
+
+
+def block_activation_bytes(
+    n_embd: int, mlp_hidden: int, precision: str | int | None, gated: bool = False, kv_fraction: float = 1.0
+) -> float:
+    """Bytes one pre-norm block saves for backward per token (module docstring): 2 C r for the norm inputs, then at
+    the activation width w the two norm outputs (2 C), q (C), k and v (2 C x kv_fraction: grouped or shared keys and
+    values are narrower), the attention output and the output projection's input (2 C), and the MLP's hidden tensors
+    (GELU: pre-activation and activation, 2 F; SwiGLU `gated`: gate, its activation, up and the product, 4 F)."""
+    w, r = activation_bytes_per_element(precision), residual_bytes_per_element(precision)
+    attention = (2 + 1 + 2 * kv_fraction + 2) * n_embd
+    mlp = (4 if gated else 2) * mlp_hidden
+    return 2 * n_embd * r + (attention + mlp) * w
+
+
 def estimate(
     n_params: int,
     n_layer: int,
@@ -101,19 +125,21 @@ def estimate(
     shards: int = 1,
     activation_checkpointing: bool = False,
     loss_chunk: int = 0,
+    gated: bool = False,
 ) -> MemoryEstimate:
-    """The estimate of the module docstring for a model of these numbers."""
+    """The estimate of the module docstring for a model of these numbers (`gated`: a SwiGLU MLP)."""
     width = activation_bytes_per_element(precision)
     tokens = micro_batch * seq_len
     weights = 4.0 * n_params / shards
-    per_block = 9 * n_embd + 2 * mlp_hidden  # elements a block saves per token for backward
-    per_token = n_layer * n_embd + per_block if activation_checkpointing else n_layer * per_block
+    per_block = block_activation_bytes(n_embd, mlp_hidden, precision, gated)  # bytes per token
+    kept_input = n_embd * residual_bytes_per_element(precision)
+    per_token = n_layer * kept_input + per_block if activation_checkpointing else n_layer * per_block
     logit_tokens = min(tokens, loss_chunk) if loss_chunk else tokens
     return MemoryEstimate(
         parameters=weights,
         gradients=weights,
         optimizer=2 * weights,
-        activations=float(tokens * per_token * width),
+        activations=float(tokens * per_token),
         logits=float(logit_tokens * vocab_rows * (width + 8)),
         micro_batch=micro_batch,
         seq_len=seq_len,
@@ -207,11 +233,12 @@ def estimate_validation(
     precision: str | int | None = "32-true",
     shards: int = 1,
     loss_chunk: int = 0,
+    gated: bool = False,
 ) -> ValidationEstimate:
     """The peak of a validation batch (module docstring): resident state plus its largest forward."""
     width = activation_bytes_per_element(precision)
     resident = 4 * (4.0 * n_params / shards)  # parameters, gradients, AdamW's two moments
-    per_token = 9 * n_embd + 2 * mlp_hidden  # one block at a time: nothing is saved for backward
+    per_token = block_activation_bytes(n_embd, mlp_hidden, precision, gated)  # one block's tensors alive at a time
     estimates = []
     for forward, length, chunked in validation_forwards(val_seq_len, block_size, eval_contexts):
         tokens = val_batch * length
@@ -219,7 +246,7 @@ def estimate_validation(
         estimates.append(
             ValidationEstimate(
                 resident=resident,
-                activations=float(tokens * per_token * width),
+                activations=float(tokens * per_token),
                 logits=float(logit_tokens * vocab_rows * (width + 8)),
                 batch=val_batch,
                 seq_len=length,
@@ -338,6 +365,7 @@ def check_memory(
         precision=trainer.precision,
         shards=shards,
         loss_chunk=int(getattr(model, "loss_chunk", 0) or 0),
+        gated=getattr(config, "ffn", "gelu") == "swiglu",
     )
     numbers = dict(
         shape,
