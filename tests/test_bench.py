@@ -74,3 +74,17 @@ def test_bench_composition_rows_are_against_their_base():
     base = next(r for r in rows if r.measure == "differential: step time")
     assert row.reference == base.value and row.key == ("time", "differential+invertible")
     assert bench.TARGETS[row.key] == ("<=", 1.10)
+
+
+def test_backends_that_do_not_fit_together_are_timed_one_at_a_time():
+    """Issue 32 item 7: every variant's model and optimizer stayed resident (150m on a GPU could run out of memory).
+    They stay together while their states fit half the device, else each is built, timed and freed in turn."""
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+    try:
+        import bench
+    finally:
+        sys.path.remove(str(REPO_ROOT / "benchmarks"))
+    labels, state = ["standard", "mla", "coupled"], {"standard": 4.0, "mla": 5.0, "coupled": 4.0}
+    assert bench.resident_groups(labels, state, None) == [labels]  # CPU: host memory, all together
+    assert bench.resident_groups(labels, state, 13.0) == [labels]
+    assert bench.resident_groups(labels, state, 12.0) == [["standard"], ["mla"], ["coupled"]]
