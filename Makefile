@@ -107,6 +107,15 @@ BENCH_ARGS ?=
 bench: install ## speed table, side by side: Lightning vs plain loop, backends vs standard, loader, prepare, inference (BENCH_ARGS=...)
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
+# The GPU check (benchmarks/gpu_check.py): prep where pip reaches the index, run on the GPU machine with .devcheck/
+# copied along. The GPU machine's python3 holds a CUDA torch and no package index: no venv, no install target.
+.PHONY: gpu-check-prep gpu-check
+gpu-check-prep: install ## download the wheels the GPU image lacks (locked versions, Python 3.12) into .devcheck/
+	$(BIN)/python benchmarks/gpu_check.py --prep
+
+gpu-check: ## on the GPU machine: env, GPU suite, backend bench at 60m, kernel/memory probes, FSDP2 resume; ~8 min
+	python3 benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
 DIR ?= ../shared/data
 study-data: install ## fetch the corpus studies' text (WikiText-2 test, PubMed, C4) into DIR (../shared/data), checked
 	$(BIN)/python -m lightning_cqk.data.study_data $(DIR)
