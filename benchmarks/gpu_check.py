@@ -19,7 +19,8 @@ with the repository) and runs its stages in order, each a subprocess under its o
     kernels      which SDPA kernel each backend's bf16 step runs (flash / cuDNN / efficient / math), and why not flash
     memory       peak memory of 3 training steps per backend (torch.cuda.max_memory_allocated) against the analytic
                  estimate `lightning_cqk fit` checks before a run (memory_check.estimate)
-    smoke        FSDP2 (--trainer.strategy ModelParallelStrategy) through the command line for 20 steps, then
+    smoke        FSDP2 (--trainer.strategy ModelParallelStrategy) with activation checkpointing, the chunked loss and
+                 meta-device init, through the command line for 20 steps, then
                  --ckpt_path last to 30: the resume must continue at step 20
 
 A stage that fails or times out is recorded and the next one runs; a stage that would not fit in the budget left is
@@ -397,7 +398,8 @@ def probe_smoke(dry_run: bool) -> dict:
             "--data.batch_size=8", "--data.val_fraction=0.2", "--trainer.val_check_interval=10",
             "--trainer.limit_val_batches=2",
             "--trainer.strategy", "ModelParallelStrategy", "--trainer.devices=1", *device, *shape,
-            "--model.activation_checkpointing=true", "--model.loss_chunk=256", "--model.optim.warmup_steps=2",
+            "--model.activation_checkpointing=true", "--model.loss_chunk=256", "--model.meta_init=true",
+            "--model.optim.warmup_steps=2",
             f"--trainer.logger.init_args.save_dir={root / 'runs'}"]  # fmt: skip
     found: dict = {}
     for steps, extra in ((20, []), (30, ["--ckpt_path", "last"])):

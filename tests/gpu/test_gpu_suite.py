@@ -1,10 +1,14 @@
-"""The GPU suite (`pytest -m gpu`; skipped without CUDA, so CI on CPU only imports it).
+"""The GPU suite (`pytest -m gpu`; skipped without CUDA, so CI on CPU only imports it; `make gpu-check` runs it).
 
     every backend at 60m, T 1024, bf16, eager and compiled: 200 steps, finite losses, the flash or cuDNN SDPA kernel
         forced (`sdpa_kernel`: a backend that could not use one raises) where the backend can use one
     5 optimizer steps of the shipped quickstart callback stack under torch.cuda.set_sync_debug_mode("error")
     the fused invertible coupling vs its compiled reference path under bf16 autocast
     2-GPU DDP through the real command line (skipped with fewer than 2 GPUs)
+    bf16 gradients against fp32 per parameter tensor (a wrong backward moves a cosine far below 1)
+    a checkpoint written by `fit` on CUDA read back on the CPU: the same weights, the GPU model's logits
+The throughput, MFU, SDPA kernels, measured-vs-analytic memory and the FSDP2 resume are `make gpu-check`'s stages
+(benchmarks/gpu_check.py).
 
 None of this could run where it was written (no GPU lent): run `pytest -m gpu tests/gpu -q` on a GPU machine first.
 """
@@ -161,3 +165,55 @@ def test_two_gpu_ddp_through_the_cli(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     checkpoints = list((tmp_path / "runs").rglob("last.ckpt"))
     assert len(checkpoints) == 1  # one run directory
+
+
+@pytest.mark.parametrize("name", ["standard", "coupled", "invertible", "differential", "mla"])
+def test_bf16_gradients_point_where_fp32_gradients_point(name):
+    """A check that catches a wrong gradient (a sign, a missing term in a hand-written backward), which a finite
+    loss does not: one batch's gradients under bf16 autocast against fp32, per parameter tensor, by cosine. bf16
+    rounding leaves them close to 1 (> 0.98 here); a wrong term in a backward moves some tensor far below."""
+    attention, options, _ = BACKENDS[name]
+    torch.manual_seed(0)
+    cfg = ModelConfig(preset="tiny", n_layer=4, block_size=256, vocab_size=50304, attention=attention,
+                      attention_options=options)  # fmt: skip
+    model = GPT(cfg).cuda()
+    batch = torch.randint(0, 50304, (8, 257), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    grads = []
+    for autocast in (False, True):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=BF16, enabled=autocast):
+            logits = model(batch[:, :-1])
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten()).backward()
+        grads.append({n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None})
+    fp32, bf16 = grads
+    assert fp32.keys() == bf16.keys()
+    cosines = {n: torch.nn.functional.cosine_similarity(fp32[n].flatten(), bf16[n].flatten(), dim=0).item()
+               for n in fp32 if fp32[n].norm() > 1e-8}  # fmt: skip
+    worst = min(cosines, key=cosines.get)
+    assert cosines[worst] > 0.98, f"{name}: {worst} bf16 vs fp32 gradient cosine {cosines[worst]:.4f}"
+
+
+def test_a_checkpoint_saved_on_the_gpu_loads_on_a_cpu(tmp_path):
+    """`fit` on CUDA, then `generate`'s loader (the CPU) reads its checkpoint: tensors come back on the CPU, the
+    same weights, and the model built from it gives the GPU model's logits."""
+    from lightning_cqk.inference.pretrained import load_pretrained
+
+    cmd = [
+        sys.executable, "-m", "lightning_cqk", "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
+        "--trainer.max_steps=5", "--trainer.limit_val_batches=0", f"--trainer.logger.init_args.save_dir={tmp_path}",
+        f"--data.data_dir={tmp_path / 'shards'}", "--trainer.accelerator=cuda",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (ckpt,) = tmp_path.rglob("last.ckpt")
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+    model = load_pretrained(ckpt).model
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, saved[f"model.{name}"], rtol=0, atol=0, msg=name)
+    idx = torch.randint(0, 257, (2, 32))
+    with torch.no_grad():
+        on_cpu = model(idx)
+        on_gpu = load_pretrained(ckpt).model.cuda()(idx.cuda()).cpu()
+    torch.testing.assert_close(on_cpu, on_gpu, rtol=1e-3, atol=1e-3)
