@@ -23,7 +23,7 @@ import lightning as L
 import torch
 
 from lightning_cqk.callbacks.common import is_sharded, step_index
-from lightning_cqk.callbacks.grad_norm import GradNormComputer
+from lightning_cqk.callbacks.grad_norm_computer import GradNormComputer
 
 _ATTR = "_cqk_step_reads"
 

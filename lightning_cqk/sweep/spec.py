@@ -87,14 +87,11 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.sweep import spec_checks
+from lightning_cqk.sweep.spec_checks import SpecError
 
 PROFILES_REQUIRED = ("paper", "cpu")
 _NAME = spec_checks.NAME
 _RUN_REF = re.compile(r"\{run:([^}]+)\}")
-
-
-class SpecError(ValueError):
-    """A malformed ablation spec; the message says what is wrong and how to fix it."""
 
 
 @dataclasses.dataclass

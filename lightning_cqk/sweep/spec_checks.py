@@ -34,9 +34,11 @@ SEED_MAX = 2**32 - 1  # numpy's (and so Lightning's seed_everything's) largest s
 _SHOWN = 12  # groups listed in a message before "..."
 
 
-def _spec_error(message: str) -> Exception:
-    from lightning_cqk.sweep.spec import SpecError
+class SpecError(ValueError):
+    """A malformed ablation spec; the message says what is wrong and how to fix it (`spec.SpecError`: the same)."""
 
+
+def _spec_error(message: str) -> Exception:
     return SpecError(message)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_cqk.callbacks import GradNormMonitor
-from lightning_cqk.callbacks.grad_norm import GROUPS, GradNormComputer, param_group, param_groups
+from lightning_cqk.callbacks.grad_norm_computer import GROUPS, GradNormComputer, param_group, param_groups
 from lightning_cqk.model import GPT
 
 # Independent of `param_group`: which substrings of a standard GPT's parameter names make each group.
