@@ -18,12 +18,12 @@ mistaken for a run later.
 Locking. `run_lock.py`: one live process per directory, by an OS file lock held for the process's life.
 
 Records. `run.json` lists the run's attempts: when each started (pid, host, command, the checkpoint and step it
-resumed from, the settings it changed, the versions of Python and of every direct dependency it ran with:
-`packages`, package_versions.py) and how it ended (`finished`, `interrupted` by SIGTERM/SIGINT with a saved
-checkpoint, `failed` with the error); an attempt still `running` whose process is gone was killed (SIGKILL, power
-loss). The resolved configuration of the first attempt is `config.yaml`; every resume adds `config.resume-<n>.yaml`,
-so each earlier configuration is kept. Nothing is recorded before training has really started: a refused resume
-leaves the directory as it was.
+resumed from, the settings it changed, the code it ran (`revision`: the git commit, `-dirty` with uncommitted
+changes) and the versions of Python and of every direct dependency it ran with: `packages`, package_versions.py)
+and how it ended (`finished`, `interrupted` by SIGTERM/SIGINT with a saved checkpoint, `failed` with the error); an
+attempt still `running` whose process is gone was killed (SIGKILL, power loss). The resolved configuration of the
+first attempt is `config.yaml`; every resume adds `config.resume-<n>.yaml`, so each earlier configuration is kept.
+Nothing is recorded before training has really started: a refused resume leaves the directory as it was.
 
 Resuming (`resolve_fit`), what "run the same command again" does:
     --ckpt_path last    resume the newest run of this name that has a checkpoint (a newer directory without one,
@@ -65,7 +65,7 @@ from typing import Any
 
 from lightning_cqk.checkpoint_files import checkpoint_problem, checkpoint_step, same_checkpoint, step_in_name
 from lightning_cqk.errors import ConfigError
-from lightning_cqk.package_versions import package_versions
+from lightning_cqk.package_versions import code_revision, package_versions
 from lightning_cqk.run_lock import (
     LOCK_NAME,
     RunDirectoryInUse,
@@ -676,6 +676,7 @@ class RunDirectory:
             "host": socket.gethostname(),
             "process_start": process_start(os.getpid()),
             "argv": list(sys.argv),
+            "revision": code_revision(),
             "packages": package_versions(),
             **fields,
         }

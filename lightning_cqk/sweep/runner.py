@@ -58,7 +58,7 @@ from typing import Any
 import yaml
 
 from lightning_cqk.device_info import cpu_model
-from lightning_cqk.package_versions import describe_difference, package_versions
+from lightning_cqk.package_versions import code_revision, describe_difference, git_revision, package_versions
 from lightning_cqk.run_dir import config_files, resumable_checkpoint, write_json_atomically
 from lightning_cqk.run_lock import LOCK_NAME, LockOwner, RunDirectoryInUse, acquire, holder
 from lightning_cqk.sweep import worker
@@ -94,28 +94,6 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def git_revision(cwd: str | Path | None = None) -> dict[str, Any]:
-    """{'revision': HEAD commit or None, 'dirty': uncommitted changes to tracked files} of the code that runs.
-
-    Default: the git checkout the imported `lightning_cqk` package is tracked in (the sweep may be started from any
-    directory); an installed package (no checkout tracks it, e.g. a wheel in a virtualenv that lies inside some other
-    repository) gives None for both, and `_versions` records the installed version instead.
-    """
-    try:
-        if cwd is None:
-            import lightning_cqk
-
-            cwd = Path(lightning_cqk.__file__).resolve().parent
-            tracked = ["git", "ls-files", "--error-unmatch", "__init__.py"]
-            if subprocess.run(tracked, cwd=cwd, capture_output=True, text=True).returncode != 0:
-                return {"revision": None, "dirty": None}
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True)
-        diff = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=cwd, capture_output=True, text=True)
-        return {"revision": rev.stdout.strip(), "dirty": bool(diff.stdout.strip())}
-    except (OSError, subprocess.CalledProcessError):
-        return {"revision": None, "dirty": None}
-
-
 def _versions() -> dict[str, str | None]:
     """Python, this package and every direct dependency (package_versions.py), as each run's attempts record them."""
     return package_versions()
@@ -148,9 +126,7 @@ class Ledger:
         """The code this sweep invocation runs, as recorded per attempt: the commit, '-dirty' when tracked files
         have uncommitted changes, 'unknown' outside a git checkout (the package version is in the manifest)."""
         if self._revision is None:
-            git = git_revision()
-            rev = git.get("revision")
-            self._revision = "unknown" if not rev else rev + ("-dirty" if git.get("dirty") else "")
+            self._revision = code_revision()
         return self._revision
 
     def mixed_revisions(self, runs: list[Run]) -> str | None:

@@ -82,6 +82,7 @@ def test_each_attempt_of_run_json_records_its_package_versions(tmp_path: Path, m
     (run_dir,) = (runs / "quickstart").iterdir()
     first = json.loads((run_dir / "run.json").read_text())["attempts"]
     assert first[0]["packages"] == pv.package_versions()
+    assert first[0]["revision"] == pv.code_revision(), "the code revision too (issue 33)"
 
     # The same run continued after an upgrade: the second attempt records the versions it really ran with.
     upgraded = {**pv.package_versions(), "torch": "99.0.0"}
@@ -137,3 +138,15 @@ def test_a_launch_adds_this_environment_to_the_runs_packages(tmp_path: Path, mon
     launch.log.close()
     launch.lock.release()
     assert ledger.status(sweep.runs[0])["packages"] == [*recorded, pv.package_versions()]
+
+
+def test_the_code_revision_is_the_checkouts_commit(tmp_path: Path):
+    """`revision` in run.json: HEAD of the checkout the package is imported from, `-dirty` with uncommitted changes
+    to tracked files; `unknown` where no checkout tracks the package."""
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("the package is not in a git checkout here")
+    assert pv.code_revision().removesuffix("-dirty") == head.stdout.strip()
+    assert pv.git_revision(tmp_path) == {"revision": None, "dirty": None}, "not a checkout"
