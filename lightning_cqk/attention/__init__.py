@@ -5,8 +5,9 @@ subclass and listing it here. Everything else (config validation, the transforme
 `available()`, `get_attention()` and `build_attention()`, never through if/else on the name.
 
     >>> from lightning_cqk import attention
-    >>> attention.available()
-    ['standard']
+    >>> attention.available()  # doctest: +NORMALIZE_WHITESPACE
+    ['approximate', 'coupled', 'differential', 'fixed_seq_qk', 'mla', 'mlp', 'non_approximate', 'rnd_emb_qk',
+     'standard', 'static_emb_qk', 'uncoupled_mlp']
 """
 
 from __future__ import annotations
