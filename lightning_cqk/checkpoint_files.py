@@ -38,7 +38,6 @@ import os
 import pathlib
 import pickle
 import re
-import shutil
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -322,65 +321,3 @@ def refuse_checkpoint_folder(path: str | Path) -> None:
             f"it once: {CONSOLIDATE.format(path=path)} (writes {path}.consolidated: weights and settings), then give "
             "that file."
         )
-
-
-# --------------------------------------------------------------------------------------------- folders
-def fsync_folder(folder: str | Path) -> None:
-    """Flush a folder's entries (a rename inside it) to disk; a no-op where folders cannot be opened (Windows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def remove_path(path: str | Path) -> None:
-    """Remove a checkpoint file, link or folder (missing: nothing to do)."""
-    path = Path(path)
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def replace_folder(source: str | Path, target: str | Path) -> None:
-    """Put the folder `source` (written completely under a temporary name beside `target`) at `target`.
-
-    A folder cannot be renamed over a non-empty one, so whatever is at `target` is first renamed aside (to a hidden
-    `.<name>.old.<pid>.tmp`, which `RunCheckpoint` removes at the next start if this process dies before it does),
-    then `source` is renamed to `target`, then the old one is removed. A reader sees the old checkpoint, the new one,
-    or (between the two renames) none at that name, never half of one: a resume then takes the newest intact
-    periodic checkpoint instead (`run_dir.resumable_checkpoint`).
-    """
-    source, target = Path(source), Path(target)
-    old = None
-    if target.exists() or target.is_symlink():
-        old = target.with_name(f".{target.name}.old.{os.getpid()}.tmp")
-        remove_path(old)
-        os.rename(target, old)
-    os.rename(source, target)
-    fsync_folder(target.parent)
-    if old is not None:
-        remove_path(old)
-
-
-def link_folder(source: str | Path, target: str | Path) -> None:
-    """Make `target` a folder of hard links to the files of folder `source` (no byte copied), built under a temporary
-    name and put in place by `replace_folder`. Raises OSError where hard links are impossible."""
-    source, target = Path(source), Path(target)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    remove_path(tmp)
-    try:
-        for root, _, files in os.walk(source):
-            here = tmp / Path(root).relative_to(source)
-            here.mkdir(parents=True, exist_ok=True)
-            for name in files:
-                os.link(Path(root) / name, here / name)
-        replace_folder(tmp, target)
-    finally:
-        remove_path(tmp)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.errors import UnavailableError
 
 RUN_ENV, CKPT_ENV, PLAN_ENV = "LIGHTNING_CQK_RUN_DIR", "LIGHTNING_CQK_RUN_CKPT", "LIGHTNING_CQK_RUN_PLAN"
@@ -145,16 +146,6 @@ def _process_start_time() -> float:
         return time.time()
 
 
-def _write_atomically(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def publish_plan(launch: Launch, root: Path, plan: dict[str, Any]) -> None:
     """Rank zero: hand `plan` (JSON-able: run_dir, ckpt_path, ...) to the other processes of the launch."""
     os.environ[RUN_ENV], os.environ[CKPT_ENV] = str(plan["run_dir"]), plan.get("ckpt_path") or ""
@@ -162,7 +153,7 @@ def publish_plan(launch: Launch, root: Path, plan: dict[str, Any]) -> None:
     if launch.key is None:
         return
     path = plan_path(root, launch.key)
-    _write_atomically(path, {**plan, "status": "ok", **_stamp(launch)})
+    write_json_atomically(path, {**plan, "status": "ok", **_stamp(launch)})
     atexit.register(_remove_own, path)
 
 
@@ -171,7 +162,7 @@ def publish_failure(launch: Launch, root: Path, message: str) -> None:
     if launch.key is None:
         return
     try:
-        _write_atomically(plan_path(root, launch.key), {"status": "failed", "error": message, **_stamp(launch)})
+        write_json_atomically(plan_path(root, launch.key), {"status": "failed", "error": message, **_stamp(launch)})
     except OSError:
         pass  # the other ranks time out, naming the file they waited for
 

@@ -58,11 +58,11 @@ import shutil
 import socket
 import sys
 import unicodedata
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.checkpoint_files import checkpoint_problem, checkpoint_step, same_checkpoint, step_in_name
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.package_versions import code_revision, package_versions
@@ -160,27 +160,6 @@ def check_run_name_part(value: Any, flag: str) -> None:
 
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def write_json_atomically(
-    path: str | Path, data: Any, *, sort_keys: bool = False, default: Any = None, ensure_ascii: bool = True
-) -> Path:
-    """Write `data` as indented JSON so that a reader never sees half a file: the one JSON writer of the package.
-
-    The text goes to a hidden temporary file beside `path` (a name no other writer, process or thread, uses), which
-    is then renamed over `path` (atomic on POSIX): a reader sees the old file or the new one, concurrent writers
-    leave one whole version, and a crash or a full disk leaves the old file and no temporary one. Creates the folder.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=2, sort_keys=sort_keys, default=default, ensure_ascii=ensure_ascii) + "\n"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 # --------------------------------------------------------------------------------------------------- naming

@@ -76,15 +76,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_cqk.checkpoint_files import (
-    checkpoint_problem,
-    fsync_folder,
-    link_folder,
-    load_checkpoint,
-    remove_path,
-    state_file,
-    step_in_name,
-)
+from lightning_cqk.atomic_files import fsync_path, link_folder, remove_path
+from lightning_cqk.checkpoint_files import checkpoint_problem, load_checkpoint, state_file, step_in_name
 from lightning_cqk.errors import StorageFullError, storage_full_errno
 
 TMP_PATTERN = re.compile(r"^\..+\.\d+\.tmp$")
@@ -124,7 +117,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, target)
-            fsync_folder(target.parent)
+            fsync_path(target.parent)
         except (OSError, RuntimeError) as err:  # torch.save: a RuntimeError "enforce fail" whose context is the OSError
             code = storage_full_errno(err)
             if code is None:
@@ -166,7 +159,7 @@ def link_or_copy_atomically(source: Path, target: Path) -> bool:
     except OSError:
         tmp.unlink(missing_ok=True)
         return False
-    fsync_folder(target.parent)
+    fsync_path(target.parent)
     return True
 
 

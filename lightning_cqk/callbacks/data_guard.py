@@ -27,6 +27,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.data.integrity import shard_fingerprint
 from lightning_cqk.errors import UserError
 
@@ -104,9 +105,7 @@ class DataFolderGuard(L.Callback):
             except (OSError, ValueError):
                 summary = {}
             summary.update(finished=False, data_changed={"folder": folder, "step": trainer.global_step, "why": message})
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(json.dumps(summary, indent=2) + "\n")
-            tmp.replace(path)
+            write_json_atomically(path, summary)
         raise DataFolderChanged(message)
 
     # ---------------------------------------------------------------------------------------- resume

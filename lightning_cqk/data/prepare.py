@@ -77,6 +77,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.data import remote
 from lightning_cqk.data.builtin import BUILTIN_CORPORA
 from lightning_cqk.data.folder_lock import Terminated, ending_cleanly_on_sigterm, hold_for_reading, writing
@@ -107,7 +108,6 @@ from lightning_cqk.errors import (
     UnavailableError,
     storage_full_errno,
 )
-from lightning_cqk.run_dir import write_json_atomically
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata pings PyPI on import otherwise
 

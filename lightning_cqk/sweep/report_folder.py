@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from lightning_cqk.atomic_files import fsync_path
+
 RECORD = ".report.json"
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -99,19 +101,6 @@ def _carry(entry: Path, target: Path) -> None:
         _link_or_copy(str(entry), str(target))
 
 
-def _fsync(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def exchange(a: Path, b: Path) -> bool:
     """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where that is not supported."""
     if not sys.platform.startswith("linux"):
@@ -141,7 +130,7 @@ def _swap_in(new: Path, out: Path) -> None:
         os.rename(out, old)
         os.rename(new, out)
         shutil.rmtree(old, ignore_errors=True)
-    _fsync(out.parent)
+    fsync_path(out.parent)
 
 
 @contextmanager
@@ -174,13 +163,13 @@ def staged(out: str | Path, owned: Callable[[str], bool]) -> Iterator[Path]:
         yield new
         written = sorted(p.name for p in new.iterdir())
         for name in written:
-            _fsync(new / name)
+            fsync_path(new / name)
         (new / RECORD).write_text(json.dumps({"files": written}, indent=1) + "\n")
         if out.exists():
             for entry in out.iterdir():
                 if entry.name not in previous and entry.name not in written and entry.name != RECORD:
                     _carry(entry, new / entry.name)
-        _fsync(new)
+        fsync_path(new)
         _swap_in(new, out)
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)

@@ -36,6 +36,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.atomic_files import write_text_atomically
+
 STUDY_FILE, RUNS_FILE, CURVES_FILE, WINDOWS_FILE = "study.json", "runs.csv", "curves.csv", "val_windows.json"
 CURVE_FIELDS = ("run", "tag", "step", "value")
 FLOAT32_MAX = 3.4028234663852886e38  # TensorBoard stores scalars as float32: no logged value is larger
@@ -73,12 +75,6 @@ def is_committed(folder: str | Path) -> bool:
     """True for a folder of committed results (study.json and runs.csv) rather than a sweep directory."""
     folder = Path(folder)
     return (folder / STUDY_FILE).is_file() and (folder / RUNS_FILE).is_file()
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _num(x: Any) -> str:
@@ -178,9 +174,9 @@ def write_committed(data: dict[str, Any], out: Path) -> list[Path]:
         if w and w.get("nll"):
             windows["tokens"][name], windows["nll"][name] = list(w["tokens"]), list(w["nll"])
     paths = [out / STUDY_FILE, out / RUNS_FILE, out / CURVES_FILE]
-    _write(paths[0], json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    _write(paths[1], buf.getvalue())
-    _write(paths[2], curves.getvalue())
+    write_text_atomically(paths[0], json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    write_text_atomically(paths[1], buf.getvalue())
+    write_text_atomically(paths[2], curves.getvalue())
     if windows["tokens"]:  # most runs' windows hold the same tokens (one validation set): stored once, under "*"
         counts: dict[str, int] = {}
         for t in windows["tokens"].values():
@@ -191,7 +187,7 @@ def write_committed(data: dict[str, Any], out: Path) -> list[Path]:
     n_values = sum(len(v) for v in windows["nll"].values()) + sum(len(v) for v in windows["tokens"].values())
     if windows["nll"] and n_values <= MAX_WINDOW_VALUES:
         paths.append(out / WINDOWS_FILE)
-        _write(paths[-1], json.dumps(windows, separators=(",", ":")) + "\n")
+        write_text_atomically(paths[-1], json.dumps(windows, separators=(",", ":")) + "\n")
     return paths
 
 

@@ -57,9 +57,10 @@ from typing import Any
 
 import yaml
 
+from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.device_info import cpu_model
 from lightning_cqk.package_versions import code_revision, describe_difference, git_revision, package_versions
-from lightning_cqk.run_dir import config_files, resumable_checkpoint, write_json_atomically
+from lightning_cqk.run_dir import config_files, resumable_checkpoint
 from lightning_cqk.run_lock import LOCK_NAME, LockOwner, RunDirectoryInUse, acquire, holder
 from lightning_cqk.sweep import worker
 from lightning_cqk.sweep.adopt import CommittedRun, committed_folders, index_committed, reproduces

@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_cqk.atomic_files import link_folder, replace_folder
 from lightning_cqk.checkpoint_files import (
     CONSOLIDATE,
     checkpoint_problem,
     checkpoint_step,
-    link_folder,
     load_checkpoint,
     refuse_checkpoint_folder,
-    replace_folder,
 )
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.run_dir import resolve_fit, resumable_checkpoint
