@@ -88,7 +88,9 @@ def index_committed(folders: list[Path]) -> dict[str, CommittedRun]:
 def _with_committed_rate(overrides: dict[str, Any], row: dict[str, str]) -> dict[str, Any]:
     """A grid-chosen rate ("{tuned_lr:...}") replaced by the rate the committed run trained at (runs.csv `lr`)."""
     rate = overrides.get("model.optim.lr")
-    if isinstance(rate, str) and rate.startswith("{tuned_lr:"):
+    from lightning_cqk.sweep.tuning import is_tuned_rate
+
+    if is_tuned_rate(rate):
         lr = float(row.get("lr") or "nan")
         if math.isfinite(lr):
             overrides["model.optim.lr"] = lr

@@ -42,7 +42,6 @@ import errno
 import io
 import json
 import math
-import re
 import shlex
 import shutil
 import sys
@@ -247,6 +246,8 @@ def tuning_table(data: dict[str, Any]) -> dict[str, Any]:
 
 def untuned_groups(data: dict[str, Any]) -> dict[str, str]:
     """group -> why its learning rate is not its own (tuning parity): every group when the profile has no grid."""
+    from lightning_cqk.sweep.tuning import is_tuned_rate
+
     spec = data["manifest"]["spec"]
     tuning = spec.get("tuning") or {}
     if "fixed" in tuning:
@@ -265,7 +266,7 @@ def untuned_groups(data: dict[str, Any]) -> dict[str, str]:
     for name, group in data["groups"].items():
         entries = [runs[r["name"]] for r in group["runs"] if r["name"] in runs]
         rates = {str((e.get("overrides") or {}).get("model.optim.lr", "")) for e in entries}
-        tuned = all(rate.startswith("{tuned_lr:") for rate in rates)
+        tuned = all(is_tuned_rate(rate) for rate in rates)
         if not entries or name == control:
             continue
         if not tuned:
@@ -280,14 +281,17 @@ def untuned_groups(data: dict[str, Any]) -> dict[str, str]:
 def _inherited_from(levels: dict[str, str], rate: str, grid_levels: dict[str, dict[str, str]], axis: str) -> str:
     """Why a tuned group's rate is not its own: chosen by a grid run at other levels (another corpus, size,
     transform: the rate is inherited), or '' when the grid ran at the group's own levels."""
-    level = re.match(r"\{tuned_lr:([^*}]+)", rate)
-    ran_at = grid_levels.get(level.group(1)) if level else None
+    from lightning_cqk.sweep.tuning import parse_tuned
+
+    parsed = parse_tuned(rate)
+    level = parsed[0] if parsed else None
+    ran_at = grid_levels.get(level) if level else None
     if not ran_at:
         return ""
     other = {a: lv for a, lv in ran_at.items() if a != axis and levels.get(a) != lv}
-    if not other and (not level or levels.get(axis) == level.group(1)):
+    if not other and (not level or levels.get(axis) == level):
         return ""
-    where = ", ".join(f"{a}={lv}" for a, lv in sorted(other.items())) or f"{axis}={level.group(1)}"
+    where = ", ".join(f"{a}={lv}" for a, lv in sorted(other.items())) or f"{axis}={level}"
     return f"rate chosen by the grid at {where}, inherited (not tuned at this level)"
 
 

@@ -93,7 +93,9 @@ def _final(run: dict[str, Any], tag: str) -> float:
 def run_lr(entry: dict[str, Any], data: dict[str, Any]) -> float:
     """A run's learning rate: its override (a tuned level's: the grid's choice), else its config files'."""
     value = (entry.get("overrides") or {}).get("model.optim.lr")
-    if isinstance(value, str) and value.startswith("{tuned_lr:"):
+    from lightning_cqk.sweep.tuning import is_tuned_rate
+
+    if is_tuned_rate(value):
         from lightning_cqk.sweep.tuning import TuningError, auto_scale, parse_tuned
 
         parsed = parse_tuned(value)

@@ -535,6 +535,8 @@ def _tuning_runs(
     """The learning-rate grid runs of every tuned level (lightning_cqk/sweep/tuning.py), and the runs of those
     levels set to wait for their grid and start at its choice ("{tuned_lr:<level>}"). Records the grid in
     spec["tuning"]."""
+    from lightning_cqk.sweep.tuning import tuned_rate
+
     axis = tuning["axis"]
     levels = [str(lv) for lv in (tuning.get("levels") or list(axes[axis]))]
     seed = int(tuning["seed"])
@@ -585,10 +587,10 @@ def _tuning_runs(
             continue
         run.overrides.pop("model.optim.lr", None)
         if scale == "auto":  # the grid chooses the scale at launch (tuning.auto_scale)
-            times = f"*auto({float(spec['control']['expected_pct'])!r})"
+            rate = tuned_rate(level, auto_target_pct=float(spec["control"]["expected_pct"]))
         else:
-            times = "" if scale is None else f"*{float(scale)!r}"
-        run.overrides["model.optim.lr"] = "{tuned_lr:" + level + times + "}"
+            rate = tuned_rate(level, None if scale is None else float(scale))
+        run.overrides["model.optim.lr"] = rate
         run.depends_on = [*run.depends_on, *grid[level].values()]
         run.tuned_by = {level: {"held_out": [int(x) for x in tuning["held_out"]], "grid": grid_hashes[level]}}
     spec["tuning"] = {

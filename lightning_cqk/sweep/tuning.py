@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.sweep.identity import result_dir
-from lightning_cqk.sweep.spec import SpecError
+from lightning_cqk.sweep.spec_checks import SpecError
 
 # "{tuned_lr:<level>}", "{tuned_lr:<level>*0.5}" or "{tuned_lr:<level>*auto(4.0)}"
 TUNED_LR = re.compile(r"^\{tuned_lr:([^}*]+)(?:\*(?:([0-9.eE+-]+)|auto\(([0-9.eE+-]+)\)))?\}$")
@@ -70,6 +70,24 @@ def choose(losses: Mapping[float, float]) -> float:
     if not finite:
         return math.nan
     return min(finite, key=lambda lr: (finite[lr], lr))
+
+
+TUNED_PREFIX = "{tuned_lr:"
+
+
+def tuned_rate(level: str, scale: float | None = None, auto_target_pct: float | None = None) -> str:
+    """The override that starts a run at `level`'s grid choice: "{tuned_lr:<level>}", times `scale`
+    ("{tuned_lr:<level>*0.5}"), or at the scale that plants `auto_target_pct` ("{tuned_lr:<level>*auto(3.0)}")."""
+    if auto_target_pct is not None:
+        times = f"*auto({float(auto_target_pct)!r})"
+    else:
+        times = "" if scale is None else f"*{float(scale)!r}"
+    return TUNED_PREFIX + level + times + "}"
+
+
+def is_tuned_rate(value: Any) -> bool:
+    """Whether a learning-rate override is a grid's choice still to be filled in (`tuned_rate`)."""
+    return isinstance(value, str) and value.startswith(TUNED_PREFIX)
 
 
 def parse_tuned(value: Any) -> tuple[str, float | None, float | None] | None:

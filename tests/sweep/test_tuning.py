@@ -290,3 +290,28 @@ def test_a_run_that_starts_at_a_grids_choice_hashes_the_grid(tmp_path: Path):
     assert base.run(tuned).config_hash() != rates.run(tuned).config_hash()
     assert base.run(tuned).config_hash() != windows.run(tuned).config_hash()
     assert base.run(untuned).config_hash() == rates.run(untuned).config_hash() == windows.run(untuned).config_hash()
+
+
+def test_the_tuned_rate_placeholder_is_built_and_read_in_tuning_only():
+    """Issue 33: the "{tuned_lr:...}" string was built by concatenation in spec.py, read by regex here and tested by
+    `startswith` in report.py, results.py and adopt.py. tuning.py owns it both ways now, and no other module spells
+    it."""
+    import re
+    from pathlib import Path
+
+    from lightning_cqk.sweep.tuning import is_tuned_rate, parse_tuned, tuned_rate
+
+    assert tuned_rate("wikitext") == "{tuned_lr:wikitext}" and parse_tuned(tuned_rate("wikitext")) == (
+        "wikitext",
+        None,
+        None,
+    )
+    assert parse_tuned(tuned_rate("a", 0.46)) == ("a", 0.46, None)
+    assert parse_tuned(tuned_rate("a", auto_target_pct=3.0)) == ("a", None, 3.0)
+    assert is_tuned_rate(tuned_rate("a")) and not is_tuned_rate(4e-3) and not is_tuned_rate("4e-3")
+    package = Path(__file__).resolve().parents[2] / "lightning_cqk"
+    for path in package.rglob("*.py"):
+        if path.name == "tuning.py":
+            continue
+        code = re.sub(r'"""[\s\S]*?"""|#.*', "", path.read_text())  # docstrings and comments may name it
+        assert "tuned_lr:" not in code, f"{path.relative_to(package)} spells the placeholder itself"
