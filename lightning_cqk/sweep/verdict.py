@@ -61,7 +61,11 @@ or it declares `limited:`; the verdict is kept and the limit is printed beside i
 The control (spec `control:`) gates; it is not in the family. It is tested first, alone: a one-sided paired t-test
 in its expected direction at alpha = 0.05. When it is not detected, the verdicts that rest on finding no effect
 (`inconclusive`, `not replicated at this scale`, `equivalent`) are marked `sensitivity not shown`: the study did not
-show it could see an effect of the control's size. Significant directional verdicts stand.
+show it could see an effect of the control's size. Significant directional verdicts stand, unless the control came
+out significantly the other way (its two-sided 95% interval beyond 0 on the wrong side: the baseline moved away from
+its tuned setting, e.g. at a lower learning rate, does *better*): then the baseline was not at its optimum, and every
+verdict of a claim that compares with that baseline is marked `baseline off its optimum` (a difference against a
+mistuned baseline says little about the mechanism).
 The number of seeds is fixed in the spec before the first run: while any planned run of a claim's groups or of the
 control has not finished, the report is interim and every claim reads `interim, n of N seeds`, with no verdict
 (adding seeds after a look is optional stopping).
@@ -102,6 +106,7 @@ EQUIVALENT = "equivalent"
 NOT_EQUIVALENT = "not equivalent"
 DETECTED, NOT_DETECTED = "detected", "not detected"
 SENSITIVITY_NOT_SHOWN = "sensitivity not shown"
+BASELINE_OFF_OPTIMUM = "baseline off its optimum"
 INTERIM = "interim"
 NULL_VERDICTS = (INCONCLUSIVE, NOT_REPLICATED, EQUIVALENT)  # they rest on finding no effect: the control gates them
 ALT_RULE = "relative_loss"
@@ -371,8 +376,13 @@ def judge(
         j.limited = "; ".join(reasons)
         out.append(j)
     if control is not None and out[0].verdict != DETECTED:
+        reversed_control = _reversed(out[0], alpha)
+        if reversed_control:
+            out[0].verdict = f"{out[0].verdict}; reversed: the baseline did better off its tuned setting"
         for j in out[1:]:
             _gate(j)
+            if reversed_control and set(out[0].minus) & {*j.plus, *j.minus}:
+                _mark_off_optimum(j)
     _mark_interim(out, values, planned or {})
     return out
 
@@ -401,6 +411,22 @@ def _gate(j: Judgement) -> None:
         j.alt_verdict = f"{j.alt_verdict}; {SENSITIVITY_NOT_SHOWN}"
     if j.train_verdict.startswith(NULL_VERDICTS):
         j.train_verdict = f"{j.train_verdict}; {SENSITIVITY_NOT_SHOWN}"
+
+
+def _reversed(control: Judgement, alpha: float) -> bool:
+    """Whether the control came out significantly against its expected direction (two-sided 1 - alpha interval)."""
+    if control.effect is None or not control.effect.d_log:
+        return False
+    lo, hi = interval(control.effect.d_log, 1.0 - alpha)
+    return hi < 0.0 if control.expect == "higher" else lo > 0.0
+
+
+def _mark_off_optimum(j: Judgement) -> None:
+    """A verdict against a baseline the reversed control showed off its optimum (module docstring)."""
+    j.verdict = f"{j.verdict}; {BASELINE_OFF_OPTIMUM}"
+    for name in ("alt_verdict", "train_verdict"):
+        if getattr(j, name):
+            setattr(j, name, f"{getattr(j, name)}; {BASELINE_OFF_OPTIMUM}")
 
 
 def _mark_interim(out: list[Judgement], values: Mapping[str, Mapping[int, float]], planned: Mapping[str, int]) -> None:

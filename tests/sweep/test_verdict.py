@@ -123,6 +123,20 @@ def test_a_control_not_detected_marks_the_null_verdicts_and_keeps_a_significant_
     assert detected[1].family == 1  # the control is not in the family
 
 
+def test_a_control_significantly_reversed_marks_every_verdict_against_its_baseline():
+    """The coupling rerun: the baseline at 0.3 x its tuned rate did 10% *better* than at the tuned rate, so the
+    baseline was off its optimum; a significant coupled-vs-standard difference then says little about coupling. The
+    verdicts against that baseline are marked; a claim between two other groups is not."""
+    values = _sweep({"base": 0.0, "new": E_LOG, "other": E_LOG, "fewer": -0.02}, sd=0.004)
+    between = {**CLAIM, "name": "between", "group": "new", "vs": "other", "expect": "lower"}
+    control, claim, other = judge(values, [CLAIM, between], CONTROL)
+    assert control.verdict == "not detected; reversed: the baseline did better off its tuned setting"
+    assert claim.verdict == "replicated; baseline off its optimum"
+    assert "baseline off its optimum" not in other.verdict and other.gated
+    slight = judge(_sweep({"base": 0.0, "new": E_LOG, "fewer": -0.0005}, sd=0.004), [CLAIM], CONTROL)
+    assert slight[0].verdict == "not detected" and slight[1].verdict == "replicated", "not significant: no mark"
+
+
 def test_the_control_is_tested_one_sided_at_alpha():
     """A control whose two-sided p is between 0.05 and 0.10 in the expected direction is detected (one-sided p =
     half); the same size in the other direction is not."""
