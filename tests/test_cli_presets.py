@@ -53,12 +53,13 @@ def test_the_built_model_and_the_run_name_are_the_preset_s(tmp_path: Path):
     with torch.device("meta"):  # the real 60m model, without allocating or initialising its weights
         cli = CQKCLI(args=common, run=False)
         explicit = CQKCLI(args=[*common, "--model.config.n_layer=6"], run=False)
-    assert sum(p.numel() for p in cli.model.parameters()) == PARAMS_60M  # was 7.2 M (tiny)
+    padding = cli.model.model.num_parameters()["vocab_padding"]  # 47 rows of 512: the vocabulary padded to 50,304
+    assert padding == 47 * 512 and sum(p.numel() for p in cli.model.parameters()) == PARAMS_60M + padding
     assert (cli.model.config.n_layer, cli.model.config.n_embd) == (10, 512)
     assert cli.trainer.logger.version == "standard-60m-s1337"
     # An explicit field wins, and the run directory says so.
     assert explicit.model.config.n_layer == 6 and explicit.model.config.n_embd == 512
-    per_layer = (PARAMS_60M - sum(p.numel() for p in explicit.model.parameters())) / 4
+    per_layer = (PARAMS_60M + padding - sum(p.numel() for p in explicit.model.parameters())) / 4
     assert per_layer == 12 * 512 * 512 + 2 * 512  # 4 blocks fewer: attention 4C^2 + MLP 8C^2 + two LayerNorms
     assert explicit.trainer.logger.version == "standard-60m-L6-s1337"
 
