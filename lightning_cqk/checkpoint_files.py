@@ -23,10 +23,11 @@ folder of the same name (`last.ckpt/`, `step=00000100.ckpt/`): torch.distributed
 `.metadata` (written last, once every shard is complete), and Lightning's `meta.pt`, a `torch.save` file with the rest
 of the state (step, loops, callbacks, hyper-parameters; rank 0 writes it after the shards). Every function here takes
 such a folder where it takes a file: a folder is intact when its index exists and its meta.pt is (`checkpoint_problem`),
-its step is meta.pt's, `load_checkpoint` returns meta.pt's content (the sharded weights and optimizer states are the
-strategy's to load), and `replace_folder` puts a folder written under a temporary name in place. A folder is never
-loaded where weights are needed (`generate`, `eval`, the NaN guard's rollback): consolidate it into one file first
-(`CONSOLIDATE`).
+its step is meta.pt's, and `load_checkpoint` returns meta.pt's content (the sharded weights and optimizer states are
+the strategy's to load; `atomic_files.replace_folder` puts a folder written under a temporary name in place). A
+folder is never loaded where weights are needed (`generate`, `eval`, `glue`): `refuse_checkpoint_folder` names the
+command that consolidates it into one file first (`CONSOLIDATE`); the NaN guard's rollback finds no weights in one
+and does not roll back to it.
 
 Standard library only at import (torch is imported when a file is loaded): `run_dir.py` and the light command line
 use `checkpoint_problem`.
@@ -72,11 +73,6 @@ class UntrustedCheckpointError(ConfigError):
 
 
 # --------------------------------------------------------------------------------------------------- intact?
-def is_checkpoint_folder(path: str | Path) -> bool:
-    """Whether `path` is a directory saved as a checkpoint (a distributed-checkpoint folder, intact or not)."""
-    return Path(path).is_dir()
-
-
 def state_file(path: str | Path) -> Path:
     """The `torch.save` file that holds a checkpoint's step and settings: the file itself, or a folder's meta.pt."""
     path = Path(path)

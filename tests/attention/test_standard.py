@@ -48,3 +48,31 @@ def test_standard_parameter_count():
     assert sum(p.numel() for p in build_attention(cfg, 0).parameters()) == 4 * 32 * 32
     cfg = ModelConfig(n_embd=32, n_head=4, vocab_size=10, bias=True)
     assert sum(p.numel() for p in build_attention(cfg, 0).parameters()) == 4 * 32 * 32 + 4 * 32
+
+
+def test_qk_norm_runs_the_fused_rms_norm_on_bf16_inputs():
+    """Issue 32 item 5: QK-norm's fp32 gain met bf16 q/k and `F.rms_norm` fell back to its composite kernel (torch
+    warns "Mismatch dtype"). `MatchedRMSNorm` applies the gain in the input's dtype: no warning, the same values as
+    the fp32 computation rounded once, and the gradient reaches the fp32 gain; in fp64 it is nn.RMSNorm exactly."""
+    import warnings
+
+    from torch import nn
+
+    from lightning_cqk.attention.matched_norm import MatchedRMSNorm
+
+    torch.manual_seed(0)
+    norm = MatchedRMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(4, 3, 16, dtype=torch.bfloat16, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = norm(x)
+    reference = torch.nn.functional.rms_norm(x.float(), (16,), norm.weight.detach(), 1e-6)
+    torch.testing.assert_close(y.float(), reference, rtol=2e-2, atol=2e-2)
+    y.float().sum().backward()
+    assert y.dtype == torch.bfloat16 and norm.weight.grad is not None and norm.weight.grad.dtype == torch.float32
+    plain = nn.RMSNorm(16, eps=1e-6).double()
+    plain.load_state_dict(norm.double().state_dict())
+    z = torch.randn(5, 16, dtype=torch.float64)
+    torch.testing.assert_close(norm(z), plain(z), rtol=0, atol=0)
