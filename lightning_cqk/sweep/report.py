@@ -51,6 +51,7 @@ from typing import Any
 
 from lightning_cqk.sweep import report_folder
 from lightning_cqk.sweep.stats import bootstrap_se_of_mean_loss, contrast, mean, n_diverged, std, variance_ratio
+from lightning_cqk.sweep.tuning import all_grid_runs, grid_names
 from lightning_cqk.sweep.verdict import DETECTED, INTERIM, Judgement, judge
 
 VAL_METRICS = ("val/ppl", "val/bpb")
@@ -147,7 +148,7 @@ def collect(sweep_dir: str | Path) -> dict[str, Any]:
         manifest = _read_manifest(sweep_dir)
     metric = manifest["spec"].get("metric", "val/ppl")
     tune_spec = manifest["spec"].get("tuning") or {}
-    tune_names = {name for grid in (tune_spec.get("grid") or {}).values() for name in grid.values()}
+    tune_names = all_grid_runs(tune_spec)
     groups: dict[str, dict[str, Any]] = {}
     tuning_runs: list[dict[str, Any]] = []
     missing: list[str] = []
@@ -228,20 +229,24 @@ def computed_once(manifest: dict[str, Any]) -> list[str]:
 
 
 def tuning_table(data: dict[str, Any]) -> dict[str, Any]:
-    """{"rows": [(level, lr, run, held-out loss)], "chosen": {level: lr}} of the learning-rate grid (empty without)."""
-    from lightning_cqk.sweep.tuning import choose
+    """{"rows": [(level, lr, run(s), held-out loss)], "chosen": {level: lr}, "spread": {(level, lr): sd}} of the
+    learning-rate grid (empty without): a rate's loss is the mean over its grid seeds (tuning.mean_loss), its
+    spread their sample sd (nan at one seed); several runs are named joined by ", "."""
+    from lightning_cqk.sweep.tuning import choose, mean_loss
 
     spec = data["manifest"]["spec"].get("tuning") or {}
     by_name = {r["name"]: r for r in data["tuning_runs"]}
-    rows, chosen = [], {}
+    rows, chosen, spread = [], {}, {}
     for level, grid in (spec.get("grid") or {}).items():
         losses = {}
-        for lr, name in grid.items():
-            loss = by_name[name]["heldout_loss"] if name in by_name else math.nan
-            losses[float(lr)] = loss
-            rows.append((level, float(lr), name, loss))
+        for lr, point in grid.items():
+            names = grid_names(point)
+            per_seed = [by_name[n]["heldout_loss"] if n in by_name else math.nan for n in names]
+            losses[float(lr)] = mean_loss(per_seed)
+            spread[(level, float(lr))] = std(per_seed) if len(per_seed) > 1 else math.nan
+            rows.append((level, float(lr), ", ".join(names), losses[float(lr)]))
         chosen[level] = choose(losses)
-    return {"rows": rows, "chosen": chosen}
+    return {"rows": rows, "chosen": chosen, "spread": spread}
 
 
 def untuned_groups(data: dict[str, Any]) -> dict[str, str]:
@@ -260,7 +265,7 @@ def untuned_groups(data: dict[str, Any]) -> dict[str, str]:
     grid_levels = {  # tuned level -> the levels its grid ran at
         level: runs[name]["levels"]
         for level, by_lr in (tuning.get("grid") or {}).items()
-        for name in list(by_lr.values())[:1]
+        for name in [grid_names(point)[0] for point in list(by_lr.values())[:1]]
         if name in runs
     }
     for name, group in data["groups"].items():
@@ -535,7 +540,7 @@ def training_corpora(data: dict[str, Any], claims: list[dict[str, Any]]) -> dict
 def planned_seeds(data: dict[str, Any]) -> dict[str, int]:
     """group -> the number of runs the study plans for it (its manifest: finished or not; the tuning grid left out)."""
     tune_spec = data["manifest"]["spec"].get("tuning") or {}
-    tune_names = {name for grid in (tune_spec.get("grid") or {}).values() for name in grid.values()}
+    tune_names = all_grid_runs(tune_spec)
     planned: dict[str, int] = {}
     for run in data["manifest"]["runs"]:
         if run["name"] not in tune_names:
@@ -772,7 +777,14 @@ def _lr_control_prediction(data: dict[str, Any], scale: float | None) -> str:
     change = predicted_change(points, chosen, float(scale), metric)
     if not math.isfinite(change):
         return ""
-    return f"{100 * change:+.2f}% from the baseline's own learning-rate grid (seed {tuning.get('seed')}){how}"
+    return f"{100 * change:+.2f}% from the baseline's own learning-rate grid ({_grid_seeds(tuning)}){how}"
+
+
+def _grid_seeds(tuning: dict[str, Any]) -> str:
+    """'seed 0' (a grid at one seed), else 'mean of seeds 0, 1000, 1001'."""
+    if "seeds" not in tuning:
+        return f"seed {tuning.get('seed')}"
+    return "mean of seeds " + ", ".join(str(x) for x in tuning["seeds"])
 
 
 def tuning_lines(data: dict[str, Any]) -> list[str]:
@@ -792,9 +804,9 @@ def tuning_lines(data: dict[str, Any]) -> list[str]:
     lines = [
         "### Tuning",
         "",
-        f"Each level of `{spec['axis']}` got its own learning rate: a grid of {len(spec['lrs'])} rates at seed "
-        f"{spec['seed']}, chosen by the loss on validation windows {spec['held_out'][0]}-{spec['held_out'][1] - 1}, "
-        "which no verdict reads (lightning_cqk/sweep/tuning.py).",
+        f"Each level of `{spec['axis']}` got its own learning rate: a grid of {len(spec['lrs'])} rates at "
+        f"{_grid_at(spec)}, chosen by the {'mean ' if 'seeds' in spec else ''}loss on validation windows "
+        f"{spec['held_out'][0]}-{spec['held_out'][1] - 1}, which no verdict reads (lightning_cqk/sweep/tuning.py).",
         "",
         "| level | " + " | ".join(f"lr {lr:g}" for lr in spec["lrs"]) + " | chosen |",
         "|---|" + "---|" * (len(spec["lrs"]) + 1),
@@ -803,10 +815,24 @@ def tuning_lines(data: dict[str, Any]) -> list[str]:
     for level in order + [lv for lv in spec["grid"] if lv not in order]:  # sorted keys of study.json, a dict does not
         cells = {lr: loss for lv, lr, _, loss in table["rows"] if lv == level}
         chosen = table["chosen"].get(level, math.nan)
-        row = [_fmt(cells.get(float(lr), math.nan), ".4f") for lr in spec["lrs"]]
+        row = [_grid_cell(cells.get(float(lr), math.nan), table, level, float(lr)) for lr in spec["lrs"]]
         lines.append(f"| {level} | " + " | ".join(row) + f" | {_fmt(chosen, 'g')} |")
-    lines += ["", "Held-out loss in nats per token; – where the grid run has not finished.", ""]
+    sd_note = " (the mean over the grid seeds ± their sd)" if "seeds" in spec else ""
+    lines += ["", f"Held-out loss in nats per token{sd_note}; – where the grid run has not finished.", ""]
     return lines
+
+
+def _grid_at(spec: dict[str, Any]) -> str:
+    """'seed 0' (a grid at one seed) or 'each of seeds 0, 1000, 1001'."""
+    if "seeds" not in spec:
+        return f"seed {spec['seed']}"
+    return "each of seeds " + ", ".join(str(x) for x in spec["seeds"])
+
+
+def _grid_cell(loss: float, table: dict[str, Any], level: str, lr: float) -> str:
+    """A grid point's held-out loss, with ± the sd over its seeds where it has several."""
+    sd = table.get("spread", {}).get((level, lr), math.nan)
+    return _fmt(loss, ".4f") + (f" ± {sd:.4f}" if math.isfinite(sd) and math.isfinite(loss) else "")
 
 
 def code_line(manifest: dict[str, Any]) -> str:

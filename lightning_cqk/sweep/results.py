@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.atomic_files import write_text_atomically
+from lightning_cqk.sweep.tuning import all_grid_runs
 
 STUDY_FILE, RUNS_FILE, CURVES_FILE, WINDOWS_FILE = "study.json", "runs.csv", "curves.csv", "val_windows.json"
 CURVE_FIELDS = ("run", "tag", "step", "value")
@@ -135,7 +136,7 @@ def write_committed(data: dict[str, Any], out: Path) -> list[Path]:
     cw.writerow(["run", "tag", "step", "value"])
     windows: dict[str, dict[str, list[float]]] = {"tokens": {}, "nll": {}}
     grids = (manifest["spec"].get("tuning") or {}).get("grid", {})
-    tuning_names = {name for grid in grids.values() for name in grid.values()}
+    tuning_names = all_grid_runs({"grid": grids})
     for entry in manifest["runs"]:
         name = entry["name"]
         run = finished.get(name)
@@ -352,7 +353,7 @@ def _check_rows(rows: list[tuple[int, dict[str, str]]], manifest: dict[str, Any]
     revision are the manifest's (what write_committed wrote)."""
     entries = {str(e["name"]): e for e in manifest.get("runs") or []}
     grids = (manifest.get("spec", {}).get("tuning") or {}).get("grid", {})
-    tuning_names = {name for grid in grids.values() for name in grid.values()}
+    tuning_names = all_grid_runs({"grid": grids})
     lines: dict[str, int] = {}
     for line, row in rows:
         name = row["run"]

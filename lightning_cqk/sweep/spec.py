@@ -25,8 +25,8 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
         slurm: ["#SBATCH --gpus-per-node=1"]          # optional: lines added to the SLURM array script
         tuning:                           # optional: each level of an axis its own learning rate (sweep/tuning.py)
           axis: attention                 # levels: [...] (default all), same_as: {level: tuned}, at: {axis: level}
-          lrs: [1.0e-3, 2.0e-3, 4.0e-3]   # 3 or more; one run each at `seed` (not a verdict seed)
-          seed: 0
+          lrs: [1.0e-3, 2.0e-3, 4.0e-3]   # 3 or more; one run each at `seed` (not a verdict seed), or at each
+          seed: 0                         # of `seeds: [0, 1000, 1001]` (the choice: the lowest mean loss)
           held_out: [256, 384]            # the validation windows the choice reads: after the verdicts' own
           overrides: {trainer.limit_val_batches: 24}   # the grid runs' own overrides (enough windows)
         # or tuning: {fixed: "<why one rate is the design>"}; without either, verdicts are configuration-limited
@@ -311,7 +311,7 @@ def _check_control(control: Any, spec: dict[str, Any], where: str) -> None:
 
 
 def _check_tuning(tuning: Any, spec: dict[str, Any], profile: dict[str, Any], where: str) -> None:
-    """A profile's `tuning:` (lightning_cqk/sweep/tuning.py): a grid of >= 3 rates per level, one unused seed,
+    """A profile's `tuning:` (lightning_cqk/sweep/tuning.py): a grid of >= 3 rates per level, unused seed(s),
     held-out windows after the verdicts' validation set; or `{fixed: <why>}` where one rate is the design."""
     example = "tuning: {axis: attention, lrs: [1.0e-3, 2.0e-3, 4.0e-3], seed: 0, held_out: [256, 512]}"
     if not isinstance(tuning, dict):
@@ -343,9 +343,20 @@ def _check_tuning(tuning: Any, spec: dict[str, Any], profile: dict[str, Any], wh
         raise SpecError(f"{where}: tuning lrs is a list of 3 or more positive rates, got {lrs!r}.")
     if len(set(lrs)) != len(lrs):
         raise SpecError(f"{where}: tuning lrs must be distinct, got {lrs}.")
-    seed = tuning.get("seed")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed in [int(x) for x in profile.get("seeds", [1337])]:
-        raise SpecError(f"{where}: tuning seed must be an integer no verdict run uses (not in seeds), got {seed!r}.")
+    if ("seed" in tuning) == ("seeds" in tuning):
+        raise SpecError(
+            f"{where}: tuning takes one of `seed: 0` (the grid at one seed) and `seeds: [0, 1000, 1001]` (each "
+            f"rate's mean over several); got {'both' if 'seed' in tuning else 'neither'}."
+        )
+    grid_seeds = tuning["seeds"] if "seeds" in tuning else [tuning["seed"]]
+    used = [int(x) for x in profile.get("seeds", [1337])]
+    for seed in grid_seeds if isinstance(grid_seeds, list) and grid_seeds else [None]:
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed in used:
+            raise SpecError(
+                f"{where}: tuning seeds are integers no verdict run uses (not in seeds {used}), got {grid_seeds!r}."
+            )
+    if len(set(grid_seeds)) != len(grid_seeds):
+        raise SpecError(f"{where}: tuning seeds must be distinct, got {grid_seeds}.")
     held = tuning.get("held_out")
     ints = isinstance(held, list) and len(held) == 2 and all(isinstance(x, int) for x in held)
     if not (ints and 0 <= held[0] < held[1]):
@@ -535,12 +546,12 @@ def _tuning_runs(
     """The learning-rate grid runs of every tuned level (lightning_cqk/sweep/tuning.py), and the runs of those
     levels set to wait for their grid and start at its choice ("{tuned_lr:<level>}"). Records the grid in
     spec["tuning"]."""
-    from lightning_cqk.sweep.tuning import tuned_rate
+    from lightning_cqk.sweep.tuning import grid_names, tuned_rate
 
     axis = tuning["axis"]
     levels = [str(lv) for lv in (tuning.get("levels") or list(axes[axis]))]
-    seed = int(tuning["seed"])
-    grid: dict[str, dict[str, str]] = {}
+    seeds = [int(s) for s in tuning["seeds"]] if "seeds" in tuning else [int(tuning["seed"])]
+    grid: dict[str, dict[str, str | list[str]]] = {}
     tune: list[Run] = []
     for level in levels:
         at = {a: spec["baseline"].get(a, next(iter(options))) for a, options in axes.items()}
@@ -564,13 +575,17 @@ def _tuning_runs(
             overrides.pop("model.optim.lr", None)
             overrides["model.optim.lr"] = float(lr)
             group = f"tune-{level}-lr{float(lr):g}"
-            name = f"{group}-s{seed}"
-            grid.setdefault(level, {})[repr(float(lr))] = name
-            tune.append(
-                Run(name, group, seed, dict(at), [_fill(c, placeholders) for c in run_configs], overrides, [], "tuning")
-            )
+            names = [f"{group}-s{seed}" for seed in seeds]
+            # one name per rate for a grid at one seed (as committed studies record it), a list for several
+            grid.setdefault(level, {})[repr(float(lr))] = names if "seeds" in tuning else names[0]
+            run_configs = [_fill(c, placeholders) for c in run_configs]
+            for name, seed in zip(names, seeds, strict=True):
+                tune.append(Run(name, group, seed, dict(at), run_configs, copy.deepcopy(overrides), [], "tuning"))
     by_name = {r.name: r for r in tune}
-    grid_hashes = {lv: {lr: by_name[name].config_hash() for lr, name in g.items()} for lv, g in grid.items()}
+    grid_hashes = {
+        lv: {lr: _point_hash([by_name[n].config_hash() for n in grid_names(point)]) for lr, point in g.items()}
+        for lv, g in grid.items()
+    }
     base_level = spec["baseline"].get(axis)
     same_as = {str(k): str(v) for k, v in (tuning.get("same_as") or {}).items()}
     for run in runs:
@@ -591,13 +606,13 @@ def _tuning_runs(
         else:
             rate = tuned_rate(level, None if scale is None else float(scale))
         run.overrides["model.optim.lr"] = rate
-        run.depends_on = [*run.depends_on, *grid[level].values()]
+        run.depends_on = [*run.depends_on, *(n for point in grid[level].values() for n in grid_names(point))]
         run.tuned_by = {level: {"held_out": [int(x) for x in tuning["held_out"]], "grid": grid_hashes[level]}}
     spec["tuning"] = {
         "axis": axis,
         "levels": levels,
         "lrs": [float(x) for x in tuning["lrs"]],
-        "seed": seed,
+        **({"seeds": seeds} if "seeds" in tuning else {"seed": seeds[0]}),
         "held_out": [int(x) for x in tuning["held_out"]],
         "overrides": dict(tuning.get("overrides") or {}),
         "same_as": same_as,
@@ -605,6 +620,11 @@ def _tuning_runs(
         "grid": grid,
     }
     return tune + runs
+
+
+def _point_hash(hashes: list[str]) -> str | list[str]:
+    """The config hash a tuned run records for one grid point: its run's (a grid at one seed), else its runs' list."""
+    return hashes[0] if len(hashes) == 1 else hashes
 
 
 def _level_overrides(run: Run, axes: dict[str, dict], tuned_axis: str) -> dict[str, Any]:

@@ -1,21 +1,27 @@
 """Tuning parity: each mechanism's own learning rate, chosen on validation windows the verdicts never read.
 
 A profile's `tuning:` block (lightning_cqk/sweep/spec.py) adds, per tuned level of one axis, one run per learning
-rate of a grid (3 or more values, one seed that no verdict uses):
+rate of a grid (3 or more values) and grid seed (seeds that no verdict uses):
 
     tuning:
       axis: attention                 # whose levels get their own learning rate
       levels: [standard, coupled]     # default: every level of the axis
       lrs: [1.0e-3, 2.0e-3, 4.0e-3]
-      seed: 0                         # the grid's seed (not among the profile's seeds)
+      seed: 0                         # the grid's seed (not among the profile's or the control's seeds), or
+      # seeds: [0, 1000, 1001]        # several: each rate's loss is the mean over them (default: one seed)
       held_out: [256, 512]            # the validation windows the choice reads: [first, end) of val_windows.json
       overrides: {trainer.limit_val_batches: 32}   # e.g. validate on enough windows to reach the held-out ones
 
 The verdicts read the first `trainer.limit_val_batches x data.val_batch_size` windows of the validation split (the
 profile's fixed validation set); the held-out windows start at or after its end (the spec refuses an overlap), so
 the choice and the verdicts share no validation text. The choice is the learning rate with the lowest loss (summed
-NLL / tokens) over the held-out windows of the grid run's final validation; a grid run without finite held-out
-losses is never chosen. Every run of a tuned level (and the control built on it) waits for its grid and is started
+NLL / tokens) over the held-out windows of the grid run's final validation; with several grid seeds, the lowest mean
+of those losses over the seeds, and a rate with any seed's loss not finite is never chosen (a rate that diverged, or
+has not finished, at one seed). One seed cannot see a rate that is unstable over seeds: the coupling study's
+standard arm won its one-seed grid at 8e-3 by 0.01%, then varied widely over its 26 seeds (val ppl 8.47 +- 0.69),
+and 0.3x that rate was 10% better (issue 31's first rerun); that study's grid runs at three seeds.
+
+Every run of a tuned level (and the control built on it) waits for its grid and is started
 with the chosen rate: its override `model.optim.lr: "{tuned_lr:<level>}"` is filled in when it is launched. A
 control with `lr_scale: s` (the baseline at s times its rate) gets "{tuned_lr:<level>*s}": the chosen rate times s.
 
@@ -62,6 +68,25 @@ def held_out_loss(windows: Mapping[str, Any] | None, held_out: Sequence[int]) ->
     if not total or not all(math.isfinite(x) for x in part_nll):
         return math.nan
     return float(sum(part_nll) / total)
+
+
+def grid_names(point: str | Sequence[str]) -> list[str]:
+    """The run names of one grid point (a level at one rate) as the spec records them: one name (a grid at `seed`) or
+    one per grid seed (`seeds:`)."""
+    return [point] if isinstance(point, str) else [str(name) for name in point]
+
+
+def all_grid_runs(tuning: Mapping[str, Any] | None) -> set[str]:
+    """The names of every grid run of a spec's recorded `tuning` (its "grid": {level: {lr: name(s)}})."""
+    grids = (tuning or {}).get("grid") or {}
+    return {name for grid in grids.values() for point in grid.values() for name in grid_names(point)}
+
+
+def mean_loss(losses: Sequence[float]) -> float:
+    """One grid point's held-out loss over its seeds: their mean; nan when any is nan or there are none."""
+    if not losses or not all(math.isfinite(x) for x in losses):
+        return math.nan
+    return float(sum(losses) / len(losses))
 
 
 def choose(losses: Mapping[float, float]) -> float:
@@ -162,12 +187,18 @@ def _finite_run(side: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def grid_losses(sweep_dir: Path, grid: Mapping[str, str], held_out: Sequence[int]) -> dict[float, float]:
-    """{lr: held-out loss} of one level's grid runs ({lr as text: run name}) from their run directories."""
+def grid_losses(
+    sweep_dir: Path, grid: Mapping[str, str | Sequence[str]], held_out: Sequence[int]
+) -> dict[float, float]:
+    """{lr: held-out loss} of one level's grid runs ({lr as text: run name, or one per grid seed}) from their run
+    directories: `mean_loss` over a rate's seeds."""
     out = {}
-    for lr, name in grid.items():
-        path = result_dir(sweep_dir, name) / WINDOWS_FILE  # a grid run shared with another is read where it is
-        out[float(lr)] = held_out_loss(json.loads(path.read_text()) if path.is_file() else None, held_out)
+    for lr, point in grid.items():
+        losses = []
+        for name in grid_names(point):
+            path = result_dir(sweep_dir, name) / WINDOWS_FILE  # a grid run shared with another is read where it is
+            losses.append(held_out_loss(json.loads(path.read_text()) if path.is_file() else None, held_out))
+        out[float(lr)] = mean_loss(losses)
     return out
 
 
@@ -188,7 +219,8 @@ def resolve_overrides(overrides: dict[str, Any], spec: Mapping[str, Any], sweep_
         lr = choose(losses)
         if not math.isfinite(lr):
             raise TuningError(
-                f"no learning rate of level {level!r}'s grid ({', '.join(grid.values())}) has a finite loss on the "
+                f"no learning rate of level {level!r}'s grid "
+                f"({', '.join(n for point in grid.values() for n in grid_names(point))}) has a finite loss on the "
                 f"held-out windows {tuning['held_out']} (val_windows.json): rerun them, or change the grid."
             )
         if target is not None:

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 SPECS = sorted((REPO / "configs" / "ablations").glob("*.yaml"))
 # study -> (cpu runs, paper runs)
 COUNTS = {  # groups (grid + the planted control) x seeds, + the learning-rate grid (tuned levels x 3 rates, 1 seed)
-    "coupling": (3 * 26 + 8 + 3 * 3, 5 * 5),  # issue 31: 26 paired seeds, the control at 8
+    "coupling": (3 * 26 + 8 + 3 * 3 * 3, 5 * 5),  # issue 31: 26 paired seeds, the control at 8, the grid at 3 seeds
     "steps": (2 * 19 + 8, (5 + 1) * 3),  # issue 31: 1 vs 2 steps at 19 seeds (TOST at ±1%), the control at 8
     "compute_matched": ((4 + 1) * 4 + 2 * 3, (5 + 1) * 3),
     "corpus": (2 * 2 * 26 + 2 * 5 + 8 + 2 * 4, (3 * 2 + 1) * 3),  # issue 31: 26 seeds, web text at 5, control 8
@@ -233,8 +233,9 @@ def test_control_seeds_are_seeds_of_the_profile(tmp_path: Path, seeds, message):
 def test_coupling_grid():
     sweep = expand(REPO / "configs" / "ablations" / "coupling.yaml", "cpu")
     names = [r.name for r in sweep.runs]
-    assert names[:3] == [f"tune-standard-lr{lr}-s0" for lr in ("0.002", "0.004", "0.008")]  # the lr grid first
-    assert names[9:36] == [f"standard-s{s}" for s in range(1, 27)] + ["coupled-leapfrog-s1"]
+    grid = [f"tune-standard-lr{lr}-s{s}" for lr in ("0.002", "0.004", "0.008") for s in (0, 1000, 1001)]
+    assert names[:9] == grid  # the lr grid first, each rate at the 3 grid seeds
+    assert names[27:54] == [f"standard-s{s}" for s in range(1, 27)] + ["coupled-leapfrog-s1"]
     assert names[-8:] == [f"lower_lr-s{s}" for s in range(1, 9)]  # the planted control comes last, at 8 seeds
     leapfrog = sweep.run("coupled-leapfrog-s2")
     assert leapfrog.overrides["model.config.attention"] == "coupled"
