@@ -184,14 +184,12 @@ def power_lines(sweep) -> list[str]:
     from lightning_cqk.sweep.stats import ALPHA, mde_log, pct, seeds_needed
     from lightning_cqk.sweep.verdict import planned_effect, planned_tests
 
-    spec = sweep.spec
-    claims = list(spec.get("claims") or [])
-    control = spec.get("control")
+    claims, control = sweep.claims, sweep.control_claim  # parsed once, by spec.expand (claim.py)
     k = sum(1 for c in claims if planned_tests(c))
     if not k and not control:
         return []
     level = ALPHA / max(k, 1)
-    prof = spec["profiles"][sweep.profile]
+    prof = sweep.spec["profiles"][sweep.profile]
     sds = (prof.get("planning") or {}).get("sd_pct") or {}
     seeds_of: dict[str, set[int]] = {}
     for run in sweep.runs:
@@ -203,31 +201,29 @@ def power_lines(sweep) -> list[str]:
         f"at alpha/k = {level:.4g}, 80% power; the control at one-sided alpha = {ALPHA:g}, outside the family "
         "(paired sd: the profile's `planning:`; lightning_cqk/sweep/verdict.py):"
     ]
-    rows = ([{**control, "is_control": True}] if control else []) + claims
-    for claim in rows:
-        groups = [claim["group"], claim["vs"]] if "group" in claim else [*claim["plus"], *claim["minus"]]
-        groups += list(claim.get("curve") or {})
-        seeds = set.intersection(*(seeds_of.get(str(g), set()) for g in groups)) if groups else set()
+    for claim in ([control] if control else []) + claims:
+        groups = [*claim.plus, *claim.minus]  # token_multiplier: minus holds the curve's groups
+        seeds = set.intersection(*(seeds_of.get(g, set()) for g in groups)) if groups else set()
         n = len(seeds)
-        sd = sds.get(claim["name"], sds.get("default"))
-        if claim.get("is_control"):
-            e = float(claim["expected_pct"]) if claim.get("expected_pct") is not None else math.nan
+        sd = sds.get(claim.name, sds.get("default"))
+        if claim.is_control:
+            e = claim.expected_pct
             e_text = f"planted {e:+.2f}%" if math.isfinite(e) else "–"
         else:
             e = planned_effect(claim)
             e_text = f"E {e:+.2f}%" if math.isfinite(e) else "E –"
-        if str(claim.get("expect", "")).endswith("variance"):
+        if claim.expect.endswith("variance"):
             mde_text = "a variance ratio (no detectable Δ)"
         elif sd is None or n < 2:
             mde_text = "detectable: no planning sd" if sd is None else "detectable: fewer than 2 seeds"
         else:
-            at = 2.0 * ALPHA if claim.get("is_control") else level
+            at = 2.0 * ALPHA if claim.is_control else level
             mde = pct(mde_log(float(sd) / 100.0 / math.sqrt(n), n - 1, at))
             mde_text = f"detectable {mde:.2f}% (sd {float(sd):g}%)"
             need = seeds_needed(float(sd) / 100.0, math.log1p(e / 100.0), at) if math.isfinite(e) else 0
             if need:
                 mde_text += f"; {'over 200' if need > 200 else need} seeds would detect {abs(e):.2f}%"
-        lines.append(f"  {claim['name']:<40} {n:>3} seeds  {e_text:<16} {mde_text}")
+        lines.append(f"  {claim.name:<40} {n:>3} seeds  {e_text:<16} {mde_text}")
     return lines
 
 

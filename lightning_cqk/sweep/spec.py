@@ -87,6 +87,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.sweep import spec_checks
+from lightning_cqk.sweep.claim import Claim, ClaimError, parse_claim
 from lightning_cqk.sweep.spec_checks import SpecError
 
 PROFILES_REQUIRED = ("paper", "cpu")
@@ -157,6 +158,8 @@ class Sweep:
     jobs: int
     needs: list[str]
     slurm: list[str]
+    claims: list[Claim] = dataclasses.field(default_factory=list)  # the profile's claims, parsed once (claim.py)
+    control_claim: Claim | None = None  # the planted control, parsed likewise (outside the family)
 
     def run(self, name: str) -> Run:
         for run in self.runs:
@@ -236,8 +239,6 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     metric = spec.get("metric", "val/ppl")
     if metric not in ("val/ppl", "val/bpb", "val/loss"):
         raise SpecError(f"{where}: metric {metric!r} must be val/ppl, val/bpb or val/loss.")
-    from lightning_cqk.sweep.verdict import ClaimError, parse_claim
-
     claims = spec.get("claims") or []
     if not isinstance(claims, list):
         raise SpecError(f"{where}: claims is a list of mappings (see lightning_cqk/sweep/verdict.py).")
@@ -529,7 +530,16 @@ def expand(
         jobs=int(prof.get("jobs", 1)),
         needs=[_fill(p, placeholders) for p in _as_list(prof.get("needs", []))],
         slurm=[str(line) for line in prof.get("slurm", [])],
+        claims=[parse_claim(c, where) for c in spec.get("claims") or []],
+        control_claim=_parsed_control(spec.get("control"), where),
     )
+
+
+def _parsed_control(control: dict[str, Any] | None, where: str) -> Claim | None:
+    """The planted control as a claim (outside the family: `is_control`), or None."""
+    if control is None:
+        return None
+    return dataclasses.replace(parse_claim(control, f"{where} (control)"), is_control=True)
 
 
 def _tuning_runs(

@@ -15,7 +15,11 @@
 - a claim compares two different groups (`group == vs`, or a group in both `plus` and `minus`, cancels itself out)
   and names only groups some profile of the spec produces (a profile's own `claims:` only groups of that profile):
   a typo would otherwise be reported as "not in this profile" and never judged. A spec-level claim of a level that
-  only one profile runs stays fine: the other profile names it as not judged.
+  only one profile runs stays fine: the other profile names it as not judged;
+- the paper's numbers are declared in two places, per group (`published: values:`, the report's group table) and per
+  claim (`published: {value, baseline}`, the verdict's E): where both give a claim's groups, they must agree (the
+  claim's value is the change of the group values, to the claim's printed precision, and its baseline is the vs
+  group's value), so the two tables cannot quote different papers.
 """
 
 from __future__ import annotations
@@ -112,6 +116,33 @@ def check(spec: dict[str, Any], where: str, lines: dict[tuple[str, ...], int]) -
             _check_claim(
                 claim, ("profiles", name, "claims", i), own, f"profile {name!r} does not produce", where, lines
             )
+    check_published(spec, where, lines)
+
+
+def check_published(spec: dict[str, Any], where: str, lines: dict[tuple[str, ...], int]) -> None:
+    """Each claim's published value and baseline agree with the spec's per-group `published: values:` (module
+    docstring); raises SpecError naming the claim's line and both numbers."""
+    values = (spec.get("published") or {}).get("values") or {}
+    claim_lists = [(("claims",), spec.get("claims") or [])]
+    claim_lists += [(("profiles", n, "claims"), p.get("claims") or []) for n, p in spec["profiles"].items()]
+    for path, claims in claim_lists:
+        for i, claim in enumerate(claims):
+            pub = claim.get("published") or {}
+            group, vs = claim.get("group"), claim.get("vs")
+            if not pub or group not in values or vs not in values or "value" not in pub:
+                continue
+            derived = 100.0 * (float(values[group]) / float(values[vs]) - 1.0)
+            text = repr(float(pub["value"]))
+            decimals = len(text.split(".")[1]) if "." in text and "e" not in text else 0
+            base = pub.get("baseline")
+            if abs(float(pub["value"]) - derived) > 0.5 * 10.0**-decimals + 1e-9 or (
+                base is not None and abs(float(base) - float(values[vs])) > 1e-9 * abs(float(values[vs]))
+            ):
+                raise SpecError(
+                    f"{_at(where, lines, *path, i)}: claim {claim.get('name')!r} publishes {pub['value']:+g}% "
+                    f"(baseline {base}), but the spec's `published: values:` give {group} {values[group]} vs {vs} "
+                    f"{values[vs]}: {derived:+.2f}%. Correct one of the two so both quote the paper."
+                )
 
 
 def setting_paths(key: str, value: Any) -> list[tuple[str, ...]]:

@@ -78,6 +78,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lightning_cqk.sweep.claim import EXPECTS, Claim, ClaimError, as_claim, float_or_nan, parse_claim
 from lightning_cqk.sweep.stats import (
     ALPHA,
     Effect,
@@ -93,9 +94,10 @@ from lightning_cqk.sweep.stats import (
     tost,
     variance_ratio,
 )
-from lightning_cqk.sweep.units import PRIMARY_RULE, UNITS, UnitError, convert_pct
+from lightning_cqk.sweep.units import PRIMARY_RULE, UnitError, convert_pct
 
-EXPECTS = ("lower", "higher", "same", "below", "above", "more_variance", "less_variance", "token_multiplier")
+__all__ = ["EXPECTS", "Claim", "ClaimError", "Judgement", "judge", "parse_claim", "planned_effect", "planned_tests"]
+
 REPLICATED = "replicated"
 DIRECTION = "direction replicated"
 SIZE_DIFFERS = "direction replicated, size differs"
@@ -110,10 +112,6 @@ BASELINE_OFF_OPTIMUM = "baseline off its optimum"
 INTERIM = "interim"
 NULL_VERDICTS = (INCONCLUSIVE, NOT_REPLICATED, EQUIVALENT)  # they rest on finding no effect: the control gates them
 ALT_RULE = "relative_loss"
-
-
-class ClaimError(ValueError):
-    """A malformed claim in a spec."""
 
 
 @dataclasses.dataclass
@@ -159,77 +157,6 @@ class Judgement:
     train_verdict: str = ""  # the verdict under that E, when it differs
 
 
-def parse_claim(claim: Mapping[str, Any], where: str = "spec") -> dict[str, Any]:
-    """Normalise one claim: plus / minus lists, expect, numbers; raises ClaimError naming what is wrong."""
-    if not isinstance(claim, Mapping) or "name" not in claim:
-        raise ClaimError(f"{where}: a claim is a mapping with at least name, expect and group/vs or plus/minus.")
-    name = str(claim["name"])
-    expect = claim.get("expect")
-    if expect not in EXPECTS:
-        raise ClaimError(f"{where}: claim {name!r} has expect {expect!r}; use one of {', '.join(EXPECTS)}.")
-    if "group" in claim:
-        if "plus" in claim or "minus" in claim or "vs" not in claim:
-            raise ClaimError(f"{where}: claim {name!r}: give either group + vs, or plus + minus lists.")
-        plus, minus = [str(claim["group"])], [str(claim["vs"])]
-    else:
-        plus, minus = [str(g) for g in claim.get("plus") or []], [str(g) for g in claim.get("minus") or []]
-        if not plus or not minus:
-            raise ClaimError(f"{where}: claim {name!r} needs group + vs, or non-empty plus and minus lists.")
-    curve = claim.get("curve") or {}
-    if expect == "token_multiplier":
-        if not isinstance(curve, Mapping) or len(curve) < 2 or not all(float(r) > 0 for r in curve.values()):
-            raise ClaimError(
-                f"{where}: claim {name!r} expects token_multiplier: give curve, the baseline's groups at two or "
-                "more token budgets as multiples of the group's, e.g. {standard-B: 1.0, standard-2.4B: 2.4}."
-            )
-        curve = dict(sorted(curve.items(), key=lambda item: (float(item[1]), str(item[0]))))  # by budget: the
-        minus = [str(g) for g in curve]  # same order whether the spec or study.json (sorted keys) gave the mapping
-    if expect.endswith("variance") and (len(plus) != 1 or len(minus) != 1):
-        raise ClaimError(f"{where}: claim {name!r}: a variance claim compares one group with one (group + vs).")
-    if expect in ("same", "below", "above") and not float(claim.get("margin_pct") or 0) > 0:
-        raise ClaimError(
-            f"{where}: claim {name!r} expects `{expect}`: give margin_pct > 0 (in our unit, % of val PPL: what "
-            "counts as the same / as little / as much)."
-        )
-    published = claim.get("published") or {}
-    if not isinstance(published, Mapping):
-        raise ClaimError(f"{where}: claim {name!r}: published is a mapping {{value, unit, tokenizer, corpus}}.")
-    unit = str(published.get("unit", "")) if published else ""
-    if published:
-        if "value" not in published or unit not in UNITS:
-            raise ClaimError(
-                f"{where}: claim {name!r}: published needs value and unit (one of {', '.join(UNITS)}), e.g. "
-                "{value: -6.6, unit: token_ppl, tokenizer: gpt2, corpus: wikitext, baseline: 24.22}."
-            )
-        if unit == "token_ppl" and not published.get("tokenizer"):
-            raise ClaimError(f"{where}: claim {name!r}: a token_ppl effect needs its tokenizer (e.g. gpt2).")
-        try:
-            convert_pct(float(published["value"]), unit, published.get("tokenizer"), published.get("corpus"))
-        except UnitError as err:
-            raise ClaimError(f"{where}: claim {name!r}: {err}") from None
-    return {
-        "name": name,
-        "text": str(claim.get("text", "")),
-        "expect": expect,
-        "plus": plus,
-        "minus": minus,
-        "published": dict(published),
-        "published_unit": unit,
-        "published_pct": _float(published.get("value") if published else claim.get("published_pct")),
-        "published_ratio": _float(claim.get("published_ratio")),
-        "published_note": str(published.get("note", "") if published else claim.get("published_note", "")),
-        "margin_pct": _float(claim.get("margin_pct")),
-        "sesoi_pct": _float(claim.get("sesoi_pct")),
-        "limited": str(claim.get("limited") or ""),
-        "expected_pct": _float(claim.get("expected_pct")),
-        "curve": {str(g): float(r) for g, r in curve.items()} if expect == "token_multiplier" else {},
-    }
-
-
-def _float(x: Any) -> float:
-    return math.nan if x is None else float(x)
-
-
 def token_multipliers(values: Mapping[str, Mapping[int, float]], group: str, curve: Mapping[str, float]) -> dict:
     """{seed: k}: the multiple of `group`'s tokens at which the baseline, interpolated on its own curve (log metric
     vs log tokens, piecewise linear through `curve`'s groups at their token multiples, the end segments extended),
@@ -265,53 +192,53 @@ def _log1p_pct(x: float) -> float:
     return math.log1p(x / 100.0) if math.isfinite(x) and x > -100.0 else math.nan
 
 
-def _target(c: dict, rule: str, base_loss: float) -> tuple[float, str]:
+def _target(c: Claim, rule: str, base_loss: float) -> tuple[float, str]:
     """E in % of our metric under `rule` ((nan, why) when none), signed as the claim expects."""
-    if c["expect"].endswith("variance"):
+    if c.expect.endswith("variance"):
         return math.nan, ""
-    if c["expect"] == "token_multiplier":
-        ratio = c["published_ratio"]
+    if c.expect == "token_multiplier":
+        ratio = c.published_ratio
         if math.isfinite(ratio) and ratio > 0:
             return 100.0 * (ratio - 1.0), f"the paper's multiplier ×{ratio:g} (tokens: no unit to convert)"
         return math.nan, ""
-    pub = c["published"]
+    pub = c.published
     if pub:
         value, text = convert_pct(
             float(pub["value"]),
-            c["published_unit"],
+            c.published_unit,
             pub.get("tokenizer"),
             pub.get("corpus"),
             rule,
-            _float(pub.get("baseline")),
+            float_or_nan(pub.get("baseline")),
             base_loss,
         )
         if math.isfinite(value) or rule != PRIMARY_RULE:
             return value, text
-    if math.isfinite(c["sesoi_pct"]):
-        sign = -1.0 if c["expect"] == "lower" else 1.0
-        return sign * abs(c["sesoi_pct"]), f"declared smallest effect of interest ±{abs(c['sesoi_pct']):g}%"
-    if math.isfinite(c["published_pct"]):
+    if math.isfinite(c.sesoi_pct):
+        sign = -1.0 if c.expect == "lower" else 1.0
+        return sign * abs(c.sesoi_pct), f"declared smallest effect of interest ±{abs(c.sesoi_pct):g}%"
+    if math.isfinite(c.published_pct):
         return math.nan, "published number without a unit (declare published: {value, unit, ...})"
     return math.nan, ""
 
 
-def _tests(c: dict, eff: Effect | None, var: VarianceRatio | None, e_pct: float, values) -> dict[str, float]:
+def _tests(c: Claim, eff: Effect | None, var: VarianceRatio | None, e_pct: float, values) -> dict[str, float]:
     """The raw p-values this claim's verdict uses: {'zero': ..., 'effect': ..., 'tost': ..., 'margin': ...}."""
-    expect = c["expect"]
+    expect = c.expect
     if var is not None:
         out = {"zero": var.p}
-        ratio = c["published_ratio"]
+        ratio = c.published_ratio
         if math.isfinite(ratio) and ratio > 0:
-            scaled = {s: v / math.sqrt(ratio) for s, v in values.get(c["plus"][0], {}).items()}
-            out["effect"] = variance_ratio(scaled, values.get(c["minus"][0], {})).p
+            scaled = {s: v / math.sqrt(ratio) for s, v in values.get(c.plus[0], {}).items()}
+            out["effect"] = variance_ratio(scaled, values.get(c.minus[0], {})).p
         return out
     assert eff is not None
     d = eff.d_log
     if expect == "same":
-        m = c["margin_pct"]
+        m = c.margin_pct
         return {"tost": tost(d, math.log1p(-m / 100.0), math.log1p(m / 100.0))[0], "zero": eff.p}
     if expect in ("below", "above"):
-        return {"margin": t_test_vs(d, math.log1p(c["margin_pct"] / 100.0))[1]}
+        return {"margin": t_test_vs(d, math.log1p(c.margin_pct / 100.0))[1]}
     out = {"zero": eff.p}
     if math.isfinite(e_pct) and d:
         out["effect"] = t_test_vs(d, _log1p_pct(e_pct))[1]
@@ -325,8 +252,8 @@ def _mean_log(values: Mapping[int, float]) -> float:
 
 def judge(
     values: Mapping[str, Mapping[int, float]],
-    claims: Sequence[Mapping[str, Any]],
-    control: Mapping[str, Any] | None = None,
+    claims: Sequence[Claim | Mapping[str, Any]],
+    control: Claim | Mapping[str, Any] | None = None,
     alpha: float = ALPHA,
     metric: str = "val/ppl",
     untuned: Mapping[str, str] | None = None,
@@ -341,20 +268,20 @@ def judge(
     train_corpus: claim name -> the corpus its runs train on (units.BYTES_PER_UNIT key). Where it is not the paper's
     corpus, E is also converted with the training corpus's bytes per unit and the verdict under it is kept too.
     """
-    parsed = [parse_claim(c) for c in claims]
+    parsed = [as_claim(c) for c in claims]
     if control is not None:
-        parsed.insert(0, {**parse_claim(control, "control"), "is_control": True})
+        parsed.insert(0, dataclasses.replace(as_claim(control, "control"), is_control=True))
     measured = []
     for c in parsed:
-        if c["expect"].endswith("variance"):
-            var = variance_ratio(values.get(c["plus"][0], {}), values.get(c["minus"][0], {}), alpha)
+        if c.expect.endswith("variance"):
+            var = variance_ratio(values.get(c.plus[0], {}), values.get(c.minus[0], {}), alpha)
             measured.append((c, None, var))
-        elif c["expect"] == "token_multiplier":
-            multipliers = token_multipliers(values, c["plus"][0], c["curve"])
+        elif c.expect == "token_multiplier":
+            multipliers = token_multipliers(values, c.plus[0], c.curve)
             ones = {s: 1.0 for s in multipliers}
             measured.append((c, contrast({"k": multipliers, "1": ones}, ["k"], ["1"], alpha), None))
         else:
-            measured.append((c, contrast(values, c["plus"], c["minus"], alpha), None))
+            measured.append((c, contrast(values, c.plus, c.minus, alpha), None))
     primary = _judge_rule(measured, values, alpha, metric, PRIMARY_RULE)
     alternative = _judge_rule(measured, values, alpha, metric, ALT_RULE, power=False)
     on_training = _judge_rule(_on_training_corpus(measured, train_corpus or {}), values, alpha, metric, PRIMARY_RULE)
@@ -364,15 +291,15 @@ def judge(
         j.alt_pct, j.alt_rule = alt.converted_pct, alt.converted_rule
         if alt.verdict != j.verdict and math.isfinite(alt.converted_pct):
             j.alt_verdict = alt.verdict + (f" ({alt.why})" if alt.why else "")
-        j.e_corpus = str((c.get("published") or {}).get("corpus") or "")
-        j.train_corpus = str((train_corpus or {}).get(c["name"]) or "")
+        j.e_corpus = str(c.published.get("corpus") or "")
+        j.train_corpus = str((train_corpus or {}).get(c.name) or "")
         if j.e_corpus and j.train_corpus and j.train_corpus != j.e_corpus and math.isfinite(own.converted_pct):
             j.train_pct = own.converted_pct
             if own.verdict != j.verdict:
                 j.train_verdict = own.verdict + (f" ({own.why})" if own.why else "")
-        reasons = [c["limited"]] if c["limited"] else []
+        reasons = [c.limited] if c.limited else []
         if not j.is_control and untuned:
-            reasons += sorted({f"{g}: {untuned[g]}" for g in [*c["plus"], *c["minus"]] if g in untuned})
+            reasons += sorted({f"{g}: {untuned[g]}" for g in [*c.plus, *c.minus] if g in untuned})
         j.limited = "; ".join(reasons)
         out.append(j)
     if control is not None and out[0].verdict != DETECTED:
@@ -392,11 +319,11 @@ def _on_training_corpus(measured: list, train_corpus: Mapping[str, str]) -> list
     corpus's bytes per unit are measured (else unchanged)."""
     out = []
     for c, eff, var in measured:
-        pub, corpus = c.get("published") or {}, train_corpus.get(c["name"])
+        pub, corpus = c.published, train_corpus.get(c.name)
         if pub and corpus and corpus != pub.get("corpus"):
             try:
-                convert_pct(float(pub["value"]), c["published_unit"], pub.get("tokenizer"), corpus)
-                c = {**c, "published": {**pub, "corpus": corpus}}
+                convert_pct(float(pub["value"]), c.published_unit, pub.get("tokenizer"), corpus)
+                c = dataclasses.replace(c, published={**pub, "corpus": corpus})
             except UnitError:
                 pass
         out.append((c, eff, var))
@@ -454,22 +381,22 @@ def _judge_rule(measured, values, alpha: float, metric: str, rule: str, power: b
     the seeds needed too."""
     targets = []
     for c, _, _ in measured:
-        base = _mean_log(values.get(c["minus"][0], {})) if len(c["minus"]) == 1 else math.nan
+        base = _mean_log(values.get(c.minus[0], {})) if len(c.minus) == 1 else math.nan
         # our baseline's loss in nats per byte: ln(ppl), the loss itself, or bpb x ln 2 (geometric mean over seeds)
         if metric == "val/ppl" or not math.isfinite(base):
             base_loss = base
         else:
             base_loss = math.exp(base) * (math.log(2.0) if metric == "val/bpb" else 1.0)
-        if c.get("is_control"):
-            targets.append((c["expected_pct"], "planted (predicted before the run)"))
+        if c.is_control:
+            targets.append((c.expected_pct, "planted (predicted before the run)"))
         else:
             targets.append(_target(c, rule, base_loss))
     tests = [_tests(c, eff, var, e, values) for (c, eff, var), (e, _) in zip(measured, targets, strict=True)]
     held: list[dict[str, float]] = [{} for _ in measured]
     raw: list[dict[str, float]] = [{} for _ in measured]
     for i, (c, eff, _) in enumerate(measured):  # the control: alone, one-sided, at alpha (not in the family)
-        if c.get("is_control"):
-            p_one = one_sided_p(eff, c["expect"] == "higher") if eff is not None else math.nan
+        if c.is_control:
+            p_one = one_sided_p(eff, c.expect == "higher") if eff is not None else math.nan
             tests[i], held[i], raw[i] = {}, {"zero": p_one}, {"zero": p_one}
     flat = [(i, kind, p) for i, t in enumerate(tests) for kind, p in t.items()]
     adjusted = claims_holm([p for _, _, p in flat], [i for i, _, _ in flat])
@@ -480,29 +407,29 @@ def _judge_rule(measured, values, alpha: float, metric: str, rule: str, power: b
     out = []
     for (c, eff, var), (e_pct, e_text), h, r in zip(measured, targets, held, raw, strict=True):
         j = Judgement(
-            name=c["name"],
-            text=c["text"],
-            expect=c["expect"],
-            plus=c["plus"],
-            minus=c["minus"],
+            name=c.name,
+            text=c.text,
+            expect=c.expect,
+            plus=c.plus,
+            minus=c.minus,
             effect=eff,
             variance=var,
             p_holm=h.get("zero", h.get("tost", h.get("margin", math.nan))),
             verdict=INCONCLUSIVE,
             why="",
-            published_pct=c["published_pct"],
-            published_ratio=c["published_ratio"],
-            published_note=c["published_note"],
-            margin_pct=c["margin_pct"],
-            is_control=bool(c.get("is_control")),
-            published_unit=c["published_unit"],
+            published_pct=c.published_pct,
+            published_ratio=c.published_ratio,
+            published_note=c.published_note,
+            margin_pct=c.margin_pct,
+            is_control=bool(c.is_control),
+            published_unit=c.published_unit,
             converted_pct=e_pct,
             converted_rule=e_text,
             p_effect=r.get("effect", math.nan),
             p_holm_effect=h.get("effect", math.nan),
             family=k,
             level=level,
-            expected_pct=c["expected_pct"],
+            expected_pct=c.expected_pct,
         )
         at = 2.0 * alpha if j.is_control else level  # the control's one-sided test at alpha: a two-sided 2 alpha
         if power and eff is not None and eff.d_log:
@@ -511,7 +438,7 @@ def _judge_rule(measured, values, alpha: float, metric: str, rule: str, power: b
             j.mde_pct = pct(mde_log(eff.sd_log / math.sqrt(eff.n), eff.n - 1, at)) if eff.sd_log > 0 else math.nan
             j.seeds_needed = seeds_needed(eff.sd_log, _log1p_pct(e_pct), at) if math.isfinite(e_pct) else 0
         j.verdict, j.why, j.excluded_pct = _label(c, eff, var, h, r, e_pct, alpha, values)
-        both = not j.is_control and c["expect"] in ("lower", "higher") and _holds_both(j, e_pct, level)
+        both = not j.is_control and c.expect in ("lower", "higher") and _holds_both(j, e_pct, level)
         if both and j.verdict != INCONCLUSIVE:
             j.verdict, j.excluded_pct = INCONCLUSIVE, math.nan
             j.why = f"the {100 * (1 - level):.2f}% interval holds both 0 and E {e_pct:+.2f}%; {j.why}"
@@ -535,10 +462,10 @@ def _bound_toward(d: Sequence[float], target: float, p_raw: float, p_adj: float,
     return pct(lo) if target < (lo + hi) / 2 else pct(hi)
 
 
-def _label(c: dict, eff, var, h: dict, r: dict, e_pct: float, alpha: float, values) -> tuple[str, str, float]:
+def _label(c: Claim, eff, var, h: dict, r: dict, e_pct: float, alpha: float, values) -> tuple[str, str, float]:
     """(verdict, why, excluded bound X in %)."""
-    expect, nan = c["expect"], math.nan
-    if c.get("is_control"):
+    expect, nan = c.expect, math.nan
+    if c.is_control:
         p = h.get("zero", nan)
         delta = eff.delta_pct if eff else nan
         if math.isfinite(p) and p < alpha and (delta > 0) == (expect == "higher"):
@@ -550,7 +477,7 @@ def _label(c: dict, eff, var, h: dict, r: dict, e_pct: float, alpha: float, valu
             return INCONCLUSIVE, var.why or "no variance test possible", nan
         up = expect == "more_variance"
         right = (var.ratio > 1) == up
-        ratio = c["published_ratio"]
+        ratio = c.published_ratio
         text = f"ratio {var.ratio:.2f} [{var.ci_low:.2f}, {var.ci_high:.2f}], Holm p {p0:.3g}"
         if p0 < alpha:
             if not right:
@@ -559,7 +486,7 @@ def _label(c: dict, eff, var, h: dict, r: dict, e_pct: float, alpha: float, valu
                 return f"{SIZE_DIFFERS} ({'larger' if (var.ratio > ratio) == up else 'smaller'})", text, nan
             return REPLICATED if math.isfinite(pe) else DIRECTION, text, nan
         if math.isfinite(pe) and pe < alpha:  # the bound at the level the step-down used for this test
-            used = variance_ratio(values.get(c["plus"][0], {}), values.get(c["minus"][0], {}), alpha * r["effect"] / pe)
+            used = variance_ratio(values.get(c.plus[0], {}), values.get(c.minus[0], {}), alpha * r["effect"] / pe)
             bound = used.ci_high if ratio > 1 else used.ci_low
             return NOT_REPLICATED, f"ratios beyond {bound:.2f} excluded; {text}, vs {ratio:g}: Holm p {pe:.3g}", nan
         return INCONCLUSIVE, text, nan
@@ -567,14 +494,14 @@ def _label(c: dict, eff, var, h: dict, r: dict, e_pct: float, alpha: float, valu
         return INCONCLUSIVE, (eff.why if eff else "") or "no effect could be computed", nan
     d = eff.d_log
     if expect == "same":
-        m, pt, p0 = c["margin_pct"], h.get("tost", nan), h.get("zero", nan)
+        m, pt, p0 = c.margin_pct, h.get("tost", nan), h.get("zero", nan)
         if math.isfinite(pt) and pt < alpha:
             return f"{EQUIVALENT} within ±{m:g}%", f"TOST Holm p {pt:.3g}", nan
         if math.isfinite(p0) and p0 < alpha and abs(eff.delta_pct) > m:
             return NOT_EQUIVALENT, f"differs from 0 (Holm p {p0:.3g}) by more than ±{m:g}%", nan
         return INCONCLUSIVE, f"TOST Holm p {pt:.3g}: neither equivalence within ±{m:g}% nor a difference shown", nan
     if expect in ("below", "above"):
-        m, pm = c["margin_pct"], h.get("margin", nan)
+        m, pm = c.margin_pct, h.get("margin", nan)
         if not math.isfinite(pm):
             return INCONCLUSIVE, eff.why or "no test possible", nan
         claimed_side = eff.delta_pct < m if expect == "below" else eff.delta_pct > m
@@ -609,21 +536,18 @@ def _label(c: dict, eff, var, h: dict, r: dict, e_pct: float, alpha: float, valu
     return INCONCLUSIVE, f"the interval holds 0 and E {e_pct:+.2f}% (Holm p {p0:.3g} vs 0, {pe:.3g} vs E)", nan
 
 
-def planned_tests(claim: Mapping[str, Any]) -> int:
+def planned_tests(claim: Claim | Mapping[str, Any]) -> int:
     """How many tests a claim puts in the study's Holm family (before any run: from the spec alone)."""
-    c = parse_claim(claim)
-    expect = c["expect"]
-    if expect in ("below", "above"):
+    c = as_claim(claim)
+    if c.expect in ("below", "above"):
         return 1
-    if expect == "same":
+    if c.expect == "same":
         return 2
-    if expect.endswith("variance") or expect == "token_multiplier":
-        return 1 + int(math.isfinite(c["published_ratio"]))
-    has_e = bool(c["published"]) or math.isfinite(c["sesoi_pct"])
-    return 1 + int(has_e)
+    if c.expect.endswith("variance") or c.expect == "token_multiplier":
+        return 1 + int(math.isfinite(c.published_ratio))
+    return 1 + int(bool(c.published) or math.isfinite(c.sesoi_pct))
 
 
-def planned_effect(claim: Mapping[str, Any]) -> float:
+def planned_effect(claim: Claim | Mapping[str, Any]) -> float:
     """E of a claim in our unit (%) from the spec alone (nats per byte; nan when it has none)."""
-    c = parse_claim(claim)
-    return _target(c, PRIMARY_RULE, math.nan)[0]
+    return _target(as_claim(claim), PRIMARY_RULE, math.nan)[0]

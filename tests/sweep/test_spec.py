@@ -181,7 +181,7 @@ def test_power_plan_gives_the_seeds_that_would_detect_the_effect(capsys):
 
     sweep = expand(REPO / "configs" / "ablations" / "corpus.yaml", "cpu")
     sweep.spec["profiles"]["cpu"]["planning"] = {"sd_pct": {"default": 1.5, "coupled-vs-standard-pubmed": 1.1}}
-    sweep.spec["control"]["expected_pct"] = 4.6
+    sweep.control_claim = dataclasses.replace(sweep.control_claim, expected_pct=4.6)  # parsed once, at expand
     lines = power_lines(sweep)
     k = int(lines[0].split("Power plan: ")[1].split()[0])
     line = next(x for x in lines if "coupled-vs-standard-pubmed" in x)
