@@ -191,6 +191,7 @@ def collect(sweep_dir: str | Path) -> dict[str, Any]:
             windows_file = run_dir / VAL_WINDOWS
             windows = json.loads(windows_file.read_text()) if windows_file.is_file() else None
             entry = {"name": run["name"], "seed": run["seed"], "scalars": scalars, "budget": budget, "windows": windows}
+            entry["lr"] = recorded_lr(run_dir)
             entry["stability"] = run_stability(scalars)
             if is_tune:
                 entry["heldout_loss"] = tuning.held_out_loss(windows, tune_spec["held_out"])
@@ -206,6 +207,18 @@ def collect(sweep_dir: str | Path) -> dict[str, Any]:
     }
     data["tuning"] = tuning_table(data)
     return data
+
+
+def recorded_lr(run_dir: Path) -> float:
+    """The learning rate a run trained at, as its config.yaml (written by the CLI at the start) records it: a
+    grid-chosen rate as filled in at launch, never recomputed; nan without a record."""
+    import yaml
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return math.nan
+    lr = ((yaml.safe_load(path.read_text()) or {}).get("model") or {}).get("optim", {}).get("lr")
+    return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else math.nan
 
 
 def shared_source(sweep_dir: Path, run: dict[str, Any]) -> Path | None:

@@ -91,8 +91,13 @@ def _final(run: dict[str, Any], tag: str) -> float:
     return series[-1][1] if series else math.nan
 
 
-def run_lr(entry: dict[str, Any], data: dict[str, Any]) -> float:
-    """A run's learning rate: its override (a tuned level's: the grid's choice), else its config files'."""
+def run_lr(entry: dict[str, Any], data: dict[str, Any], run: dict[str, Any] | None = None) -> float:
+    """A run's learning rate: for a finished run (`run`, from collect), the rate it recorded (its config.yaml, or the
+    committed runs.csv); for one not finished, its override (a tuned level's: the grid's choice, as the runner will
+    fill it in: tuning.resolve_overrides), else its config files'."""
+    recorded = float((run or {}).get("lr", math.nan))
+    if math.isfinite(recorded):
+        return recorded
     value = (entry.get("overrides") or {}).get("model.optim.lr")
     from lightning_cqk.sweep.tuning import is_tuned_rate
 
@@ -148,7 +153,7 @@ def write_committed(data: dict[str, Any], out: Path) -> list[Path]:
             "group": entry["group"],
             "role": "tuning" if name in tuning_names else "",
             "seed": entry["seed"],
-            "lr": run_lr(entry, data),
+            "lr": run_lr(entry, data, run),
             "val_loss": _final(run, "val/loss") if run else math.nan,
             "val_ppl": _final(run, "val/ppl") if run else math.nan,
             "val_bpb": _final(run, "val/bpb") if run else math.nan,
@@ -406,7 +411,7 @@ def _check_finals(rows: list[tuple[int, dict[str, str]]], scalars: dict[str, Any
 
 
 def read_committed(folder: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, str]]:
-    """(manifest, {run name: {"seed", "scalars", "budget", "windows", "heldout_loss"}} of the finished runs,
+    """(manifest, {run name: {"seed", "scalars", "budget", "windows", "heldout_loss", "lr"}} of the finished runs,
     {run name: status} of the others) from a folder of committed results, cross-checked (module docstring)."""
     folder = Path(folder)
     study_path, runs_path, curves_path = (_plain_file(folder, n) for n in (STUDY_FILE, RUNS_FILE, CURVES_FILE))
@@ -423,7 +428,7 @@ def read_committed(folder: str | Path) -> tuple[dict[str, Any], dict[str, dict[s
             other[r["run"]] = r["status"]
             continue
         name = r["run"]
-        numbers = {k: _number(r[k], runs_path, line, k) for k in (*_BUDGET, "heldout_loss", *STABILITY_FIELDS)}
+        numbers = {k: _number(r[k], runs_path, line, k) for k in (*_BUDGET, "lr", "heldout_loss", *STABILITY_FIELDS)}
         budget: dict[str, Any] = {k: numbers[k] for k in _BUDGET if math.isfinite(numbers[k])}
         for key in ("steps", "tokens", "tokens_per_step"):  # integers in budget.json: read back as integers
             if key in budget and "." not in r[key] and "e" not in r[key]:
@@ -439,6 +444,7 @@ def read_committed(folder: str | Path) -> tuple[dict[str, Any], dict[str, dict[s
             "windows": w,
             "heldout_loss": numbers["heldout_loss"],
             "stability": {k: numbers[k] for k in STABILITY_FIELDS},
+            "lr": numbers["lr"],  # the rate the run trained at, as recorded
         }
     return manifest, runs, other
 
@@ -492,7 +498,7 @@ def same_results(folder: Path, data: dict[str, Any]) -> dict[str, list[str]]:
         budget = run.get("budget") or {}
         key = _fingerprint(
             entry.get("seed"),
-            run_lr(entry, data),
+            run_lr(entry, data, run),
             budget.get("tokens"),
             budget.get("steps"),
             _final(run, "val/ppl"),

@@ -367,3 +367,19 @@ def test_the_tuned_rate_placeholder_is_built_and_read_in_tuning_only():
             continue
         code = re.sub(r'"""[\s\S]*?"""|#.*', "", path.read_text())  # docstrings and comments may name it
         assert "tuned_lr:" not in code, f"{path.relative_to(package)} spells the placeholder itself"
+
+
+def test_the_report_reads_the_rate_each_finished_run_recorded(tmp_path: Path):
+    """Issue 33: the report recomputed each tuned run's rate from the grid (auto_scale), so a change to how the grid
+    chooses would silently rewrite the rates of committed runs. A finished run's rate is now the one it recorded (its
+    config.yaml in a sweep, runs.csv in committed results); only a run not yet finished is given its predicted rate."""
+    from lightning_cqk.sweep.report import recorded_lr
+    from lightning_cqk.sweep.results import run_lr
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"model": {"optim": {"name": "adamw", "lr": 0.0023983}}}))
+    assert recorded_lr(tmp_path) == 0.0023983 and math.isnan(recorded_lr(tmp_path / "absent"))
+    rows = [("standard", lr, f"tune-{lr}", loss) for lr, loss in {1e-3: 2.3, 2e-3: 2.2, 4e-3: 2.0}.items()]
+    data = {"manifest": {"spec": {"metric": "val/ppl"}}, "tuning": {"rows": rows, "chosen": {"standard": 4e-3}}}
+    entry = {"overrides": {"model.optim.lr": "{tuned_lr:standard}"}}
+    assert run_lr(entry, data, {"lr": 0.0023983}) == 0.0023983  # recorded: never recomputed from the grid
+    assert run_lr(entry, data, None) == pytest.approx(4e-3)  # not finished: what the runner will fill in
