@@ -3,6 +3,7 @@
 Design
   spec.py          the spec format, profiles and grid expansion into deterministically named runs
   spec_checks.py   what keeps a spec from silently changing the experiment (duplicate keys, names, seeds, claims)
+  claim.py         a claim, parsed once into a typed object (the spec check, the power plan and the verdict share it)
   identity.py      what a run *is*, whatever its level is called: no run computed twice
   tuning.py        each mechanism's own learning rate, from a grid the verdicts never read
   units.py         a paper's change of perplexity in the study's unit (bytes)
@@ -14,8 +15,11 @@ Run
 Judge
   stats.py         scipy.stats: paired / Welch t, Holm, minimum detectable effect, variance ratios, bootstrap
   verdict.py       the claims judged (replicated ... inconclusive), gated by a planted control; interim until all ran
-Write
-  report.py        verdicts, Markdown / CSV tables from the runs' TensorBoard scalars (finished runs only)
+Write (report.py runs the three stages in order)
+  report_read.py   reading: the manifest or committed results, each finished run's scalars, windows and rate
+  estimators.py    estimating: group tables, sampling errors, the grid's choice, the control's predicted size, verdicts
+  render.py        rendering: the Markdown and CSV of the report, and the cells the claims table shares
+  report.py        the `lightning_cqk report` command: reads, estimates, renders and writes (finished runs only)
   report_folder.py the report written beside its folder and swapped in whole
   results.py       the committed result files, and the report's input read back from them
   figures.py       the report's PNG figures

@@ -35,7 +35,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-UNITS = ("byte_ppl", "token_ppl", "word_ppl")
+UNIT_NAMES = {"byte_ppl": "byte PPL", "token_ppl": "token PPL", "word_ppl": "word PPL"}  # as tables print them
+UNITS = tuple(UNIT_NAMES)
 RULES = ("nats_per_byte", "relative_loss")
 PRIMARY_RULE = "nats_per_byte"
 

@@ -223,7 +223,7 @@ def test_validation_sampling_error_of_the_set_and_of_a_difference(sweep_dir: Pat
 
 def test_csv_numbers_are_plain_numbers_even_from_numpy(tmp_path: Path):
     """numpy 2's repr of a float64 is `np.float64(0.5)`: a CSV cell must read back with float()."""
-    from lightning_cqk.sweep.report import CSV_FIELDS, _cell, to_csv
+    from lightning_cqk.sweep.render import CSV_FIELDS, _cell, to_csv
 
     assert _cell(np.float64(0.625)) == "0.625" and _cell(math.nan) == "nan" and _cell("x") == "x"
     text = to_csv([{CSV_FIELDS[0]: np.float64(1.5)}])
@@ -512,3 +512,19 @@ def test_a_report_while_the_sweep_runs_says_it_is_of_a_live_sweep(sweep_dir: Pat
         sweep.kill()
         sweep.wait()
     assert "live sweep" not in write_report(sweep_dir, quiet=True)["markdown"].read_text()
+
+
+def test_the_report_and_the_claims_table_print_a_published_number_with_one_function():
+    """Issue 33: the report printed `+6.6 (token PPL)` and the README's claims table `+6.6% token PPL` from two
+    formatters. Both now call render.published_cell; the table only adds E."""
+    from lightning_cqk.sweep.claims_table import _published
+    from lightning_cqk.sweep.render import published_cell
+
+    nan = float("nan")
+    assert published_cell("lower", -6.6, nan, "token_ppl") == "-6.6% token PPL"
+    assert published_cell("more_variance", nan, 8.0, "") == "var ×8"
+    assert published_cell("token_multiplier", nan, 2.4, "") == "×2.4 tokens"
+    assert published_cell("lower", nan, nan, "") == "–"
+    row = {"expect": "lower", "published_pct": "-6.6", "published_unit": "token_ppl", "converted_pct": "-1.49"}
+    assert _published(row) == "-6.6% token PPL → E -1.49%"
+    assert _published({"expect": "more_variance", "published_ratio": "8", "converted_pct": "7"}) == "var ×8"

@@ -229,7 +229,7 @@ def test_a_bad_lr_scale_is_refused(tmp_path: Path, control: dict, message: str):
 def test_the_report_predicts_an_lr_controls_size_from_the_baselines_own_grid():
     """Δ = exp(L(scale x chosen) - L(chosen)) - 1 on the grid of the level the control's runs scale, L interpolated
     linearly in log(lr) between the grid's held-out losses; a rate outside the grid predicts nothing."""
-    from lightning_cqk.sweep.report import _lr_control_prediction
+    from lightning_cqk.sweep.estimators import lr_control_prediction
 
     rows = [("standard", 2e-3, "a", 2.20), ("standard", 4e-3, "b", 2.10), ("standard", 8e-3, "c", 2.05)]
     rows += [("coupled", 4e-3, "d", 9.0)]  # another level's grid is never read
@@ -238,14 +238,14 @@ def test_the_report_predicts_an_lr_controls_size_from_the_baselines_own_grid():
     runs += [{"name": "coupled-s1", "group": "coupled", "overrides": {"model.optim.lr": "{tuned_lr:coupled}"}}]
     chosen = {"standard": 8e-3, "coupled": 4e-3}
     data = {"manifest": {"spec": spec, "runs": runs}, "tuning": {"rows": rows, "chosen": chosen}}
-    assert _lr_control_prediction(data, 0.5).startswith(f"{100 * math.expm1(2.10 - 2.05):+.2f}%")  # a grid point
+    assert lr_control_prediction(data, 0.5).startswith(f"{100 * math.expm1(2.10 - 2.05):+.2f}%")  # a grid point
     mid = 2.20 + (2.10 - 2.20) * math.log(8e-3 * 0.35 / 2e-3) / math.log(2)  # between 2e-3 and 4e-3
-    assert _lr_control_prediction(data, 0.35).startswith(f"{100 * math.expm1(mid - 2.05):+.2f}%")
-    assert _lr_control_prediction(data, 0.1) == ""  # 8e-4: below the grid
+    assert lr_control_prediction(data, 0.35).startswith(f"{100 * math.expm1(mid - 2.05):+.2f}%")
+    assert lr_control_prediction(data, 0.1) == ""  # 8e-4: below the grid
     spec["metric"] = "val/loss"
-    assert _lr_control_prediction(data, 0.5).startswith(f"{100 * (2.10 / 2.05 - 1):+.2f}%")
+    assert lr_control_prediction(data, 0.5).startswith(f"{100 * (2.10 / 2.05 - 1):+.2f}%")
     runs[0]["overrides"]["model.optim.lr"] = "{tuned_lr:coupled*0.5}"  # a control that scales another level's rate
-    assert _lr_control_prediction(data, 0.5) == ""  # coupled's grid holds one rate: nothing to interpolate
+    assert lr_control_prediction(data, 0.5) == ""  # coupled's grid holds one rate: nothing to interpolate
 
 
 def test_runs_csv_records_a_scaled_controls_rate():
@@ -301,7 +301,7 @@ def test_an_auto_scaled_control_starts_where_its_grid_predicts_the_target(tmp_pa
     assert float(arg.split("=")[1]) == pytest.approx(lr)
     assert "--model.optim.lr=0.004" in fit_command(sweep, sweep.run("standard-s1"))
 
-    from lightning_cqk.sweep.report import _lr_control_prediction
+    from lightning_cqk.sweep.estimators import lr_control_prediction
     from lightning_cqk.sweep.results import run_lr
 
     rows = [("standard", lr_, f"tune-{lr_}", loss) for lr_, loss in held.items()]
@@ -311,7 +311,7 @@ def test_an_auto_scaled_control_starts_where_its_grid_predicts_the_target(tmp_pa
     ]
     data = {"manifest": {"spec": spec, "runs": runs}, "tuning": {"rows": rows, "chosen": {"standard": 4e-3}}}
     assert run_lr(runs[0], data) == pytest.approx(lr)  # runs.csv: the rate the run started at
-    text = _lr_control_prediction(data, None)
+    text = lr_control_prediction(data, None)
     assert text.startswith("+4.00% from the baseline's own learning-rate grid") and "target of +4.00%" in text
 
 
