@@ -15,7 +15,7 @@ trust:
 - when they differ, the arm's runs are all computed here, and the report says the committed ones did not reproduce.
 
 A run that waits for another (`budget.match_to`) is never adopted: its committed overrides name the other run's
-directory in the sweep that made it.
+directory in the sweep that made it. A run that waits only for its learning-rate grid is (its rate is in runs.csv).
 """
 
 from __future__ import annotations
@@ -67,15 +67,17 @@ def committed_folders(paths: list[str | Path]) -> list[Path]:
 def index_committed(folders: list[Path]) -> dict[str, CommittedRun]:
     """{identity: the committed finished run} of the folders (the first folder's run where two hold one identity)."""
     from lightning_cqk.sweep.results import RUNS_FILE, read_committed
+    from lightning_cqk.sweep.tuning import all_grid_runs
 
     index: dict[str, CommittedRun] = {}
     for folder in folders:
         manifest, finished, _ = read_committed(folder)  # cross-checked: a tampered folder is refused by name
         with open(folder / RUNS_FILE, newline="") as handle:
             rows = {row["run"]: row for row in csv.DictReader(handle)}
-        for run in manifest.get("runs", []):
+        grid = all_grid_runs(manifest.get("spec", {}).get("tuning"))  # a tuned run waits for its grid only for
+        for run in manifest.get("runs", []):  # its rate, which runs.csv records: it may be adopted
             name = run["name"]
-            if name not in finished or run.get("depends_on"):
+            if name not in finished or set(run.get("depends_on") or []) - grid:
                 continue
             overrides = _with_committed_rate(dict(run.get("overrides") or {}), rows[name])
             identity = run_identity(list(run.get("configs") or []), overrides, int(run["seed"]))

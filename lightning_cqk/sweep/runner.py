@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as _dt
-import json
 import os
 import re
 import shlex
@@ -55,49 +53,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from lightning_cqk.atomic_files import write_json_atomically
-from lightning_cqk.device_info import cpu_model
-from lightning_cqk.package_versions import code_revision, describe_difference, git_revision, package_versions
+from lightning_cqk.package_versions import package_versions
 from lightning_cqk.run_dir import config_files, resumable_checkpoint
-from lightning_cqk.run_lock import LOCK_NAME, LockOwner, RunDirectoryInUse, acquire, holder
+from lightning_cqk.run_lock import LockOwner, RunDirectoryInUse, acquire, holder
 from lightning_cqk.sweep import worker
-from lightning_cqk.sweep.adopt import CommittedRun, committed_folders, index_committed, reproduces
-from lightning_cqk.sweep.identity import replace_run_paths, result_dir, run_identity
+from lightning_cqk.sweep.adopt import committed_folders, index_committed
+from lightning_cqk.sweep.ledger import DONE, FAILED, MANIFEST, RUNNING, Ledger, stop_advice, utc_now
+from lightning_cqk.sweep.shard_settings import data_key, shards_ready
+from lightning_cqk.sweep.sharing import WAIT, computed_source, device_of
+from lightning_cqk.sweep.slurm import write_slurm
 from lightning_cqk.sweep.spec import Run, SpecError, Sweep, expand
-from lightning_cqk.sweep.spec_checks import owned_run_dir
 
-MANIFEST = "manifest.json"
 SWEEP_LOCK = ".sweep.lock"
-DONE, RUNNING, FAILED, PENDING = "done", "running", "failed", "pending"
-
-
-# ------------------------------------------------------------------------------------------------ bookkeeping
-def stop_advice(owner: LockOwner, lock: Path) -> str:
-    """How to end the process that holds `lock`, as a clause: `stop it (kill PID)` only for a process of this host.
-
-    A pid on another host means nothing here (and a lock file on a shared file system may outlive its run there),
-    so the advice is the run lock's: delete the file if that process is finished or dead. A holder that has not
-    written its name yet (pid -1) is only waited for: `kill -1` would signal every process of the user.
-    """
-    if owner.pid < 0:
-        return "wait a few seconds for it (it is starting and has not written its name yet)"
-    if owner.alive() is None:
-        return (
-            f"it runs on host {owner.host}, which cannot be checked from here: if it is finished or dead, delete "
-            f"its lock file (rm {shlex.quote(str(lock))}); otherwise wait for it"
-        )
-    return f"wait for it to end, or stop it (kill {owner.pid})"
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _versions() -> dict[str, str | None]:
-    """Python, this package and every direct dependency (package_versions.py), as each run's attempts record them."""
-    return package_versions()
 
 
 def fit_command(sweep: Sweep, run: Run, ckpt_path: str | None = None) -> list[str]:
@@ -111,171 +78,6 @@ def fit_command(sweep: Sweep, run: Run, ckpt_path: str | None = None) -> list[st
     return cmd
 
 
-class Ledger:
-    """The state of a sweep directory: per-run status files and the manifest built from them."""
-
-    def __init__(self, sweep: Sweep) -> None:
-        self.sweep = sweep
-        self.dir = sweep.sweep_dir
-        self.status_dir = self.dir / "status"
-        self.log_dir = self.dir / "logs"
-        self._revision: str | None = None
-        self.committed: dict[str, CommittedRun] = {}  # identity -> a committed twin (`--adopt`, sweep/adopt.py)
-        self._identities: dict[str, str] = {}  # run name -> identity, once it can be computed (`identity`)
-
-    def code_revision(self) -> str:
-        """The code this sweep invocation runs, as recorded per attempt: the commit, '-dirty' when tracked files
-        have uncommitted changes, 'unknown' outside a git checkout (the package version is in the manifest)."""
-        if self._revision is None:
-            self._revision = code_revision()
-        return self._revision
-
-    def mixed_revisions(self, runs: list[Run]) -> str | None:
-        """A note when finished runs were made by other code than this invocation runs, else None."""
-        now = self.code_revision()
-        other: dict[str, int] = {}
-        for run in runs:
-            for rev in self.status(run).get("revisions", []):
-                if rev != now:
-                    other[rev] = other.get(rev, 0) + 1
-        if not other:
-            return None
-        listed = ", ".join(f"{rev[:12]} ({n} runs)" for rev, n in sorted(other.items()))
-        return (
-            f"runs done before were made by other code ({listed}) than this invocation runs ({now[:12]}). They are "
-            "kept: the report lists each run's revision. For one revision throughout, sweep into a new directory "
-            "with --output."
-        )
-
-    def mixed_packages(self, runs: list[Run]) -> str | None:
-        """A note when finished runs ran with other package versions than this invocation has, else None."""
-        now = package_versions()
-        other: dict[str, int] = {}
-        for run in runs:
-            for versions in self.status(run).get("packages", []):
-                change = describe_difference(versions, now)
-                if change:
-                    other[change] = other.get(change, 0) + 1
-        if not other:
-            return None
-        listed = "; ".join(f"{change} ({n} runs)" for change, n in sorted(other.items()))
-        return (
-            f"runs done before ran with other package versions than this invocation has: {listed}. They are kept: "
-            "each run's status file and run.json list the versions of each attempt. For one environment "
-            "throughout, sweep into a new directory with --output (or install the versions they ran with)."
-        )
-
-    def status(self, run: Run) -> dict[str, Any]:
-        path = self.status_dir / f"{run.name}.json"
-        return json.loads(path.read_text()) if path.is_file() else {"status": PENDING, "attempts": 0}
-
-    def set_status(self, run: Run, **fields: Any) -> dict[str, Any]:
-        status = {**self.status(run), **fields}
-        write_json_atomically(self.status_dir / f"{run.name}.json", status)
-        return status
-
-    def run_dir(self, run: Run) -> Path:
-        return owned_run_dir(self.dir, run.name)  # never outside the sweep directory (the runner deletes in it)
-
-    def result_dir(self, run: Run) -> Path:
-        """Where the run's numbers are: its own directory, or the run it shares (`same_as`, a run of this sweep with
-        the same identity; `reused_from`, a finished run of a sibling sweep)."""
-        if self.status(run).get("same_as"):
-            owned_run_dir(self.dir, self.status(run)["same_as"])  # a plain name inside the sweep, or refused
-        return result_dir(self.dir, run.name)
-
-    def identity(self, run: Run) -> str:
-        """The run's identity (sweep/identity.py) as it would be launched now (a tuned rate filled in), with the
-        paths of this sweep's other runs (`budget.match_to`) replaced by their identities."""
-        from lightning_cqk.sweep.tuning import resolve_overrides
-
-        if run.name in self._identities:
-            return self._identities[run.name]
-        overrides = resolve_overrides(run.overrides, self.sweep.spec, self.sweep.sweep_dir)  # raises before the grid
-        others = {r.name: self.identity(r) for r in self.sweep.runs if r.name in run.depends_on}
-        overrides = replace_run_paths(overrides, self.sweep.sweep_dir, others)
-        # stable from here on within one invocation (the grid it reads has finished; a run it names, too)
-        self._identities[run.name] = run_identity(run.configs, overrides, run.seed)
-        return self._identities[run.name]
-
-    def is_done(self, run: Run) -> bool:
-        """Finished with the same config; a finished run with another config hash is an error."""
-        status = self.status(run)
-        adopted = status.get("adopted_from")  # numbers in committed results (sweep/adopt.py)
-        where = Path(str(adopted).split("#")[0]) / "runs.csv" if adopted else self.result_dir(run) / "budget.json"
-        if status.get("status") != DONE or not where.is_file():
-            return False
-        if status.get("config_hash") != run.config_hash():
-            raise SpecError(
-                f"{self.dir}: run {run.name} finished with config hash {status.get('config_hash')}, but the spec and "
-                f"config files now give {run.config_hash()} (something was edited since). Mixing the two would "
-                "make the report compare different settings: sweep into a new directory with --output, or delete "
-                f"{self.run_dir(run)} and {self.status_dir / (run.name + '.json')} to rerun it."
-            )
-        return True
-
-    def last_checkpoint(self, run: Run) -> Path | None:
-        """The checkpoint to resume `run` from: last.ckpt, else the newest intact step=*.ckpt (run_dir.py)."""
-        return resumable_checkpoint(self.run_dir(run))[0]
-
-    def problems(self, run: Run) -> str | None:
-        """Why `run` must not be started or resumed now: a live writer in its directory, or a spec edited since
-        its interrupted attempt began (its checkpoint holds the old settings). None when it may go."""
-        owner = holder(self.run_dir(run))
-        if owner is not None:
-            advice = stop_advice(owner, self.run_dir(run) / LOCK_NAME)
-            return (
-                f"{self.run_dir(run)} is still being written by pid {owner.pid} ({owner.describe()}), e.g. a run "
-                f"left running by a sweep that was killed: {advice}; then run the sweep again, and its checkpoint "
-                "is resumed."
-            )
-        status = self.status(run)
-        recorded = status.get("config_hash")
-        if status.get("status") != DONE and recorded and recorded != run.config_hash() and self.run_dir(run).exists():
-            return (
-                f"run {run.name} was interrupted with config hash {recorded}, but the spec and config files now give "
-                f"{run.config_hash()} (something was edited since). Resuming its checkpoint under the new settings "
-                "would mix two experiments in one run: restore the spec, sweep into a new directory with --output, "
-                f"or pass --restart-changed to delete {self.run_dir(run)} and run it again from scratch."
-            )
-        return None
-
-    def write_manifest(self) -> dict[str, Any]:
-        sweep = self.sweep
-        path = self.dir / MANIFEST
-        previous = json.loads(path.read_text()) if path.is_file() else {}
-        runs = []
-        for run in sweep.runs:
-            runs.append(
-                {
-                    "name": run.name,
-                    "group": run.group,
-                    "seed": run.seed,
-                    "levels": run.levels,
-                    "configs": run.configs,
-                    "overrides": run.overrides,
-                    "depends_on": run.depends_on,
-                    "config_hash": run.config_hash(),
-                    "command": shlex.join(["lightning_cqk", "fit", *run.cli_args(sweep.sweep_dir)]),
-                    **self.status(run),
-                }
-            )
-        manifest = {
-            "study": sweep.study,
-            "profile": sweep.profile,
-            "spec_path": sweep.spec_path,
-            "created": previous.get("created", _now()),
-            "updated": _now(),
-            "git": git_revision(),
-            "versions": _versions(),
-            "spec": sweep.spec,
-            "runs": runs,
-        }
-        write_json_atomically(path, manifest)
-        return manifest
-
-
-# ----------------------------------------------------------------------------------------------- launching
 class _Launch:
     """One run's process in flight (started by `worker.start_run`: `sweep --start fork` or `fresh`)."""
 
@@ -308,7 +110,7 @@ class _Launch:
             env["OMP_NUM_THREADS"] = str(threads)
         ledger.log_dir.mkdir(parents=True, exist_ok=True)
         self.log = open(ledger.log_dir / f"{run.name}.log", "a")  # noqa: SIM115 (closed in finish)
-        self.log.write(f"\n# {_now()} {shlex.join(cmd)}\n")
+        self.log.write(f"\n# {utc_now()} {shlex.join(cmd)}\n")
         self.log.flush()
         attempts = ledger.status(run).get("attempts", 0) + 1
         revisions = list(ledger.status(run).get("revisions", []))
@@ -325,7 +127,7 @@ class _Launch:
             packages=packages,
             config_hash=run.config_hash(),
             identity=ledger.identity(run),
-            started=_now(),
+            started=utc_now(),
             resumed_from=self.resumed_from,
             returncode=None,
         )
@@ -341,8 +143,8 @@ class _Launch:
         seconds = time.perf_counter() - self.start
         run_dir = self.ledger.run_dir(self.run)
         ok = rc == 0 and (run_dir / "budget.json").is_file()
-        fields: dict[str, Any] = {"status": DONE if ok else FAILED, "returncode": rc, "finished": _now()}
-        fields["device"] = _device_of(run_dir)
+        fields: dict[str, Any] = {"status": DONE if ok else FAILED, "returncode": rc, "finished": utc_now()}
+        fields["device"] = device_of(run_dir)
         fields["seconds"] = round(self.ledger.status(self.run).get("seconds", 0.0) + seconds, 1)
         configs = config_files(run_dir)  # config.yaml, then config.resume-<n>.yaml per resume: the latest
         if configs:
@@ -457,44 +259,6 @@ class Progress:
 
 
 # data settings that order and batch the windows but do not change the token shards a run prepares
-_NOT_SHARDS = frozenset({"data.seed", "data.batch_size", "data.val_batch_size", "data.num_workers"})
-
-
-def _config_data(config: str) -> dict[str, Any] | None:
-    """The `data:` section of a --config file ({} when it has none; None when unreadable)."""
-    try:
-        loaded = yaml.safe_load(Path(config).read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    if not isinstance(loaded, dict):
-        return None
-    data = loaded.get("data")
-    return data if isinstance(data, dict) else {}
-
-
-def _data_key(run: Run) -> str:
-    """What decides the shards a run prepares: the config files with a `data:` section (or unreadable ones) and the
-    data overrides, except the seed and batch sizes. Runs of one key never prepare shards at the same time."""
-    configs = [c for c in run.configs if _config_data(c) != {}]
-    data = {k: v for k, v in run.overrides.items() if k.startswith("data.") and k not in _NOT_SHARDS}
-    return json.dumps({"configs": configs, "data": data}, sort_keys=True)
-
-
-def _shards_ready(run: Run) -> bool:
-    """The run's local data_dir holds finished shards (prepare writes manifest.json last), so it prepares nothing."""
-    data_dir = None
-    for config in run.configs:
-        section = _config_data(config) or {}
-        data_dir = (section.get("init_args") or {}).get("data_dir", section.get("data_dir", data_dir))
-    for key in ("data.data_dir", "data.init_args.data_dir"):
-        data_dir = run.overrides.get(key, data_dir)
-    if not isinstance(data_dir, str) or "://" in data_dir:
-        return False  # remote shards: their run checks them (no object-store calls in the scheduling loop)
-    from lightning_cqk.data.manifest import Manifest
-
-    return Manifest.exists(data_dir)  # the same test as TokenDataModule.prepare_data
-
-
 def live_owner(sweep_dir: str | Path) -> LockOwner | None:
     """The process running the sweep in `sweep_dir` now (a whole sweep's `.sweep.lock`, else an array task's
     `status/<run>.lock`), or None when none runs there. A lock of another host counts as live (it cannot be checked)."""
@@ -506,9 +270,6 @@ def live_owner(sweep_dir: str | Path) -> LockOwner | None:
         if owner is not None:
             break
     return owner
-
-
-WAIT = "wait"
 
 
 def _gpu_missing(sweep: Sweep) -> str | None:
@@ -527,91 +288,6 @@ def _gpu_missing(sweep: Sweep) -> str | None:
         "machine has no CUDA device torch can use (torch.cuda.is_available() is False): run it where a GPU is, or "
         "choose the cpu profile (--profile cpu). Nothing was started."
     )
-
-
-def _device_of(run_dir: Path) -> str:
-    """The device the run's last attempt computed on (its run.json), else this machine's CPU."""
-    from lightning_cqk.run_dir import read_record
-
-    record = read_record(run_dir) or {}
-    attempts = record.get("attempts") or [{}]
-    return attempts[-1].get("device") or "unrecorded"  # never reused by another sweep (_sibling_run)
-
-
-def _shared_source(ledger: Ledger, run: Run, running: list[_Launch], finished: set[str]) -> dict[str, Any] | str | None:
-    """Whether `run` need not be computed (issue 31: no run computed twice): WAIT while a run of this sweep with the
-    same identity is in flight; the status fields that make it share a finished run of the same identity (of this
-    sweep: `same_as`; of a sibling sweep beside it, made by the same code revision and packages on this machine's
-    device: `reused_from`); None when it must run."""
-    identity = ledger.identity(run)
-    if any(ledger.status(x.run).get("identity") == identity for x in running):
-        return WAIT
-    base = {"status": DONE, "identity": identity, "config_hash": run.config_hash(), "finished": _now()}
-    for other in ledger.sweep.runs:
-        status = ledger.status(other)
-        if other.name != run.name and other.name in finished and status.get("identity") == identity:
-            if not status.get("same_as") and not status.get("reused_from"):
-                return {**base, "same_as": other.name, "device": status.get("device"), "returncode": 0}
-    source = _sibling_run(ledger, identity)
-    if source is not None:
-        return {**base, "reused_from": str(source["dir"]), "device": source["device"], "returncode": 0}
-    return _adoption(ledger, run, identity, running, finished, base)
-
-
-def _adoption(
-    ledger: Ledger, run: Run, identity: str, running: list[_Launch], finished: set[str], base: dict[str, Any]
-) -> dict[str, Any] | str | None:
-    """A committed twin's numbers for `run` once its arm's probe (the lowest seed with a twin) reproduced its own twin
-    to the last digit here (sweep/adopt.py); WAIT while the probe has not finished; None when `run` is the probe,
-    has no twin, or the probe did not reproduce."""
-    twin = ledger.committed.get(identity)
-    if twin is None:
-        return None
-    probe = next((r for r in _arm(ledger, run) if ledger.identity(r) in ledger.committed), None)
-    if probe is None or probe.name == run.name:
-        return None
-    if probe.name not in finished:
-        return WAIT if ledger.status(probe).get("status") != FAILED else None
-    probe_twin = ledger.committed[ledger.identity(probe)]
-    if not reproduces(ledger.result_dir(probe), probe_twin):
-        ledger.set_status(probe, reproduces=False, twin=probe_twin.source)
-        return None
-    ledger.set_status(probe, reproduces=True, twin=probe_twin.source)
-    device = ledger.status(probe).get("device")  # the twin's numbers are the probe's machine's numbers
-    return {**base, "adopted_from": twin.source, "probe": probe.name, "device": device, "returncode": 0}
-
-
-def _arm(ledger: Ledger, run: Run) -> list[Run]:
-    """The runs of `run`'s group, by seed."""
-    return sorted((r for r in ledger.sweep.runs if r.group == run.group), key=lambda r: r.seed)
-
-
-def _sibling_run(ledger: Ledger, identity: str) -> dict[str, Any] | None:
-    """A finished run with `identity` in another sweep directory beside this one, made by this invocation's code
-    revision (not dirty), package versions and device: its numbers are this run's to the last digit."""
-    revision = ledger.code_revision()
-    if revision == "unknown" or revision.endswith("-dirty"):
-        return None  # uncommitted code: its numbers cannot be vouched for by a revision
-    device, packages = cpu_model(), package_versions()
-    parent = ledger.dir.parent
-    for status_file in sorted(parent.glob("*/status/*.json")):
-        sweep_dir = status_file.parent.parent
-        if sweep_dir.resolve() == ledger.dir.resolve():
-            continue
-        try:
-            status = json.loads(status_file.read_text())
-        except (OSError, ValueError):
-            continue
-        if status.get("status") != DONE or status.get("identity") != identity or status.get("same_as"):
-            continue
-        if status.get("reused_from") or status.get("revisions") != [revision] or status.get("device") != device:
-            continue
-        if status.get("packages") != [packages]:
-            continue
-        run_dir = sweep_dir / status_file.stem
-        if (run_dir / "budget.json").is_file():
-            return {"dir": run_dir.resolve(), "device": device}
-    return None
 
 
 def _names(todo: list[Run], running: list[_Launch]) -> set[str]:
@@ -763,8 +439,8 @@ def _schedule(
             (finished if ok else failed).add(launch.run.name)
             result["done" if ok else "failed"].append(launch.run.name)
             if ok:  # its shards exist now; after a failure the next run of that data setting prepares alone again
-                data_ready.add(_data_key(launch.run))
-            if preparing == _data_key(launch.run):
+                data_ready.add(data_key(launch.run))
+            if preparing == data_key(launch.run):
                 preparing = None
         launched = False
         for run in list(todo):
@@ -778,20 +454,20 @@ def _schedule(
                 failed.add(run.name)
                 result["failed"].append(run.name)
                 reason = f"waits for {blocked}, which failed or are not part of this invocation"
-                ledger.set_status(run, status=FAILED, returncode=None, finished=_now(), reason=reason)
+                ledger.set_status(run, status=FAILED, returncode=None, finished=utc_now(), reason=reason)
                 print(f"[sweep] {run.name}: not run, it {reason}", flush=True)
                 continue
             if not all(d in finished for d in run.depends_on):
                 continue
-            key = _data_key(run)
-            if jobs > 1 and key not in data_ready and _shards_ready(run):
+            key = data_key(run)
+            if jobs > 1 and key not in data_ready and shards_ready(run):
                 data_ready.add(key)
             if jobs > 1 and key not in data_ready:
                 if preparing is not None:
                     continue  # one run at a time may prepare token shards
                 preparing = key
             try:
-                shared = _shared_source(ledger, run, running, finished)
+                shared = computed_source(ledger, run, running, finished)
             except SpecError:
                 shared = None  # its settings cannot be resolved (a grid without a finite loss): _Launch says why
             if shared == WAIT:
@@ -810,7 +486,7 @@ def _schedule(
             except (SpecError, RunDirectoryInUse) as err:  # taken by another runner meanwhile, or edited
                 failed.add(run.name)
                 result["failed"].append(run.name)
-                ledger.set_status(run, status=FAILED, returncode=None, finished=_now(), reason=str(err))
+                ledger.set_status(run, status=FAILED, returncode=None, finished=utc_now(), reason=str(err))
                 print(f"[sweep] {run.name}: not run: {err}", flush=True)
                 continue
             launched = True
@@ -820,74 +496,6 @@ def _schedule(
 
 
 # ------------------------------------------------------------------------------------------------------ SLURM
-def write_slurm(sweep: Sweep, spec_arg: str, max_parallel: int | None = None) -> list[Path]:
-    """Write one SLURM array script per wave (runs whose waits are all in earlier waves) and `submit.sh`.
-
-    Each array task runs `lightning_cqk sweep <spec> --profile P --output DIR --run <name>`: the same skip / resume
-    logic as a local sweep, one run per task. `submit.sh` submits the waves chained with `--dependency=afterok`.
-    Returns the files written.
-    """
-    waves: list[list[Run]] = []
-    wave_of: dict[str, int] = {}
-    for run in sweep.runs:  # already in dependency order
-        k = max((wave_of[d] + 1 for d in run.depends_on), default=0)
-        wave_of[run.name] = k
-        while len(waves) <= k:
-            waves.append([])
-        waves[k].append(run)
-    out = sweep.sweep_dir / "slurm"
-    out.mkdir(parents=True, exist_ok=True)
-    files = []
-    cwd = Path.cwd()
-    for k, wave in enumerate(waves):
-        limit = f"%{max_parallel}" if max_parallel else ""
-        names = " ".join(shlex.quote(r.name) for r in wave)
-        task = shlex.join(
-            [
-                "python",
-                "-m",
-                "lightning_cqk",
-                "sweep",
-                spec_arg,
-                "--profile",
-                sweep.profile,
-                "--output",
-                str(sweep.sweep_dir),
-                "--no-report",
-                "--run",
-            ]
-        )
-        lines = [
-            "#!/bin/bash",
-            f"#SBATCH --job-name={sweep.study}-{sweep.profile}-w{k}",
-            f"#SBATCH --array=0-{len(wave) - 1}{limit}",
-            f"#SBATCH --output={out}/%x-%A_%a.out",
-            *sweep.slurm,
-            "# Written by `lightning_cqk sweep --slurm`: one array task per run; a task skips a finished run and",
-            "# resumes an interrupted one from its checkpoints/last.ckpt. Submit all waves with submit.sh; after a",
-            "# time limit or a preemption, run submit.sh again (finished runs are skipped, the others resume).",
-            "set -euo pipefail",
-            f"cd {shlex.quote(str(cwd))}",
-            f"RUNS=({names})",
-            f'srun {task} "${{RUNS[$SLURM_ARRAY_TASK_ID]}}"',
-            "",
-        ]
-        path = out / f"wave{k}.sbatch"
-        path.write_text("\n".join(lines))
-        files.append(path)
-    submit = ["#!/bin/bash", "# Submit the sweep's waves, each after the previous one succeeded.", "set -euo pipefail"]
-    submit.append("dep=''")
-    for path in files:
-        submit.append(f'jid=$(sbatch --parsable $dep {shlex.quote(str(path))}); echo "submitted {path.name}: $jid"')
-        submit.append('dep="--dependency=afterok:${jid%%;*}"')
-    (out / "submit.sh").write_text("\n".join(submit) + "\n")
-    (out / "submit.sh").chmod(0o755)
-    files.append(out / "submit.sh")
-    Ledger(sweep).write_manifest()
-    return files
-
-
-# ---------------------------------------------------------------------------------------------------- command
 def dry_run(sweep: Sweep) -> None:
     """Print the plan: every run, what would happen to it, and its command."""
     ledger = Ledger(sweep)

@@ -209,7 +209,8 @@ def test_runs_made_by_other_code_are_named_before_the_sweep_goes_on(tmp_path: Pa
 
 
 def test_runs_that_share_shards_share_a_data_key_and_finished_shards_are_ready(tmp_path: Path, monkeypatch):
-    from lightning_cqk.sweep.runner import _data_key, _shards_ready
+    from lightning_cqk.sweep.shard_settings import data_key as _data_key
+    from lightning_cqk.sweep.shard_settings import shards_ready as _shards_ready
 
     monkeypatch.chdir(REPO)
     runs = {r.name: r for r in expand(REPO / "configs" / "ablations" / "deconstruction.yaml", "cpu").runs}

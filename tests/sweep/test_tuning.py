@@ -383,3 +383,17 @@ def test_the_report_reads_the_rate_each_finished_run_recorded(tmp_path: Path):
     entry = {"overrides": {"model.optim.lr": "{tuned_lr:standard}"}}
     assert run_lr(entry, data, {"lr": 0.0023983}) == 0.0023983  # recorded: never recomputed from the grid
     assert run_lr(entry, data, None) == pytest.approx(4e-3)  # not finished: what the runner will fill in
+
+
+def test_a_committed_run_that_waited_only_for_its_grid_can_be_adopted():
+    """A tuned run waits for its grid (depends_on), and adopt.index_committed skipped every run with a depends_on,
+    so no tuned arm of any study could ever be adopted (the coupling rerun of 2026-11-28 recomputed all 52 coupled and
+    MLP runs whose committed twins had the same identity). Only a run that waits for another run's *directory*
+    (budget.match_to) is left out now."""
+    from lightning_cqk.sweep.adopt import index_committed
+
+    folder = REPO / "docs" / "results" / "corpus"
+    if not (folder / "study.json").is_file():
+        pytest.skip("no committed corpus results")
+    names = {twin.name for twin in index_committed([folder]).values()}
+    assert "wikitext-coupled-s2" in names and "tune-standard-lr0.002-s0" in names

@@ -1,0 +1,214 @@
+"""A sweep's bookkeeping (lightning_cqk/sweep/runner.py runs it): per run its status file, directory, identity and
+whether it is done or may resume, the code revisions and package versions its attempts ran with, and manifest.json
+rebuilt from the status files."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from lightning_cqk.atomic_files import write_json_atomically
+from lightning_cqk.package_versions import code_revision, describe_difference, git_revision, package_versions
+from lightning_cqk.run_dir import resumable_checkpoint
+from lightning_cqk.run_lock import LOCK_NAME, LockOwner, holder
+from lightning_cqk.sweep.adopt import CommittedRun
+from lightning_cqk.sweep.identity import replace_run_paths, result_dir, run_identity
+from lightning_cqk.sweep.spec import Run, SpecError, Sweep
+from lightning_cqk.sweep.spec_checks import owned_run_dir
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+MANIFEST = "manifest.json"
+DONE, RUNNING, FAILED, PENDING = "done", "running", "failed", "pending"
+
+
+def stop_advice(owner: LockOwner, lock: Path) -> str:
+    """How to end the process that holds `lock`, as a clause: `stop it (kill PID)` only for a process of this host.
+
+    A pid on another host means nothing here (and a lock file on a shared file system may outlive its run there),
+    so the advice is the run lock's: delete the file if that process is finished or dead. A holder that has not
+    written its name yet (pid -1) is only waited for: `kill -1` would signal every process of the user.
+    """
+    if owner.pid < 0:
+        return "wait a few seconds for it (it is starting and has not written its name yet)"
+    if owner.alive() is None:
+        return (
+            f"it runs on host {owner.host}, which cannot be checked from here: if it is finished or dead, delete "
+            f"its lock file (rm {shlex.quote(str(lock))}); otherwise wait for it"
+        )
+    return f"wait for it to end, or stop it (kill {owner.pid})"
+
+
+def _versions() -> dict[str, str | None]:
+    """Python, this package and every direct dependency (package_versions.py), as each run's attempts record them."""
+    return package_versions()
+
+
+class Ledger:
+    """The state of a sweep directory: per-run status files and the manifest built from them."""
+
+    def __init__(self, sweep: Sweep) -> None:
+        self.sweep = sweep
+        self.dir = sweep.sweep_dir
+        self.status_dir = self.dir / "status"
+        self.log_dir = self.dir / "logs"
+        self._revision: str | None = None
+        self.committed: dict[str, CommittedRun] = {}  # identity -> a committed twin (`--adopt`, sweep/adopt.py)
+        self._identities: dict[str, str] = {}  # run name -> identity, once it can be computed (`identity`)
+
+    def code_revision(self) -> str:
+        """The code this sweep invocation runs, as recorded per attempt: the commit, '-dirty' when tracked files
+        have uncommitted changes, 'unknown' outside a git checkout (the package version is in the manifest)."""
+        if self._revision is None:
+            self._revision = code_revision()
+        return self._revision
+
+    def mixed_revisions(self, runs: list[Run]) -> str | None:
+        """A note when finished runs were made by other code than this invocation runs, else None."""
+        now = self.code_revision()
+        other: dict[str, int] = {}
+        for run in runs:
+            for rev in self.status(run).get("revisions", []):
+                if rev != now:
+                    other[rev] = other.get(rev, 0) + 1
+        if not other:
+            return None
+        listed = ", ".join(f"{rev[:12]} ({n} runs)" for rev, n in sorted(other.items()))
+        return (
+            f"runs done before were made by other code ({listed}) than this invocation runs ({now[:12]}). They are "
+            "kept: the report lists each run's revision. For one revision throughout, sweep into a new directory "
+            "with --output."
+        )
+
+    def mixed_packages(self, runs: list[Run]) -> str | None:
+        """A note when finished runs ran with other package versions than this invocation has, else None."""
+        now = package_versions()
+        other: dict[str, int] = {}
+        for run in runs:
+            for versions in self.status(run).get("packages", []):
+                change = describe_difference(versions, now)
+                if change:
+                    other[change] = other.get(change, 0) + 1
+        if not other:
+            return None
+        listed = "; ".join(f"{change} ({n} runs)" for change, n in sorted(other.items()))
+        return (
+            f"runs done before ran with other package versions than this invocation has: {listed}. They are kept: "
+            "each run's status file and run.json list the versions of each attempt. For one environment "
+            "throughout, sweep into a new directory with --output (or install the versions they ran with)."
+        )
+
+    def status(self, run: Run) -> dict[str, Any]:
+        path = self.status_dir / f"{run.name}.json"
+        return json.loads(path.read_text()) if path.is_file() else {"status": PENDING, "attempts": 0}
+
+    def set_status(self, run: Run, **fields: Any) -> dict[str, Any]:
+        status = {**self.status(run), **fields}
+        write_json_atomically(self.status_dir / f"{run.name}.json", status)
+        return status
+
+    def run_dir(self, run: Run) -> Path:
+        return owned_run_dir(self.dir, run.name)  # never outside the sweep directory (the runner deletes in it)
+
+    def result_dir(self, run: Run) -> Path:
+        """Where the run's numbers are: its own directory, or the run it shares (`same_as`, a run of this sweep with
+        the same identity; `reused_from`, a finished run of a sibling sweep)."""
+        if self.status(run).get("same_as"):
+            owned_run_dir(self.dir, self.status(run)["same_as"])  # a plain name inside the sweep, or refused
+        return result_dir(self.dir, run.name)
+
+    def identity(self, run: Run) -> str:
+        """The run's identity (sweep/identity.py) as it would be launched now (a tuned rate filled in), with the
+        paths of this sweep's other runs (`budget.match_to`) replaced by their identities."""
+        from lightning_cqk.sweep.tuning import resolve_overrides
+
+        if run.name in self._identities:
+            return self._identities[run.name]
+        overrides = resolve_overrides(run.overrides, self.sweep.spec, self.sweep.sweep_dir)  # raises before the grid
+        others = {r.name: self.identity(r) for r in self.sweep.runs if r.name in run.depends_on}
+        overrides = replace_run_paths(overrides, self.sweep.sweep_dir, others)
+        # stable from here on within one invocation (the grid it reads has finished; a run it names, too)
+        self._identities[run.name] = run_identity(run.configs, overrides, run.seed)
+        return self._identities[run.name]
+
+    def is_done(self, run: Run) -> bool:
+        """Finished with the same config; a finished run with another config hash is an error."""
+        status = self.status(run)
+        adopted = status.get("adopted_from")  # numbers in committed results (sweep/adopt.py)
+        where = Path(str(adopted).split("#")[0]) / "runs.csv" if adopted else self.result_dir(run) / "budget.json"
+        if status.get("status") != DONE or not where.is_file():
+            return False
+        if status.get("config_hash") != run.config_hash():
+            raise SpecError(
+                f"{self.dir}: run {run.name} finished with config hash {status.get('config_hash')}, but the spec and "
+                f"config files now give {run.config_hash()} (something was edited since). Mixing the two would "
+                "make the report compare different settings: sweep into a new directory with --output, or delete "
+                f"{self.run_dir(run)} and {self.status_dir / (run.name + '.json')} to rerun it."
+            )
+        return True
+
+    def last_checkpoint(self, run: Run) -> Path | None:
+        """The checkpoint to resume `run` from: last.ckpt, else the newest intact step=*.ckpt (run_dir.py)."""
+        return resumable_checkpoint(self.run_dir(run))[0]
+
+    def problems(self, run: Run) -> str | None:
+        """Why `run` must not be started or resumed now: a live writer in its directory, or a spec edited since
+        its interrupted attempt began (its checkpoint holds the old settings). None when it may go."""
+        owner = holder(self.run_dir(run))
+        if owner is not None:
+            advice = stop_advice(owner, self.run_dir(run) / LOCK_NAME)
+            return (
+                f"{self.run_dir(run)} is still being written by pid {owner.pid} ({owner.describe()}), e.g. a run "
+                f"left running by a sweep that was killed: {advice}; then run the sweep again, and its checkpoint "
+                "is resumed."
+            )
+        status = self.status(run)
+        recorded = status.get("config_hash")
+        if status.get("status") != DONE and recorded and recorded != run.config_hash() and self.run_dir(run).exists():
+            return (
+                f"run {run.name} was interrupted with config hash {recorded}, but the spec and config files now give "
+                f"{run.config_hash()} (something was edited since). Resuming its checkpoint under the new settings "
+                "would mix two experiments in one run: restore the spec, sweep into a new directory with --output, "
+                f"or pass --restart-changed to delete {self.run_dir(run)} and run it again from scratch."
+            )
+        return None
+
+    def write_manifest(self) -> dict[str, Any]:
+        sweep = self.sweep
+        path = self.dir / MANIFEST
+        previous = json.loads(path.read_text()) if path.is_file() else {}
+        runs = []
+        for run in sweep.runs:
+            runs.append(
+                {
+                    "name": run.name,
+                    "group": run.group,
+                    "seed": run.seed,
+                    "levels": run.levels,
+                    "configs": run.configs,
+                    "overrides": run.overrides,
+                    "depends_on": run.depends_on,
+                    "config_hash": run.config_hash(),
+                    "command": shlex.join(["lightning_cqk", "fit", *run.cli_args(sweep.sweep_dir)]),
+                    **self.status(run),
+                }
+            )
+        manifest = {
+            "study": sweep.study,
+            "profile": sweep.profile,
+            "spec_path": sweep.spec_path,
+            "created": previous.get("created", utc_now()),
+            "updated": utc_now(),
+            "git": git_revision(),
+            "versions": _versions(),
+            "spec": sweep.spec,
+            "runs": runs,
+        }
+        write_json_atomically(path, manifest)
+        return manifest

@@ -1,0 +1,77 @@
+"""SLURM array scripts for a sweep (`lightning_cqk sweep SPEC --profile paper --slurm`): one array task per run,
+each running `lightning_cqk sweep SPEC --run NAME` (lightning_cqk/sweep/runner.py)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from lightning_cqk.sweep.ledger import Ledger
+from lightning_cqk.sweep.spec import Run, Sweep
+
+
+def write_slurm(sweep: Sweep, spec_arg: str, max_parallel: int | None = None) -> list[Path]:
+    """Write one SLURM array script per wave (runs whose waits are all in earlier waves) and `submit.sh`.
+
+    Each array task runs `lightning_cqk sweep <spec> --profile P --output DIR --run <name>`: the same skip / resume
+    logic as a local sweep, one run per task. `submit.sh` submits the waves chained with `--dependency=afterok`.
+    Returns the files written.
+    """
+    waves: list[list[Run]] = []
+    wave_of: dict[str, int] = {}
+    for run in sweep.runs:  # already in dependency order
+        k = max((wave_of[d] + 1 for d in run.depends_on), default=0)
+        wave_of[run.name] = k
+        while len(waves) <= k:
+            waves.append([])
+        waves[k].append(run)
+    out = sweep.sweep_dir / "slurm"
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    cwd = Path.cwd()
+    for k, wave in enumerate(waves):
+        limit = f"%{max_parallel}" if max_parallel else ""
+        names = " ".join(shlex.quote(r.name) for r in wave)
+        task = shlex.join(
+            [
+                "python",
+                "-m",
+                "lightning_cqk",
+                "sweep",
+                spec_arg,
+                "--profile",
+                sweep.profile,
+                "--output",
+                str(sweep.sweep_dir),
+                "--no-report",
+                "--run",
+            ]
+        )
+        lines = [
+            "#!/bin/bash",
+            f"#SBATCH --job-name={sweep.study}-{sweep.profile}-w{k}",
+            f"#SBATCH --array=0-{len(wave) - 1}{limit}",
+            f"#SBATCH --output={out}/%x-%A_%a.out",
+            *sweep.slurm,
+            "# Written by `lightning_cqk sweep --slurm`: one array task per run; a task skips a finished run and",
+            "# resumes an interrupted one from its checkpoints/last.ckpt. Submit all waves with submit.sh; after a",
+            "# time limit or a preemption, run submit.sh again (finished runs are skipped, the others resume).",
+            "set -euo pipefail",
+            f"cd {shlex.quote(str(cwd))}",
+            f"RUNS=({names})",
+            f'srun {task} "${{RUNS[$SLURM_ARRAY_TASK_ID]}}"',
+            "",
+        ]
+        path = out / f"wave{k}.sbatch"
+        path.write_text("\n".join(lines))
+        files.append(path)
+    submit = ["#!/bin/bash", "# Submit the sweep's waves, each after the previous one succeeded.", "set -euo pipefail"]
+    submit.append("dep=''")
+    for path in files:
+        submit.append(f'jid=$(sbatch --parsable $dep {shlex.quote(str(path))}); echo "submitted {path.name}: $jid"')
+        submit.append('dep="--dependency=afterok:${jid%%;*}"')
+    (out / "submit.sh").write_text("\n".join(submit) + "\n")
+    (out / "submit.sh").chmod(0o755)
+    files.append(out / "submit.sh")
+    Ledger(sweep).write_manifest()
+    return files
