@@ -477,8 +477,11 @@ def _schedule(
                 ledger.set_status(run, **shared)
                 finished.add(run.name)
                 result["done"].append(run.name)
-                source = shared.get("same_as") or shared.get("reused_from")
-                print(f"[sweep] {run.name}: not run, the same run as {source} (identity {shared['identity']})")
+                if shared.get("adopted_from"):
+                    how = f"adopted from {shared['adopted_from']} (its probe {shared['probe']} reproduced its twin)"
+                else:
+                    how = f"the same run as {shared.get('same_as') or shared.get('reused_from')}"
+                print(f"[sweep] {run.name}: not run, {how} (identity {shared['identity']})")
                 continue
             todo.remove(run)
             try:
