@@ -2,6 +2,9 @@
 
 Design
   spec.py          the spec format, profiles and grid expansion into deterministically named runs
+  plan.py          what an expanded spec is: a Run (CLI args, config hash) and a Sweep (runs, claims parsed once)
+  control.py       the planted control: its check, its runs, and the claim that tests it
+  tuning_grid.py   a profile's learning-rate grid as runs, and the tuned runs set to wait for it
   spec_checks.py   what keeps a spec from silently changing the experiment (duplicate keys, names, seeds, claims)
   claim.py         a claim, parsed once into a typed object (the spec check, the power plan and the verdict share it)
   identity.py      what a run *is*, whatever its level is called: no run computed twice
@@ -9,7 +12,11 @@ Design
   units.py         a paper's change of perplexity in the study's unit (bytes)
   estimate.py      the CPU time of a sweep from analytic FLOPs and a measured step time (`--dry-run`)
 Run
-  runner.py        local (sequential or N at a time) and SLURM launching, manifest, skip and resume
+  runner.py        local (sequential or N at a time) launching, skip and resume, the `lightning_cqk sweep` command
+  ledger.py        a sweep's bookkeeping: status files, manifest.json, code revisions and package versions per run
+  sharing.py       no run computed twice, at launch: the same run of this sweep, a sibling's, or an adopted twin
+  shard_settings.py  which runs may prepare token shards at the same time
+  slurm.py         SLURM array scripts (one task per run)
   worker.py        a fork server that pays a run's imports once per sweep
   adopt.py         runs whose committed twin exists are adopted, not computed again
 Judge
