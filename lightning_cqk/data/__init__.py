@@ -4,6 +4,12 @@ manifest -> TokenDataModule (or MixtureDataModule).
 
 The DataModules (Lightning) are imported on first use, so that the rest of this package (``builtin``, ``sources``,
 ``tokenizers``, ``prepare``, ``token_ids``) imports without Lightning.
+
+``prepare`` is five files, one job each: ``prepare_spec.py`` (``PrepareSpec``: the options of one prepare, built by
+``prepare`` from its flags and by the DataModules from their ``data.*`` arguments), ``prepare.py`` (the orchestration:
+the folder held, a corpus resolved, the build made beside the old one and swapped in), ``prepare_split.py`` (one
+split through litdata's ``optimize``), ``prepare_worker.py`` (what runs in litdata's worker processes) and
+``prepare_report.py`` (what a finished prepare prints). ``token_stream.py`` is the DataModules' shared base.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from typing import Any
 from lightning_cqk.data.builtin import BUILTIN_CORPORA
 from lightning_cqk.data.corpora import CORPORA
 from lightning_cqk.data.manifest import Manifest
-from lightning_cqk.data.prepare import prepare
+from lightning_cqk.data.prepare import prepare, prepare_shards
+from lightning_cqk.data.prepare_spec import PrepareSpec
 from lightning_cqk.data.sources import iter_documents, list_source_files
 from lightning_cqk.data.tokenizers import TOKENIZERS, get_tokenizer, vocab_size_of
 
@@ -27,11 +34,13 @@ __all__ = [
     "Manifest",
     "MixtureComponent",
     "MixtureDataModule",
+    "PrepareSpec",
     "TokenDataModule",
     "get_tokenizer",
     "iter_documents",
     "list_source_files",
     "prepare",
+    "prepare_shards",
     "vocab_size_of",
 ]
 

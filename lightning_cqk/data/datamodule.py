@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 
@@ -38,7 +38,8 @@ from lightning_cqk.data.integrity import (
     shard_fingerprint,
 )
 from lightning_cqk.data.manifest import Manifest
-from lightning_cqk.data.prepare import prepare
+from lightning_cqk.data.prepare import prepare_shards
+from lightning_cqk.data.prepare_spec import PrepareSpec
 from lightning_cqk.data.request import (
     Request,
     build_request,
@@ -49,7 +50,7 @@ from lightning_cqk.data.request import (
     prepare_command,
 )
 from lightning_cqk.data.sources import as_source_list, list_source_files
-from lightning_cqk.data.tokenizers import eos_id_of, vocab_size_of
+from lightning_cqk.data.token_stream import LoaderSpec, TokenStreamDataModule
 from lightning_cqk.errors import ConfigError, MissingInputError
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata pings PyPI on import otherwise
@@ -146,7 +147,7 @@ def _split_cache(cache_dir: str | None, split: str) -> str | None:
     return None if cache_dir is None else str(Path(cache_dir) / split)
 
 
-class TokenDataModule(L.LightningDataModule):
+class TokenDataModule(TokenStreamDataModule):
     """Token windows for next-token prediction, streamed from ``data_dir`` (prepared from ``source`` if missing).
 
     Args:
@@ -187,6 +188,9 @@ class TokenDataModule(L.LightningDataModule):
     When ``data_dir`` already holds finished shards, ``source`` (with ``corpus``, ``val_source``, ``documents``,
     ``text_field``, ``val_fraction``) and ``tokenizer`` must be what they were made from, else the run is refused
     naming both (``source: null`` trains on whatever shards are there).
+
+    The arguments are flat because they are the ``data.*`` keys of the command line and configs (LightningCLI reads
+    this signature); they become a ``PrepareSpec`` (``prepare_spec``) and a ``LoaderSpec`` (``token_stream.py``).
     """
 
     def __init__(
@@ -214,7 +218,6 @@ class TokenDataModule(L.LightningDataModule):
         val_overlap: str = "drop",
         final_val_windows: int | None = None,
     ) -> None:
-        super().__init__()
         if seq_len < 1 or batch_size < 1 or (val_batch_size is not None and val_batch_size < 1):
             raise ConfigError(
                 f"seq_len and batch sizes must be positive, got {seq_len}, {batch_size}, {val_batch_size}."
@@ -225,34 +228,28 @@ class TokenDataModule(L.LightningDataModule):
                 f"data.final_val_windows={final_val_windows!r} must be a whole number of windows >= 1, or null for "
                 "the same validation set at every validation."
             )
+        loading = LoaderSpec(seq_len, batch_size, val_batch_size, num_workers, shuffle, seed, val_seq_len, cache_dir)
+        super().__init__(tokenizer, bpe_file, loading)
         self.save_hyperparameters()
-        self.data_dir = data_dir
-        self.source = source
-        self.tokenizer = tokenizer
-        self.bpe_file = bpe_file
-        self.seq_len = seq_len
         self.val_seq_len = val_seq_len or seq_len
         self.cache_dir = cache_dir
-        self.batch_size = batch_size
-        self.val_batch_size = val_batch_size or batch_size
-        self.num_workers = num_workers
         self.shuffle = shuffle
-        self.seed = seed
         self.final_val_windows = final_val_windows
-        self._vocab_size = vocab_size_of(tokenizer)  # validates the name now, without loading anything
         if corpus is not None:
-            from lightning_cqk.data.corpora import get_corpus
-
             get_corpus(corpus)  # an unknown name fails at parse time, listing the known ones
-        self.corpus = corpus
-        # Explicit copies (not self.hparams): a TokenDataModule built inside another DataModule's __init__ (a
+        # Built from the arguments, not self.hparams: a TokenDataModule built inside another DataModule's __init__ (a
         # mixture) would get the outer one's arguments from save_hyperparameters' frame inspection.
-        self.prepare_kwargs = dict(
+        self.prepare_spec = PrepareSpec(
+            source=source,
+            output_dir=data_dir,
+            tokenizer=tokenizer,
+            bpe_file=bpe_file,
             val_fraction=val_fraction,
             val_source=val_source,
             text_field=text_field,
             documents=documents,
             num_workers=prepare_workers,
+            corpus=corpus,
             max_documents=max_documents,
             other_files=other_files,
             val_overlap=val_overlap,
@@ -266,15 +263,41 @@ class TokenDataModule(L.LightningDataModule):
         self._windows: dict[str, int] = {}
         self._val_limit = None  # the trainer's limit_val_batches, consumed by val_dataloader (data/val_split.py)
 
-    @property
-    def vocab_size(self) -> int:
-        """Vocabulary size of the configured tokenizer (no I/O)."""
-        return self._vocab_size
+    @classmethod
+    def from_specs(cls, spec: PrepareSpec, loading: LoaderSpec) -> TokenDataModule:
+        """The TokenDataModule of a prepare spec and a loader spec (a mixture's component), through the same checks
+        as its arguments; ``spec.chunk_bytes`` and ``spec.overwrite`` are not DataModule settings and are not used."""
+        return cls(
+            data_dir=spec.output_dir,
+            source=spec.source,
+            tokenizer=spec.tokenizer,
+            bpe_file=spec.bpe_file,
+            val_fraction=spec.val_fraction,
+            val_source=spec.val_source,
+            documents=spec.documents,
+            text_field=spec.text_field,
+            prepare_workers=spec.num_workers,
+            corpus=spec.corpus,
+            max_documents=spec.max_documents,
+            other_files=spec.other_files,
+            val_overlap=spec.val_overlap,
+            **asdict(loading),
+        )
 
     @property
-    def eos_id(self) -> int:
-        """End-of-document id of the configured tokenizer (no I/O)."""
-        return eos_id_of(self.tokenizer)
+    def data_dir(self) -> str:
+        """Where the shards are (``prepare_spec.output_dir``)."""
+        return self.prepare_spec.output_dir
+
+    @property
+    def source(self) -> str | list[str] | None:
+        """The text the shards are prepared from (None: whatever shards are there)."""
+        return self.prepare_spec.source
+
+    @property
+    def corpus(self) -> str | None:
+        """The named corpus of ``source``, if any."""
+        return self.prepare_spec.corpus
 
     @property
     def bytes_per_token(self) -> float | None:
@@ -301,14 +324,7 @@ class TokenDataModule(L.LightningDataModule):
                 f"`lightning_cqk prepare --source <text> --output_dir {self.data_dir} --tokenizer {self.tokenizer}`, "
                 "or set data.source."
             )
-        prepare(
-            self.source,
-            self.data_dir,
-            tokenizer=self.tokenizer,
-            bpe_file=self.bpe_file,
-            corpus=self.corpus,
-            **self.prepare_kwargs,
-        )
+        prepare_shards(self.prepare_spec)
 
     def setup(self, stage: str | None = None) -> None:
         """Check the shards against this configuration and build the streaming datasets."""
@@ -424,25 +440,24 @@ class TokenDataModule(L.LightningDataModule):
 
     def _request(self) -> Request:
         """What this DataModule would prepare, in the manifest's terms (nothing is read but file sizes)."""
-        kw = self.prepare_kwargs
+        spec = self.prepare_spec
         fingerprint = fingerprint_of(self.tokenizer, self.bpe_file, self.data_dir)
-        source, val_source, documents, text_field = self.source, kw["val_source"], kw["documents"], kw["text_field"]
         if self.corpus is not None:
             corpus = get_corpus(self.corpus)
-            documents, text_field = corpus.documents, corpus.text_field
-            if source is not None:
+            spec = replace(spec, documents=corpus.documents, text_field=corpus.text_field)
+            if spec.source is not None:
                 try:
-                    resolved = resolve_corpus(self.corpus, source, other_files=kw["other_files"], count_documents=False)
+                    resolved = resolve_corpus(
+                        self.corpus, spec.source, other_files=spec.other_files, count_documents=False
+                    )
                 except FileNotFoundError:  # not readable here: compared by name below
                     resolved = None
                 if resolved is not None:
-                    source, val_source = resolved.source, resolved.val_source
-        args = (self.tokenizer, fingerprint, kw["val_fraction"], val_source, text_field, documents, self.corpus)
-        overlap = kw["val_overlap"]
+                    spec = replace(spec, source=resolved.source, val_source=resolved.val_source)
         try:
-            return build_request(source, *args, val_overlap=overlap)
+            return build_request(spec, fingerprint)
         except (FileNotFoundError, ValueError):  # the source is not here (shards made elsewhere): compare by name
-            return build_request(source, *args, listable=False, val_overlap=overlap)
+            return build_request(spec, fingerprint, listable=False)
 
     def _refuse_a_missing_source(self, manifest: Manifest) -> None:
         """Shards of another source, and the source asked for is not on this machine: say that first (it is the
@@ -467,25 +482,25 @@ class TokenDataModule(L.LightningDataModule):
         record = Path(str(self.data_dir)) / "raw" / ".download.json"  # a corpus downloaded by prepare
         if self.source is None and not remote.is_remote(self.data_dir) and record.is_file():
             done = json.loads(record.read_text()).get("max_documents")
-            if done != self.prepare_kwargs["max_documents"]:
-                differ.append(f"max_documents: downloaded {done}, asked {self.prepare_kwargs['max_documents']}")
+            if done != self.prepare_spec.max_documents:
+                differ.append(f"max_documents: downloaded {done}, asked {self.prepare_spec.max_documents}")
         if not differ:
             return
         self._refuse_a_missing_source(manifest)
-        kw = self.prepare_kwargs
+        spec = self.prepare_spec
         first = as_source_list(self.source)[0] if self.source is not None else self.corpus
         stem = builtin_name(first) or Path(str(first).rstrip("/")).stem or "data"
         settings = dict(
             tokenizer=self.tokenizer,
             bpe_file=self.bpe_file,
             corpus=self.corpus,
-            other_files=kw["other_files"] if self.corpus is not None and kw["other_files"] != "refuse" else None,
-            val_source=kw["val_source"],
-            val_fraction=kw["val_fraction"] if kw["val_fraction"] != 0.05 else None,
-            documents=kw["documents"] if self.corpus is None and kw["documents"] != "file" else None,
-            text_field=kw["text_field"] if self.corpus is None and kw["text_field"] != "text" else None,
-            max_documents=kw["max_documents"],
-            val_overlap=kw["val_overlap"] if kw["val_overlap"] != "drop" else None,
+            other_files=spec.other_files if self.corpus is not None and spec.other_files != "refuse" else None,
+            val_source=spec.val_source,
+            val_fraction=spec.val_fraction if spec.val_fraction != 0.05 else None,
+            documents=spec.documents if self.corpus is None and spec.documents != "file" else None,
+            text_field=spec.text_field if self.corpus is None and spec.text_field != "text" else None,
+            max_documents=spec.max_documents,
+            val_overlap=spec.val_overlap if spec.val_overlap != "drop" else None,
             overwrite=True,
         )
         asked = f"corpus {self.corpus!r} from " if self.corpus else ""

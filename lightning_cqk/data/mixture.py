@@ -10,13 +10,12 @@ loss over the union of the val splits, and ``bytes_per_token`` is that union's b
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-
-import lightning as L
+from dataclasses import asdict, dataclass, replace
 
 from lightning_cqk.data.datamodule import TokenDataModule, token_loader
 from lightning_cqk.data.manifest import Manifest
-from lightning_cqk.data.tokenizers import eos_id_of, vocab_size_of
+from lightning_cqk.data.prepare_spec import PrepareSpec
+from lightning_cqk.data.token_stream import LoaderSpec, TokenStreamDataModule
 from lightning_cqk.errors import ConfigError
 
 
@@ -37,7 +36,7 @@ class MixtureComponent:
     weight: float = 1.0
 
 
-class MixtureDataModule(L.LightningDataModule):
+class MixtureDataModule(TokenStreamDataModule):
     """Token windows drawn from several corpora by weight (training) and from all their val splits (validation).
 
     Args:
@@ -47,6 +46,9 @@ class MixtureDataModule(L.LightningDataModule):
             ``TokenDataModule`` (shared by every component; each component caches under ``cache_dir/<index>``). A
             component whose ``data_dir`` holds shards of another source or tokenizer is refused like a
             ``TokenDataModule``'s.
+
+    The arguments are flat because they are the ``data.*`` keys of a mixture config (LightningCLI reads this
+    signature); each component gets its own ``PrepareSpec`` and this ``LoaderSpec`` (its own ``cache_dir/<index>``).
     """
 
     def __init__(
@@ -68,60 +70,36 @@ class MixtureDataModule(L.LightningDataModule):
         other_files: str = "refuse",
         val_overlap: str = "drop",
     ) -> None:
-        super().__init__()
         if len(components) < 1:
             raise ConfigError("A mixture needs at least one component.")
         components = [c if isinstance(c, MixtureComponent) else MixtureComponent(**c) for c in components]
         if any(not 0 < c.weight < math.inf for c in components):
             raise ConfigError(f"Mixture weights must be positive and finite, got {[c.weight for c in components]}.")
+        loading = LoaderSpec(seq_len, batch_size, val_batch_size, num_workers, shuffle, seed, val_seq_len, cache_dir)
+        super().__init__(tokenizer, bpe_file, loading)
         self.save_hyperparameters()
         # Plain dicts in the checkpoint, not MixtureComponent objects: checkpoints load with weights_only=True.
         self.hparams["components"] = [asdict(c) for c in components]
         self.components = components
-        self.tokenizer = tokenizer
-        self.seq_len = seq_len
-        self.batch_size = batch_size
-        self.val_batch_size = val_batch_size or batch_size
-        self.num_workers = num_workers
-        self.seed = seed
-        self._vocab_size = vocab_size_of(tokenizer)
         # One TokenDataModule per component does the preparing, checking and dataset building.
         self.parts = [
-            TokenDataModule(
-                data_dir=c.data_dir,
-                source=c.source,
-                corpus=c.corpus,
-                tokenizer=tokenizer,
-                bpe_file=bpe_file,
-                seq_len=seq_len,
-                batch_size=batch_size,
-                val_batch_size=val_batch_size,
-                num_workers=num_workers,
-                val_fraction=val_fraction,
-                shuffle=shuffle,
-                seed=seed,
-                prepare_workers=prepare_workers,
-                max_documents=max_documents,
-                val_seq_len=val_seq_len,
-                cache_dir=None if cache_dir is None else f"{cache_dir}/{i}",
-                other_files=other_files,
-                val_overlap=val_overlap,
+            TokenDataModule.from_specs(
+                PrepareSpec(
+                    source=c.source,
+                    output_dir=c.data_dir,
+                    tokenizer=tokenizer,
+                    bpe_file=bpe_file,
+                    val_fraction=val_fraction,
+                    num_workers=prepare_workers,
+                    corpus=c.corpus,
+                    max_documents=max_documents,
+                    other_files=other_files,
+                    val_overlap=val_overlap,
+                ),
+                replace(loading, cache_dir=None if cache_dir is None else f"{cache_dir}/{i}"),
             )
             for i, c in enumerate(components)
         ]
-        self.train_dataset = None
-        self.val_dataset = None
-        self.fingerprints: dict[str, dict[str, str]] = {}  # data_dir -> shard_fingerprint at setup (data_guard.py)
-
-    @property
-    def vocab_size(self) -> int:
-        """Vocabulary size of the shared tokenizer (no I/O)."""
-        return self._vocab_size
-
-    @property
-    def eos_id(self) -> int:
-        """End-of-document id of the shared tokenizer."""
-        return eos_id_of(self.tokenizer)
 
     @property
     def bytes_per_token(self) -> float | None:

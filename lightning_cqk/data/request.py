@@ -27,6 +27,7 @@ from typing import Any
 
 from lightning_cqk.data.builtin import builtin_name, stdlib_root
 from lightning_cqk.data.manifest import Manifest
+from lightning_cqk.data.prepare_spec import PrepareSpec
 from lightning_cqk.data.sources import as_source_list, list_source_files
 from lightning_cqk.data.tokenizers import can_load_offline, get_tokenizer, known_fingerprint
 from lightning_cqk.errors import ConfigError
@@ -133,25 +134,18 @@ def check_disjoint(train: list[SourceFile], val: list[SourceFile]) -> None:
         )
 
 
-def build_request(
-    source: str | list[str] | None,
-    tokenizer: str,
-    fingerprint: str,
-    val_fraction: float,
-    val_source: str | list[str] | None,
-    text_field: str,
-    documents: str,
-    corpus: str | None = None,
-    listable: bool = True,
-    val_overlap: str = "drop",
-) -> Request:
-    """The request for ``source`` (and ``val_source``); ``listable=False`` leaves ``files`` None (not read here).
+def build_request(spec: PrepareSpec, fingerprint: str, listable: bool = True) -> Request:
+    """The request for ``spec.source`` (and ``spec.val_source``) with the spec's settings and the tokenizer's
+    ``fingerprint``; ``listable=False`` leaves ``files`` None (not read here).
 
-    ``source`` None (a corpus to download) leaves ``sources`` and ``files`` None: only the settings are compared.
+    ``spec.source`` None (a corpus to download) leaves ``sources`` and ``files`` None: only the settings are compared.
+    A named corpus is compared by what it resolves to: pass the spec with its plain files in place (``prepare.py``,
+    ``datamodule.py``).
     """
+    source = spec.source
     sources = as_source_list(source) if source is not None else None
     listable = listable and sources is not None
-    val_sources = as_source_list(val_source) if val_source is not None else None
+    val_sources = as_source_list(spec.val_source) if spec.val_source is not None else None
     train_files = val_files = []
     files = None
     if listable:
@@ -160,17 +154,17 @@ def build_request(
         check_disjoint(train_files, val_files)
         files = signature(train_files + val_files)
     return Request(
-        tokenizer=tokenizer,
+        tokenizer=spec.tokenizer,
         tokenizer_fingerprint=fingerprint,
         sources=sources,
         val_sources=val_sources,
-        val_fraction=val_fraction,
+        val_fraction=spec.val_fraction,
         split_rule=None if source is None else SPLIT_RULE if val_sources is None else VAL_SOURCE_RULE,
-        documents_mode=documents,
-        text_field=text_field,
-        corpus=corpus,
+        documents_mode=spec.documents,
+        text_field=spec.text_field,
+        corpus=spec.corpus,
         files=files,
-        val_overlap=val_overlap,
+        val_overlap=spec.val_overlap,
         train_files=train_files,
         val_files=val_files,
     )

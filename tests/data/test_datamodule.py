@@ -11,7 +11,7 @@ import pytest
 import tiktoken
 import torch
 
-from lightning_cqk.data import Manifest, TokenDataModule, prepare
+from lightning_cqk.data import Manifest, PrepareSpec, TokenDataModule, prepare
 from lightning_cqk.data.tokenizers import GPT2_BPE_ENV
 
 
@@ -37,6 +37,30 @@ def test_batches_windows_and_fixed_val(prepared: Path, read_stream, tmp_path: Pa
     shuffled.setup("fit")
     first = [b.tolist() for _, b in zip(range(3), shuffled.train_dataloader())]
     assert first != [b.tolist() for _, b in zip(range(3), dm.train_dataloader())], "training windows are shuffled"
+
+
+def test_the_datamodule_builds_its_prepare_spec(tmp_path: Path):
+    """Issue 33: the data.* arguments of what to prepare become one PrepareSpec (data_dir: its output_dir,
+    prepare_workers: its num_workers), which prepare_data hands to prepare; the folder and source are read from it."""
+    dm = TokenDataModule(
+        data_dir=str(tmp_path / "shards"),
+        source="corpus.jsonl",
+        val_source="val.jsonl",
+        documents="line",
+        text_field="body",
+        prepare_workers=3,
+        val_overlap="keep",
+    )
+    assert dm.prepare_spec == PrepareSpec(
+        source="corpus.jsonl",
+        output_dir=str(tmp_path / "shards"),
+        val_source="val.jsonl",
+        documents="line",
+        text_field="body",
+        num_workers=3,
+        val_overlap="keep",
+    )
+    assert (dm.data_dir, dm.source, dm.corpus) == (str(tmp_path / "shards"), "corpus.jsonl", None)
 
 
 def test_prepare_data_builds_missing_shards(corpus: Path, tmp_path: Path):

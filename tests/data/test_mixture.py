@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_cqk.data import MixtureDataModule
+from lightning_cqk.data import MixtureDataModule, PrepareSpec
 from lightning_cqk.data.datamodule import count_windows
 
 
@@ -48,3 +48,29 @@ def test_bad_weights_are_refused(tmp_path: Path):
         MixtureDataModule(components=[{"corpus": "text", "data_dir": str(tmp_path), "weight": 0.0}])
     with pytest.raises(ValueError, match="Unknown corpus"):
         MixtureDataModule(components=[{"corpus": "nope", "data_dir": str(tmp_path)}])
+
+
+def test_each_component_gets_its_own_spec_and_the_shared_settings(tmp_path: Path):
+    """Issue 33: the mixture builds one PrepareSpec per component (its source, folder and corpus; the mixture's
+    prepare options) and shares its window and batch settings, each component caching in its own folder."""
+    dm = MixtureDataModule(
+        components=[
+            {"corpus": "text", "data_dir": str(tmp_path / "A"), "source": "a.jsonl"},
+            {"corpus": "c4", "data_dir": str(tmp_path / "B")},
+        ],
+        tokenizer="bytes",
+        seq_len=15,
+        batch_size=4,
+        val_fraction=0.2,
+        prepare_workers=2,
+        max_documents=100,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    shared = dict(tokenizer="bytes", val_fraction=0.2, num_workers=2, max_documents=100)
+    assert [part.prepare_spec for part in dm.parts] == [
+        PrepareSpec(source="a.jsonl", output_dir=str(tmp_path / "A"), corpus="text", **shared),
+        PrepareSpec(source=None, output_dir=str(tmp_path / "B"), corpus="c4", **shared),
+    ]
+    assert [part.cache_dir for part in dm.parts] == [str(tmp_path / "cache" / "0"), str(tmp_path / "cache" / "1")]
+    assert {(p.seq_len, p.batch_size, p.val_batch_size, p.seed) for p in dm.parts} == {(15, 4, 4, 42)}
+    assert (dm.vocab_size, dm.eos_id, dm.val_batch_size) == (257, 256, 4)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import inspect
 import json
 import multiprocessing
 import os
@@ -12,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lightning_cqk.data import Manifest, iter_documents, prepare
+from lightning_cqk.data import Manifest, PrepareSpec, iter_documents, prepare, prepare_shards
 from lightning_cqk.data.prepare import in_val
 
 EOS = 256
@@ -82,6 +84,23 @@ def test_two_workers_write_the_same_stream(corpus: Path, prepared: Path, read_st
         one, two = read_stream(prepared / split), read_stream(tmp_path / "two" / split)
         assert Counter(split_documents(one)) == Counter(split_documents(two)), "same multiset of documents"
         assert one.tolist() == two.tolist(), "and, since litdata keeps the units in order, the same stream"
+
+
+def test_the_spec_carries_prepares_arguments(corpus: Path, prepared: Path, tmp_path: Path):
+    """Issue 33: one PrepareSpec carries prepare's options (its fields are prepare's arguments, the flags of
+    `lightning_cqk prepare`, with the same defaults), and prepare_shards of a spec builds what prepare builds."""
+    flags = {name: p.default for name, p in inspect.signature(prepare).parameters.items()}
+    fields = {f.name: f.default for f in dataclasses.fields(PrepareSpec)}
+    assert list(flags) == list(fields), "the same options, in the same order"
+    assert {k: v for k, v in flags.items() if v is not inspect.Parameter.empty} == {
+        k: v for k, v in fields.items() if v is not dataclasses.MISSING
+    }, "and the same defaults"
+    spec = PrepareSpec(source=str(corpus), output_dir=str(tmp_path / "spec"), val_fraction=0.25)
+    manifest = prepare_shards(spec)
+    assert manifest.splits == Manifest.load(prepared).splits
+    for split in ("train", "val"):
+        built = sorted((tmp_path / "spec" / split).glob("*.bin"))
+        assert [p.read_bytes() for p in built] == [prepared.joinpath(split, p.name).read_bytes() for p in built]
 
 
 def test_reuse_mismatch_overwrite_and_interrupted(corpus: Path, tmp_path: Path, capsys, gpt2_bpe_dir: Path):
