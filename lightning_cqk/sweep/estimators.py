@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from lightning_cqk.sweep.stats import bootstrap_se_of_mean_loss, contrast, mean, n_diverged, std, variance_ratio
+from lightning_cqk.sweep.study_data import StudyData
 from lightning_cqk.sweep.tuning import all_grid_runs, grid_names
 from lightning_cqk.sweep.verdict import Judgement, judge
 
@@ -17,14 +18,14 @@ VAL_METRICS = ("val/ppl", "val/bpb")
 SETTLE_FRACTION = 0.8  # "still moving": the change of the metric over the last 20% of training
 
 
-def tuning_table(data: dict[str, Any]) -> dict[str, Any]:
+def tuning_table(data: StudyData) -> dict[str, Any]:
     """{"rows": [(level, lr, run(s), held-out loss)], "chosen": {level: lr}, "spread": {(level, lr): sd}} of the
     learning-rate grid (empty without): a rate's loss is the mean over its grid seeds (tuning.mean_loss), its
     spread their sample sd (nan at one seed); several runs are named joined by ", "."""
     from lightning_cqk.sweep.tuning import choose, mean_loss
 
-    spec = data["manifest"]["spec"].get("tuning") or {}
-    by_name = {r["name"]: r for r in data["tuning_runs"]}
+    spec = data.manifest["spec"].get("tuning") or {}
+    by_name = {r["name"]: r for r in data.tuning_runs}
     rows, chosen, spread = [], {}, {}
     for level, grid in (spec.get("grid") or {}).items():
         losses = {}
@@ -38,26 +39,26 @@ def tuning_table(data: dict[str, Any]) -> dict[str, Any]:
     return {"rows": rows, "chosen": chosen, "spread": spread}
 
 
-def untuned_groups(data: dict[str, Any]) -> dict[str, str]:
+def untuned_groups(data: StudyData) -> dict[str, str]:
     """group -> why its learning rate is not its own (tuning parity): every group when the profile has no grid."""
     from lightning_cqk.sweep.tuning import is_tuned_rate
 
-    spec = data["manifest"]["spec"]
+    spec = data.manifest["spec"]
     tuning = spec.get("tuning") or {}
     if "fixed" in tuning:
         return {}
     control = (spec.get("control") or {}).get("group")
     if not tuning:
-        return {g: "one learning rate for every arm (no tuning grid)" for g in data["groups"] if g != control}
+        return {g: "one learning rate for every arm (no tuning grid)" for g in data.groups if g != control}
     out = {}
-    runs = {r["name"]: r for r in data["manifest"]["runs"]}
+    runs = {r["name"]: r for r in data.manifest["runs"]}
     grid_levels = {  # tuned level -> the levels its grid ran at
         level: runs[name]["levels"]
         for level, by_lr in (tuning.get("grid") or {}).items()
         for name in [grid_names(point)[0] for point in list(by_lr.values())[:1]]
         if name in runs
     }
-    for name, group in data["groups"].items():
+    for name, group in data.groups.items():
         entries = [runs[r["name"]] for r in group["runs"] if r["name"] in runs]
         rates = {str((e.get("overrides") or {}).get("model.optim.lr", "")) for e in entries}
         tuned = all(is_tuned_rate(rate) for rate in rates)
@@ -122,16 +123,16 @@ def run_stability(scalars: dict[str, list[tuple[int, float]]]) -> dict[str, floa
     }
 
 
-def group_values(data: dict[str, Any], tag: str) -> dict[str, dict[int, float]]:
+def group_values(data: StudyData, tag: str) -> dict[str, dict[int, float]]:
     """group -> {seed: final value of tag} over the finished runs (non-finite values kept: they count as diverged).
 
     `tag` is a scalar (val/ppl, ...) or a stability measure of STABILITY (run_stability)."""
     if tag in STABILITY:
         return {
             name: {r["seed"]: float(r.get("stability", {}).get(tag, math.nan)) for r in g["runs"]}
-            for name, g in data["groups"].items()
+            for name, g in data.groups.items()
         }
-    return {name: {r["seed"]: final(r, tag) for r in g["runs"]} for name, g in data["groups"].items()}
+    return {name: {r["seed"]: final(r, tag) for r in g["runs"]} for name, g in data.groups.items()}
 
 
 def baseline_group(levels: dict[str, str], baseline: dict[str, str], groups: dict[str, Any]) -> str | None:
@@ -150,12 +151,12 @@ def _published_delta(name: str, base: str | None, published: dict[str, Any]) -> 
     return 100.0 * (float(pub) / float(pub_base) - 1.0) if pub is not None and pub_base else math.nan
 
 
-def table_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+def table_rows(data: StudyData) -> list[dict[str, Any]]:
     """One row per group (floats; nan where not defined)."""
-    spec = data["manifest"]["spec"]
+    spec = data.manifest["spec"]
     metric = spec.get("metric", "val/ppl")
     published = spec.get("published") or {}
-    groups = data["groups"]
+    groups = data.groups
     values = group_values(data, metric)
     rows = []
     for name, group in groups.items():
@@ -202,14 +203,14 @@ def table_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def val_sampling_error(data: dict[str, Any]) -> tuple[float, int, int]:
+def val_sampling_error(data: StudyData) -> tuple[float, int, int]:
     """(bootstrap SE of the validation loss over windows, in % of the metric; windows; runs it is the median of).
 
     For val/ppl, a standard error s of the loss (nats) is a relative error of about 100 s % of the perplexity; for
     val/bpb and val/loss likewise relative to the loss. Median over the runs that wrote `val_windows.json`."""
-    metric = data["manifest"]["spec"].get("metric", "val/ppl")
+    metric = data.manifest["spec"].get("metric", "val/ppl")
     errs, windows = [], 0
-    for group in data["groups"].values():
+    for group in data.groups.values():
         for run in group["runs"]:
             w = run.get("windows")
             if not w or not w.get("nll"):
@@ -243,9 +244,9 @@ def paired_window_se(runs: list[dict[str, Any]], base_runs: list[dict[str, Any]]
     return errs[len(errs) // 2] if errs else math.nan
 
 
-def verdicts(data: dict[str, Any]) -> list[Judgement]:
+def verdicts(data: StudyData) -> list[Judgement]:
     """The spec's claims (and its positive control) judged on the finished runs."""
-    spec = data["manifest"]["spec"]
+    spec = data.manifest["spec"]
     metric = spec.get("metric", "val/ppl")
     values = dict(group_values(data, metric))
     untuned = untuned_groups(data)
@@ -273,7 +274,7 @@ def verdicts(data: dict[str, Any]) -> list[Judgement]:
     )
 
 
-def training_corpora(data: dict[str, Any], claims: list[dict[str, Any]]) -> dict[str, str]:
+def training_corpora(data: StudyData, claims: list[dict[str, Any]]) -> dict[str, str]:
     """claim name -> the corpus its baseline group's runs train on (units.BYTES_PER_UNIT key), from the runs' config
     files (found as `--config` finds them) and overrides; claims whose corpus is none of the measured ones are left
     out."""
@@ -288,7 +289,7 @@ def training_corpora(data: dict[str, Any], claims: list[dict[str, Any]]) -> dict
             return None
 
     by_group: dict[str, str | None] = {}
-    for run in data["manifest"]["runs"]:
+    for run in data.manifest["runs"]:
         if run["group"] not in by_group:
             settings = resolved_settings(list(run.get("configs") or []), dict(run.get("overrides") or {}), read)
             by_group[run["group"]] = training_corpus(settings)
@@ -300,29 +301,29 @@ def training_corpora(data: dict[str, Any], claims: list[dict[str, Any]]) -> dict
     return out
 
 
-def planned_seeds(data: dict[str, Any]) -> dict[str, int]:
+def planned_seeds(data: StudyData) -> dict[str, int]:
     """group -> the number of runs the study plans for it (its manifest: finished or not; the tuning grid left out)."""
-    tune_spec = data["manifest"]["spec"].get("tuning") or {}
+    tune_spec = data.manifest["spec"].get("tuning") or {}
     tune_names = all_grid_runs(tune_spec)
     planned: dict[str, int] = {}
-    for run in data["manifest"]["runs"]:
+    for run in data.manifest["runs"]:
         if run["name"] not in tune_names:
             planned[run["group"]] = planned.get(run["group"], 0) + 1
     return planned
 
 
-def control_prediction(data: dict[str, Any], control: Judgement) -> str:
+def control_prediction(data: StudyData, control: Judgement) -> str:
     """The control's size predicted from the baseline's own validation curve, when the control trains on fewer tokens:
     log(metric) vs log(training tokens) fitted over the second half of the baseline's validations (mean over seeds),
     Δ = (tokens ratio)^slope - 1."""
-    groups = data["groups"]
+    groups = data.groups
     ctrl, base = groups.get(control.plus[0]), groups.get(control.minus[0])
     if not ctrl or not base or not ctrl["runs"] or not base["runs"]:
         return ""
-    scale = (data["manifest"]["spec"].get("control") or {}).get("lr_scale")
+    scale = (data.manifest["spec"].get("control") or {}).get("lr_scale")
     if scale is not None:
         return lr_control_prediction(data, None if scale == "auto" else float(scale))
-    metric = data["manifest"]["spec"].get("metric", "val/ppl")
+    metric = data.manifest["spec"].get("metric", "val/ppl")
     t_ctrl = mean([float(r["budget"].get("tokens", math.nan)) for r in ctrl["runs"]])
     t_base = mean([float(r["budget"].get("tokens", math.nan)) for r in base["runs"]])
     if not (math.isfinite(t_ctrl) and math.isfinite(t_base)) or abs(t_ctrl / t_base - 1.0) < 1e-6:
@@ -343,24 +344,22 @@ def control_prediction(data: dict[str, Any], control: Judgement) -> str:
     return f"{100 * math.expm1(slope * math.log(t_ctrl / t_base)):+.2f}% from the baseline's own validation curve"
 
 
-def lr_control_prediction(data: dict[str, Any], scale: float | None) -> str:
+def lr_control_prediction(data: StudyData, scale: float | None) -> str:
     """The size of a control at `scale` times the baseline's tuned rate (None: `lr_scale: auto`, the scale its runs'
     "{tuned_lr:<level>*auto(<target>)}" takes from the grid), predicted from the grid of the level whose rate it
     scales: tuning.predicted_change, one seed, held-out windows; "" outside the grid."""
     from lightning_cqk.sweep.tuning import TuningError, auto_scale, parse_tuned, predicted_change
 
-    spec = data["manifest"]["spec"]
+    spec = data.manifest["spec"]
     tuning = spec.get("tuning") or {}
     group = (spec.get("control") or {}).get("group")
-    rates = [
-        (r.get("overrides") or {}).get("model.optim.lr") for r in data["manifest"]["runs"] if r.get("group") == group
-    ]
+    rates = [(r.get("overrides") or {}).get("model.optim.lr") for r in data.manifest["runs"] if r.get("group") == group]
     found = [p for p in map(parse_tuned, rates) if p]
     if not found:
         return ""
     level, _, target = found[0]  # the level whose rate the control scales (e.g. `at: {mechanism: standard}`)
-    points = sorted((lr, loss) for lv, lr, _, loss in data["tuning"]["rows"] if lv == level)  # a nan: never crossed
-    chosen = data["tuning"]["chosen"].get(level, math.nan)
+    points = sorted((lr, loss) for lv, lr, _, loss in data.tuning["rows"] if lv == level)  # a nan: never crossed
+    chosen = data.tuning["chosen"].get(level, math.nan)
     metric = spec.get("metric", "val/ppl")
     if sum(math.isfinite(loss) for _, loss in points) < 2 or not math.isfinite(chosen):
         return ""

@@ -19,6 +19,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.sweep.study_data import StudyData
+
 STYLES = ("-", "--", ":", "-.")
 
 
@@ -90,18 +92,18 @@ def _style(i: int, cmap) -> dict[str, Any]:
     return {"color": cmap(i % 10), "linestyle": STYLES[(i // 10) % len(STYLES)]}
 
 
-def figures(data: dict[str, Any], out: Path, judgements: list | None = None) -> list[Path]:
+def figures(data: StudyData, out: Path, judgements: list | None = None) -> list[Path]:
     """Write the PNG figures; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    spec = data["manifest"]["spec"]
+    spec = data.manifest["spec"]
     metric = spec.get("metric", "val/ppl")
-    groups = {k: g for k, g in data["groups"].items() if g["runs"]}
+    groups = {k: g for k, g in data.groups.items() if g["runs"]}
     cmap = plt.get_cmap("tab10")
-    title = f"{data['manifest']['study']} ({data['manifest']['profile']})"
+    title = f"{data.manifest['study']} ({data.manifest['profile']})"
     written: list[Path] = []
 
     def save(fig, name: str) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from lightning_cqk.sweep.estimators import control_prediction, final, val_sampling_error
 from lightning_cqk.sweep.report_read import computed_once
+from lightning_cqk.sweep.study_data import StudyData
 from lightning_cqk.sweep.units import UNIT_NAMES
 from lightning_cqk.sweep.verdict import DETECTED, INTERIM, Judgement
 
@@ -53,7 +54,7 @@ def published_cell(expect: str, pct: float, ratio: float, unit: str) -> str:
     return f"{pct:+.1f}% {UNIT_NAMES.get(unit, '(unit not declared)')}"
 
 
-def _claim_lines(judgements: list[Judgement], spec: dict[str, Any], data: dict[str, Any] | None = None) -> list[str]:
+def _claim_lines(judgements: list[Judgement], spec: dict[str, Any], data: StudyData | None = None) -> list[str]:
     if not judgements:
         return ["No claims in the spec (`claims:`): no verdicts.", ""]
     k, level = judgements[0].family, judgements[0].level
@@ -183,7 +184,7 @@ def _corpus_lines(judgements: list[Judgement]) -> list[str]:
     return [line]
 
 
-def _control_line(c: Judgement, data: dict[str, Any] | None) -> str:
+def _control_line(c: Judgement, data: StudyData | None) -> str:
     """The gate: the control's estimate and interval against its planted size, detected or not, and a miscalibration
     (the planted size outside the control's 95% interval) flagged."""
     predicted = control_prediction(data, c) if data else ""
@@ -208,9 +209,9 @@ def _control_line(c: Judgement, data: dict[str, Any] | None) -> str:
     return line
 
 
-def tuning_lines(data: dict[str, Any]) -> list[str]:
+def tuning_lines(data: StudyData) -> list[str]:
     """The learning-rate grid per tuned level: the held-out loss of each rate and the choice (or why none)."""
-    spec = data["manifest"]["spec"].get("tuning") or {}
+    spec = data.manifest["spec"].get("tuning") or {}
     if "fixed" in spec:
         return ["### Tuning", "", f"One learning rate by design: {spec['fixed']}", ""]
     if not spec:
@@ -221,7 +222,7 @@ def tuning_lines(data: dict[str, Any]) -> list[str]:
             "is configuration-limited.",
             "",
         ]
-    table = data["tuning"]
+    table = data.tuning
     lines = [
         "### Tuning",
         "",
@@ -286,9 +287,9 @@ def code_line(manifest: dict[str, Any]) -> str:
     return "Code: **runs from more than one revision** (" + "; ".join(parts) + ")."
 
 
-def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[Judgement]) -> str:
+def markdown(data: StudyData, rows: list[dict[str, Any]], judgements: list[Judgement]) -> str:
     """The study's Markdown report (header, verdicts, group table, notes)."""
-    manifest = data["manifest"]
+    manifest = data.manifest
     spec = manifest["spec"]
     metric = spec.get("metric", "val/ppl")
     published = spec.get("published") or {}
@@ -352,16 +353,14 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
         "train-loss sd is the standard deviation of train/loss over the last 20% of the logged steps, in % of its mean "
         "(mean over seeds); diverged seeds are counted in the seeds column."
     )
-    shared = data.get("shared") or {}
+    shared = data.shared
     if shared:
         notes.append(
             "Runs shared with other studies (identical configs, overrides and seed: the same run, counted in both): "
             + "; ".join(f"{study}: {', '.join(names)}" for study, names in shared.items())
             + "."
         )
-    differs = [
-        f"{r['name']} (vs {r['twin']})" for r in data["manifest"].get("runs", []) if r.get("reproduces") is False
-    ]
+    differs = [f"{r['name']} (vs {r['twin']})" for r in data.manifest.get("runs", []) if r.get("reproduces") is False]
     if differs:
         notes.append(
             "Committed runs not adopted: these probes did not reproduce their committed twins to the last digit on "
@@ -369,7 +368,7 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
             + "; ".join(differs)
             + "."
         )
-    once = computed_once(data["manifest"])
+    once = computed_once(data.manifest)
     if once:
         notes.append(
             "Runs computed once and shared (the same resolved training configuration and seed, on the same code, "
@@ -377,7 +376,7 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
             + "; ".join(once)
             + "."
         )
-    same = data.get("same_results") or {}
+    same = data.same_results
     if same:
         notes.append(
             "Runs with the same results as another study's runs under another name (seed, learning rate, tokens, "
@@ -386,17 +385,15 @@ def markdown(data: dict[str, Any], rows: list[dict[str, Any]], judgements: list[
             + "; ".join(f"{study}: {', '.join(pairs)}" for study, pairs in same.items())
             + "."
         )
-    diverged = [r["name"] for g in data["groups"].values() for r in g["runs"] if not math.isfinite(final(r, metric))]
+    diverged = [r["name"] for g in data.groups.values() for r in g["runs"] if not math.isfinite(final(r, metric))]
     if diverged:
         notes.append(f"Diverged (non-finite final {metric}; counted, never averaged): {', '.join(diverged)}.")
-    if data["unfinished"]:
+    if data.unfinished:
         notes.append(
-            "Unfinished runs (left out): "
-            + "; ".join(f"{name}: {why}" for name, why in data["unfinished"].items())
-            + "."
+            "Unfinished runs (left out): " + "; ".join(f"{name}: {why}" for name, why in data.unfinished.items()) + "."
         )
-    if data["missing"]:
-        notes.append(f"Runs not started (left out): {', '.join(data['missing'])}.")
+    if data.missing:
+        notes.append(f"Runs not started (left out): {', '.join(data.missing)}.")
     lines += notes
     return "\n".join(lines) + "\n"
 

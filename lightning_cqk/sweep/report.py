@@ -42,7 +42,6 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 from lightning_cqk.sweep import report_folder
 from lightning_cqk.sweep.estimators import (
@@ -65,6 +64,7 @@ from lightning_cqk.sweep.report_read import (
     recorded_lr,
     unfinished_reason,
 )
+from lightning_cqk.sweep.study_data import StudyData
 
 # the report's stages, importable from here: reading (report_read.py), estimators (estimators.py), rendering
 # (render.py); this module is the command that runs them in that order and writes the folder
@@ -107,22 +107,22 @@ def write_report(
 
     sweep_dir = Path(sweep_dir)
     data = collect(sweep_dir)
-    if not any(g["runs"] for g in data["groups"].values()):
+    if not any(g["runs"] for g in data.groups.values()):
         raise ReportError(
-            f"{sweep_dir}: none of the {len(data['manifest']['runs'])} runs has finished (budget.json and a last "
+            f"{sweep_dir}: none of the {len(data.manifest['runs'])} runs has finished (budget.json and a last "
             "validation at its last step); run the sweep first."
             + (
-                f" Unfinished: {'; '.join(f'{k}: {v}' for k, v in data['unfinished'].items())}."
-                if data["unfinished"]
+                f" Unfinished: {'; '.join(f'{k}: {v}' for k, v in data.unfinished.items())}."
+                if data.unfinished
                 else ""
             )
         )
     from lightning_cqk.sweep.results import COMMITTED, same_results, shared_runs, write_committed
 
-    out = Path(output) if output is not None else (sweep_dir if data["committed"] else sweep_dir / "report")
-    data["shared"] = shared_runs(out, data["manifest"])
-    data["same_results"] = same_results(out, data)
-    study = data["manifest"]["study"]
+    out = Path(output) if output is not None else (sweep_dir if data.committed else sweep_dir / "report")
+    data.shared = shared_runs(out, data.manifest)
+    data.same_results = same_results(out, data)
+    study = data.manifest["study"]
     rows = table_rows(data)
     judgements = verdicts(data)
     md = with_live_sweep_note(markdown(data, rows, judgements), data, output)
@@ -130,7 +130,7 @@ def write_report(
     if glue_md:
         md = f"{md.rstrip()}\n\n## GLUE (fine-tuned checkpoints, `lightning_cqk glue`)\n\n{glue_md}"
     names = {"markdown": f"{study}.md", "csv": f"{study}.csv", "claims": "claims.csv"}
-    in_place = data["committed"] and out.resolve() == sweep_dir.resolve()  # `report <results folder>`: its inputs
+    in_place = data.committed and out.resolve() == sweep_dir.resolve()  # `report <results folder>`: its inputs
     try:  # the whole report is written beside `out` and swapped in: never half old, half new (report_folder.py)
         with report_folder.staged(out, owned=report_folder_owns(study)) as stage:
             if glue_md:
@@ -166,20 +166,20 @@ def write_report(
     return paths
 
 
-def with_live_sweep_note(md: str, data: dict[str, Any], output: str | Path | None) -> str:
+def with_live_sweep_note(md: str, data: StudyData, output: str | Path | None) -> str:
     """`md` with a line under its title when a sweep still runs in the sweep directory: the report is an interim one
     of an unfinished, live sweep (its unfinished runs are left out of every number), to be written again at the end."""
     from lightning_cqk.sweep.runner import live_owner
 
-    source = Path(data["source"])
-    owner = None if data["committed"] else live_owner(source)
+    source = Path(data.source)
+    owner = None if data.committed else live_owner(source)
     if owner is None:
         return md
-    done = sum(len(g["runs"]) for g in data["groups"].values()) + len(data["tuning_runs"])
+    done = sum(len(g["runs"]) for g in data.groups.values()) + len(data.tuning_runs)
     again = shlex.join(["lightning_cqk", "report", str(source), *(["--output", str(output)] if output else [])])
     note = (
         f"**Interim report of a live sweep:** a sweep is still running in {source} ({owner.describe()}); "
-        f"{done} of its {len(data['manifest']['runs'])} runs have finished, and only they are in these numbers. "
+        f"{done} of its {len(data.manifest['runs'])} runs have finished, and only they are in these numbers. "
         f"Write the report again when the sweep has ended: `{again}`."
     )
     title, _, rest = md.partition("\n")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.sweep.estimators import run_stability, tuning_table
+from lightning_cqk.sweep.study_data import StudyData
 from lightning_cqk.sweep.tuning import all_grid_runs
 
 CURVE_TAGS = (
@@ -82,7 +83,7 @@ def unfinished_reason(scalars: dict[str, list[tuple[int, float]]], budget: dict[
     return ""
 
 
-def collect(sweep_dir: str | Path) -> dict[str, Any]:
+def collect(sweep_dir: str | Path) -> StudyData:
     """Everything the tables and figures need: per group, per finished run, the scalars and budget.
 
     `sweep_dir` is a sweep directory (manifest.json and run directories) or a folder of committed results
@@ -154,16 +155,8 @@ def collect(sweep_dir: str | Path) -> dict[str, Any]:
             if is_tune:
                 entry["heldout_loss"] = tuning.held_out_loss(windows, tune_spec["held_out"])
         (tuning_runs if is_tune else group["runs"]).append(entry)
-    data = {
-        "manifest": manifest,
-        "groups": groups,
-        "missing": missing,
-        "unfinished": unfinished,
-        "tuning_runs": tuning_runs,
-        "committed": committed,
-        "source": sweep_dir,
-    }
-    data["tuning"] = tuning_table(data)
+    data = StudyData(manifest, groups, missing, unfinished, tuning_runs, committed, sweep_dir)
+    data.tuning = tuning_table(data)
     return data
 
 

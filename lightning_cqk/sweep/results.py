@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.atomic_files import write_text_atomically
+from lightning_cqk.sweep.study_data import StudyData
 from lightning_cqk.sweep.tuning import all_grid_runs
 
 STUDY_FILE, RUNS_FILE, CURVES_FILE, WINDOWS_FILE = "study.json", "runs.csv", "curves.csv", "val_windows.json"
@@ -91,7 +92,7 @@ def _final(run: dict[str, Any], tag: str) -> float:
     return series[-1][1] if series else math.nan
 
 
-def run_lr(entry: dict[str, Any], data: dict[str, Any], run: dict[str, Any] | None = None) -> float:
+def run_lr(entry: dict[str, Any], data: StudyData, run: dict[str, Any] | None = None) -> float:
     """A run's learning rate: for a finished run (`run`, from collect), the rate it recorded (its config.yaml, or the
     committed runs.csv); for one not finished, its override (a tuned level's: the grid's choice, as the runner will
     fill it in: tuning.resolve_overrides), else its config files'."""
@@ -108,11 +109,11 @@ def run_lr(entry: dict[str, Any], data: dict[str, Any], run: dict[str, Any] | No
         if not parsed:
             return math.nan
         level, scale, target = parsed
-        chosen = float(data.get("tuning", {}).get("chosen", {}).get(level, math.nan))
+        chosen = float(data.tuning.get("chosen", {}).get(level, math.nan))
         if target is not None and math.isfinite(chosen):  # lr_scale auto: the scale the grid chose at launch
-            rows = data.get("tuning", {}).get("rows") or []
+            rows = data.tuning.get("rows") or []
             points = [(lr, loss) for lv, lr, _, loss in rows if lv == level]
-            metric = data.get("manifest", {}).get("spec", {}).get("metric", "val/ppl")
+            metric = data.manifest.get("spec", {}).get("metric", "val/ppl")
             try:
                 scale = auto_scale(points, chosen, target, metric)
             except TuningError:
@@ -128,11 +129,11 @@ def run_lr(entry: dict[str, Any], data: dict[str, Any], run: dict[str, Any] | No
         return math.nan
 
 
-def write_committed(data: dict[str, Any], out: Path) -> list[Path]:
+def write_committed(data: StudyData, out: Path) -> list[Path]:
     """Write study.json, runs.csv, curves.csv and (when small) val_windows.json into `out`; returns their paths."""
-    manifest = data["manifest"]
-    finished = {r["name"]: r for g in data["groups"].values() for r in g["runs"]}
-    finished.update({r["name"]: r for r in data.get("tuning_runs", [])})
+    manifest = data.manifest
+    finished = {r["name"]: r for g in data.groups.values() for r in g["runs"]}
+    finished.update({r["name"]: r for r in data.tuning_runs})
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=RUN_FIELDS, lineterminator="\n")
     writer.writeheader()
@@ -145,7 +146,7 @@ def write_committed(data: dict[str, Any], out: Path) -> list[Path]:
     for entry in manifest["runs"]:
         name = entry["name"]
         run = finished.get(name)
-        status = "done" if run else data["unfinished"].get(name, "not started" if name in data["missing"] else "")
+        status = "done" if run else data.unfinished.get(name, "not started" if name in data.missing else "")
         budget = run["budget"] if run else {}
         revs = entry.get("revisions") or []
         row = {
@@ -484,14 +485,14 @@ def _fingerprint(seed: Any, lr: Any, tokens: Any, steps: Any, ppl: Any, loss: An
     return (*values, last) if all(math.isfinite(v) for v in values) else None
 
 
-def same_results(folder: Path, data: dict[str, Any]) -> dict[str, list[str]]:
+def same_results(folder: Path, data: StudyData) -> dict[str, list[str]]:
     """{other study: ["<run> = <its run>"]} for this study's finished runs whose seed, learning rate, tokens, steps,
     final validation perplexity and loss equal, to the last digit, those of a run under another config hash in a
     sibling folder of committed results: the same settings run again under another name (a level called
     `standard-B` here and `standard` there; training is deterministic), which `shared_runs` cannot see because the
     hashes hold the levels' names. Runs with the same config hash are left to `shared_runs`."""
-    entries = {e["name"]: e for e in data["manifest"].get("runs", [])}
-    finished = [r for g in data["groups"].values() for r in g["runs"]] + list(data.get("tuning_runs", []))
+    entries = {e["name"]: e for e in data.manifest.get("runs", [])}
+    finished = [r for g in data.groups.values() for r in g["runs"]] + list(data.tuning_runs)
     mine: dict[tuple[float, ...], list[tuple[str, str]]] = {}
     for run in finished:
         entry = entries.get(run["name"], {})

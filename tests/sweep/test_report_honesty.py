@@ -50,7 +50,7 @@ def test_a_rate_chosen_at_another_level_makes_the_claim_configuration_limited():
     claims = {j.name: j for j in verdicts(data)}
     assert "pubmed-standard: rate chosen by the grid at corpus=wikitext" in claims["coupled-vs-standard-pubmed"].limited
     assert not claims["coupled-vs-standard-wikitext"].limited
-    assert training_corpora(data, data["manifest"]["spec"]["claims"])["coupled-vs-standard-web"] == "web"
+    assert training_corpora(data, data.manifest["spec"]["claims"])["coupled-vs-standard-web"] == "web"
 
 
 def test_near_standard_is_an_equivalence_claim(judged):
