@@ -1,12 +1,19 @@
-"""Shared test fixtures: offline litdata, restored dtype, and the location of the shared real-data folder."""
+"""Shared test fixtures: offline litdata, restored dtype, the shared real-data folder, the tiny run's shards and the
+one quiet Trainer factory."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+from tiny_run import prepare_tiny_shards
+
+if TYPE_CHECKING:
+    import lightning as L
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
 # The probe callbacks that the subprocess tests load (tests/reliability/*.py, tests/sweep/sweep_helpers.py) are outside
@@ -47,16 +54,33 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_shards(tmp_path_factory) -> Path:
-    """Byte-token shards of 60 short documents (20% validation), prepared once per test process: the data of a tiny
-    `fit` (`--data.data_dir <it> --data.source=null --data.seq_len=16 --data.batch_size=2`). Read-only for tests."""
-    import json
+    """Byte-token shards of 60 short documents (20% validation), prepared once per test process: the data of the tiny
+    run (tests/tiny_run.py: `tiny_fit(tiny_shards, runs, *delta)`). Read-only for tests: copy it to damage it."""
+    return prepare_tiny_shards(tmp_path_factory.mktemp("tiny-shards"))
 
-    from lightning_cqk.data import prepare
 
-    root = tmp_path_factory.mktemp("tiny-shards")
-    with (root / "corpus.jsonl").open("w") as f:
-        for i in range(60):
-            f.write(json.dumps({"text": f"Document {i}. " + "Queries meet keys in the attention. " * (2 + i % 5)}))
-            f.write("\n")
-    prepare(str(root / "corpus.jsonl"), str(root / "shards"), val_fraction=0.2)
-    return root / "shards"
+@pytest.fixture
+def make_trainer(tmp_path: Path) -> Callable[..., L.Trainer]:
+    """Factory: a quiet 1-device CPU Trainer of `max_steps` steps, no validation, no checkpointing unless asked,
+    logging every step as CSV into tmp_path/run (the run's folder: checkpoints go to tmp_path/run/checkpoints);
+    keyword arguments replace any of these (`logger=`: another logger for the same folder)."""
+
+    def make(callbacks: list[L.Callback], max_steps: int = 8, **kwargs: Any) -> L.Trainer:
+        import lightning as L
+        from lightning.pytorch.loggers import CSVLogger
+
+        defaults = dict(
+            max_steps=max_steps,
+            accelerator="cpu",
+            devices=1,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            log_every_n_steps=1,
+        )
+        if "logger" not in kwargs:
+            kwargs["logger"] = CSVLogger(tmp_path, name="run", version="")
+        return L.Trainer(callbacks=callbacks, **{**defaults, **kwargs})
+
+    return make

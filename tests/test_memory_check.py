@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_run import tiny_fit
 
 from lightning_cqk import memory_check
 from lightning_cqk.cli import main
@@ -71,24 +72,7 @@ def test_the_paper_config_on_a_small_host_is_refused_before_its_data_is_prepared
 
 def test_warn_goes_on_and_off_skips(tmp_path, monkeypatch, capsys):
     _small_host(monkeypatch, 1e-6)
-    args = [
-        "fit",
-        "--config",
-        str(REPO / "configs" / "quickstart.yaml"),
-        f"--data.data_dir={tmp_path / 'shards'}",
-        "--data.seq_len=16",
-        "--data.batch_size=2",
-        "--model.config.n_layer=1",
-        "--model.config.n_embd=16",
-        "--model.config.n_head=2",
-        "--model.optim.warmup_steps=1",
-        "--trainer.max_steps=1",
-        "--trainer.val_check_interval=1",
-        "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.accelerator=cpu",
-        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-    ]
+    args = _tiny_cli_run(tmp_path)
     with pytest.raises(MemoryRefused):
         main(args)
     main([*args, "--memory_check=warn"])
@@ -145,26 +129,10 @@ def test_activation_checkpointing_and_the_chunked_loss_shrink_the_estimate_by_th
 
 
 def _tiny_cli_run(tmp_path: Path, *extra: str) -> list[str]:
-    """A 1-layer quickstart run of one step with a validation after it (`test_warn_goes_on_and_off_skips`' flags)."""
-    return [
-        "fit",
-        "--config",
-        str(REPO / "configs" / "quickstart.yaml"),
-        f"--data.data_dir={tmp_path / 'shards'}",
-        "--data.seq_len=16",
-        "--data.batch_size=2",
-        "--model.config.n_layer=1",
-        "--model.config.n_embd=16",
-        "--model.config.n_head=2",
-        "--model.optim.warmup_steps=1",
-        "--trainer.max_steps=1",
-        "--trainer.val_check_interval=1",
-        "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.accelerator=cpu",
-        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-        *extra,
-    ]
+    """The tiny run (tests/tiny_run.py) of one step with a validation after it, on the quickstart's own corpus,
+    prepared into tmp_path/shards when the run starts (a refusal comes before that)."""
+    schedule = ["--trainer.max_steps=1", "--trainer.val_check_interval=1", "--trainer.limit_val_batches=1"]
+    return tiny_fit(tmp_path / "shards", tmp_path / "runs", "--data.source=builtin:python_docs", *schedule, *extra)
 
 
 def test_a_validation_that_will_not_fit_is_refused_before_anything_is_trained(tmp_path, monkeypatch):

@@ -4,13 +4,13 @@ ends in one paragraph that names the fix (no traceback), and the fix works when 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tiny_run import child_env, tiny_command
 
 from lightning_cqk.cli.main import join_negative_values
 from lightning_cqk.config import ModelConfig
@@ -19,10 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def fit(tmp_path: Path, shards: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", LIGHTNING_CQK_LOG_DIR=str(tmp_path / "log"))
-    args = [sys.executable, "-m", "lightning_cqk", "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
-            f"--data.data_dir={shards}", "--data.source=null", "--trainer.max_steps=1",
-            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}", *extra]  # fmt: skip
+    env = child_env(LIGHTNING_CQK_LOG_DIR=str(tmp_path / "log"))
+    args = tiny_command(shards, tmp_path / "runs", "--trainer.max_steps=1", *extra)
     return subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
 
@@ -67,7 +65,7 @@ def test_negative_values_are_joined_to_their_flag_and_nothing_else_is():
 def test_a_run_that_would_train_for_days_says_so_with_a_gpu_and_a_cpu_size_command_that_works(tmp_path):
     """Issue 35 item 1: the card's PubMed job sat at step 0 of 9,155 on a CPU with no word of its length. The limit
     is lowered so that a tiny run crosses it; the printed CPU-size command is then run as pasted."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", LIGHTNING_CQK_LONG_RUN_HOURS="0.000001")
+    env = child_env(LIGHTNING_CQK_LONG_RUN_HOURS="0.000001")
     source = tmp_path / "corpus.jsonl"  # enough text for the CPU-size recipe's 128-token windows
     source.write_text("".join(json.dumps({"text": f"Abstract {i}. " + "Keys meet queries. " * (20 + i % 7)}) + "\n"
                               for i in range(300)))  # fmt: skip

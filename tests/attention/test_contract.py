@@ -13,15 +13,20 @@ For each (backend, options) case, in fp64 on the tiny model of `backend_cases.BA
   QK-clip needs), and no parameter of the value / output groups changes the logits;
 - decode parity: decoding with the cache token by token, after prefills of 1 and 6 tokens, in chunks and in one shot
   equals the full forward to 1e-10.
+- learning: the tiny GPT over bytes (fp32, its own init) learns real text: 40 AdamW steps take the loss below 0.8 x
+  its start (the check each backend's test file used to copy).
 
 Coverage: a registered backend without a case, or an advertised option value (see `backend_cases`) without one,
 fails `test_every_backend_and_advertised_option_has_a_case` with a message naming it. Tests below show that the
-coverage check and the causality and fast-path checks can fail (dummy backends registered for the test).
+coverage check and the causality, fast-path, seam and learning checks can fail (dummy backends registered for the test).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
+import math
 import typing
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -41,6 +46,7 @@ from lightning_cqk.model import GPT
 
 B, T, CUT = 2, 12, 7  # batch, tokens, first position changed by the causality checks
 TOL = 1e-10  # relative, fast path vs math path and decode vs full forward
+LEARN_STEPS = 40  # optimizer steps of the learning check
 #: q/k transforms that are the identity at init (v2 by its zero last layer; v1 with dt = 0).
 IDENTITY_TRANSFORMS = [
     {"kind": "invertible"},
@@ -152,6 +158,39 @@ def check_fp32_finite(case: Case) -> None:
     assert torch.isfinite(loss), f"{case.id}: fp32 loss {loss.item()}"
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), f"{case.id}: {name} gradient missing or not finite"
+
+
+@functools.lru_cache(maxsize=1)
+def text_bytes() -> torch.Tensor:
+    """Real English/Python text: the pydoc topics that ship with CPython, as UTF-8 bytes (ids 0..255)."""
+    from pydoc_data.topics import topics
+
+    return torch.tensor(list("\n".join(topics[key] for key in sorted(topics)).encode("utf-8")[:300_000]))  # (N,)
+
+
+def check_learns_bytes(case: Case) -> None:
+    """The case's tiny GPT over bytes (fp32, its own init; its layers run the case's backend with the case's options)
+    trained by AdamW (lr 3e-3) on LEARN_STEPS batches of 8 windows of T + 1 bytes of real text: every loss is finite
+    and the mean of the last 5 is below 0.8 x the first."""
+    torch.manual_seed(0)
+    model = GPT(model_config(case, vocab_size=257))
+    layers = [block.attn for block in model.blocks if type(block.attn).name == case.backend]
+    assert layers, f"{case.id}: no layer runs {case.backend!r}"
+    for attn, (key, value) in itertools.product(layers, case.options.items()):  # the model trains what was asked
+        assert isinstance(value, dict) or getattr(attn.options, key) == value, f"{case.id}: {key} is not {value!r}"
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = text_bytes()
+    starts = torch.randint(0, data.numel() - T - 1, (LEARN_STEPS, 8), generator=torch.Generator().manual_seed(0))
+    losses = []
+    for row in starts.tolist():
+        window = torch.stack([data[s : s + T + 1] for s in row])  # (8, T + 1)
+        loss = F.cross_entropy(model(window[:, :-1]).flatten(0, 1), window[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses), f"{case.id}: a training loss is not finite: {losses}"
+    assert sum(losses[-5:]) / 5 < 0.8 * losses[0], f"{case.id}: the tiny GPT does not learn bytes: {losses}"
 
 
 def identity_transform_cases(case: Case) -> list[dict[str, Any]]:
@@ -402,6 +441,11 @@ def test_fp32_forward_and_backward_are_finite(case: Case):
     check_fp32_finite(case)
 
 
+@pytest.mark.parametrize("case", case_params())
+def test_tiny_gpt_learns_bytes(case: Case):
+    check_learns_bytes(case)
+
+
 @pytest.mark.parametrize("case", case_params([case for case in CASES if identity_transform_cases(case)]))
 def test_identity_transforms_leave_the_model_unchanged_at_init(case: Case):
     for spec in identity_transform_cases(case):
@@ -508,3 +552,14 @@ def test_the_seam_check_catches_misstated_qk_rows(monkeypatch):
         check_qk_seam(Case("dummy_misstated", {}, {"position": "none"}))
     _register(monkeypatch, _Dummy)
     check_qk_seam(Case("dummy_contract", {}, {"position": "none"}))  # states nothing: nothing to contradict
+
+
+def test_the_learning_check_catches_a_backend_that_breaks_training(monkeypatch):
+    def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        return _Dummy.forward(self, x, ctx) * float("nan")
+
+    _register(monkeypatch, type("_Broken", (_Dummy,), {"name": "dummy_broken", "forward": forward}))
+    with pytest.raises(AssertionError, match="not finite"):
+        check_learns_bytes(Case("dummy_broken", {}, {"position": "none"}))
+    _register(monkeypatch, _Dummy)
+    check_learns_bytes(Case("dummy_contract", {}, {"position": "none"}))

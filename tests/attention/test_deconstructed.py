@@ -2,9 +2,9 @@
 rnd_emb_qk, fixed_seq_qk.
 
 Independent loop references, which inputs each variant reads, degenerate cases against `standard`, the fixed-input
-stream inside GPT, parameter counts, FLOPs, configs, training. The generic checks (causality, fast path == math path
-in fp64, fp32 finiteness, the Q/K seam, decode parity) run for every case of `tests/backend_cases.py` in the contract
-harness, `tests/attention/test_contract.py`.
+stream inside GPT, parameter counts, FLOPs, configs. The generic checks (causality, fast path == math path in fp64, fp32
+finiteness, the Q/K seam, decode parity, a tiny GPT that learns bytes) run for every case of `tests/backend_cases.py` in
+the contract harness, `tests/attention/test_contract.py`.
 """
 
 from __future__ import annotations
@@ -468,7 +468,7 @@ def test_backends_and_the_stream_compile_without_graph_breaks():
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Shipped configs and training
+# Shipped configs
 # ----------------------------------------------------------------------------------------------------------------------
 
 
@@ -481,30 +481,3 @@ def test_shipped_config_lists_every_option_at_its_default(name):
     assert model_cfg["attention_options"] == dataclasses.asdict(get_attention(name).Options())
     cfg = ModelConfig(preset="tiny", vocab_size=257, **model_cfg)
     assert cfg.attention == name
-
-
-def byte_batches(steps: int, batch: int, T_: int, seed: int = 0) -> list[torch.Tensor]:
-    import pydoc_data.topics
-
-    text = "\n\n".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics))
-    data = torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
-    g = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, data.numel() - T_ - 1, (steps, batch), generator=g)
-    return [torch.stack([data[s : s + T_ + 1] for s in row.tolist()]) for row in starts]
-
-
-@pytest.mark.parametrize("name", VARIANTS)
-def test_tiny_gpt_trains_on_real_text(name):
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=257, n_layer=2, n_embd=64, n_head=4, block_size=64, attention=name)
-    model = GPT(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = []
-    for batch in byte_batches(40, 8, 64):
-        loss = F.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert all(math.isfinite(v) for v in losses)
-    assert sum(losses[-5:]) / 5 < 0.8 * losses[0], (losses[0], losses[-5:])

@@ -1,7 +1,8 @@
 """Standard attention: both functional paths against an independent loop, grouped K/V heads, parameter count.
 
-The generic checks (causality, fast path == math path in fp64, fp32 finiteness, the Q/K seam, decode parity) run
-for every case of `tests/backend_cases.py` in the contract harness, `tests/attention/test_contract.py`.
+The generic checks (causality, fast path == math path in fp64, fp32 finiteness, the Q/K seam, decode parity, a tiny
+GPT that learns bytes) run for every case of `tests/backend_cases.py` in the contract harness,
+`tests/attention/test_contract.py`.
 """
 
 from __future__ import annotations

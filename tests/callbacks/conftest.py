@@ -96,20 +96,14 @@ def make_module() -> Callable[..., LitLM]:
 
 
 @pytest.fixture
-def make_trainer(tmp_path: Path) -> Callable[..., tuple[L.Trainer, MemoryLogger]]:
+def make_trainer(
+    make_trainer: Callable[..., L.Trainer], tmp_path: Path
+) -> Callable[..., tuple[L.Trainer, MemoryLogger]]:
+    """The root factory (tests/conftest.py), logging to a `MemoryLogger` in tmp_path/run (or `save_dir`) returned
+    beside the Trainer."""
+
     def make(callbacks: list[L.Callback], max_steps: int = 8, **kwargs: Any) -> tuple[L.Trainer, MemoryLogger]:
         logger = MemoryLogger(kwargs.pop("save_dir", tmp_path / "run"))
-        defaults = dict(
-            max_steps=max_steps,
-            accelerator="cpu",
-            devices=1,
-            logger=logger,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-            log_every_n_steps=1,
-        )
-        return L.Trainer(callbacks=callbacks, **{**defaults, **kwargs}), logger
+        return make_trainer(callbacks, max_steps, logger=logger, **kwargs), logger
 
     return make

@@ -10,25 +10,22 @@ float logged every batch, Lightning's `.item()` of the progress-bar loss), the s
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import lightning as L
 import pytest
 import yaml
+from tiny_run import REPO, tiny_args
 
 from lightning_cqk.cli.trainer import CQKCLI
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sync_counter import SyncCounter  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-QUICKSTART = REPO / "configs" / "quickstart.yaml"
 STACKS = [None, *sorted((REPO / "callbacks").glob("*.yaml"))]
 FIRST, LAST = 3, 7  # counted steps: [FIRST, LAST)
 ALLOWANCE = 1  # reads per optimizer step outside logging steps and validation (docs/speed.md)
-TEXT = "Instruments watch training from the side. The quick brown fox jumps over the lazy dog. "
 
 
 class CountSteps(L.Callback):
@@ -47,39 +44,17 @@ class CountSteps(L.Callback):
             self.state = "done"
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("sync_corpus") / "corpus.jsonl"
-    path.write_text("".join(json.dumps({"text": f"Doc {i}. " + TEXT * (3 + i % 4)}) + "\n" for i in range(40)))
-    return path
-
-
 @pytest.fixture(autouse=True)
 def _plain_argv(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
 
 
-def count(tmp_path: Path, corpus: Path, stack: Path | None, *extra: str) -> SyncCounter:
-    configs = ["--config", str(QUICKSTART), *(["--config", str(stack)] if stack else [])]
-    args = [
-        *configs,
-        f"--data.source={corpus}",
-        f"--data.data_dir={corpus.parent / 'shards'}",
-        "--data.seq_len=16",
-        "--data.batch_size=4",
-        "--data.val_fraction=0.2",
-        "--model.config.n_layer=1",
-        "--model.config.n_embd=16",
-        "--model.config.n_head=2",
-        f"--trainer.max_steps={LAST + 1}",
-        "--trainer.val_check_interval=1000",
-        "--trainer.limit_val_batches=1",
-        "--trainer.log_every_n_steps=1000",
-        "--trainer.accelerator=cpu",
-        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-        "--model.optim.warmup_steps=1",
-        *extra,
-    ]
+def count(tmp_path: Path, shards: Path, stack: Path | None, *extra: str) -> SyncCounter:
+    schedule = [f"--trainer.max_steps={LAST + 1}", "--trainer.val_check_interval=1000", "--trainer.limit_val_batches=1"]
+    # The progress bar stays on: its loss display is a read per step that the allowance must not hide.
+    shown = ["--trainer.log_every_n_steps=1000", "--trainer.enable_progress_bar=true"]
+    configs = [stack] if stack else []
+    args = tiny_args(shards, tmp_path / "runs", "--data.batch_size=4", *schedule, *shown, *extra, configs=configs)
     cli = CQKCLI(args=args, run=False)
     probe = CountSteps()
     cli.trainer.callbacks.append(probe)
@@ -101,21 +76,21 @@ def deciding_stack(folder: Path) -> Path:
 
 
 @pytest.mark.parametrize("stack", [*STACKS, "deciding"], ids=lambda p: getattr(p, "name", p or "quickstart"))
-def test_a_training_step_reads_the_device_once(stack, tmp_path, corpus, capsys):
+def test_a_training_step_reads_the_device_once(stack, tmp_path, tiny_shards, capsys):
     stack = deciding_stack(tmp_path) if stack == "deciding" else stack
-    counter = count(tmp_path, corpus, stack)
+    counter = count(tmp_path, tiny_shards, stack)
     per_step = counter.total / (LAST - FIRST)
     with capsys.disabled():
         print(f"\n{stack.name if stack else 'quickstart'}: {per_step:g} reads per step {dict(counter.where)}")
     assert per_step <= ALLOWANCE, dict(counter.where)
 
 
-def test_accumulation_and_a_terminal_progress_bar_add_no_read(tmp_path, corpus, monkeypatch):
+def test_accumulation_and_a_terminal_progress_bar_add_no_read(tmp_path, tiny_shards, monkeypatch):
     """Micro-batches between optimizer steps read nothing; the tqdm bar (stdout a terminal) refreshes on log steps."""
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     counter = count(
         tmp_path,
-        corpus,
+        tiny_shards,
         None,
         "--trainer.accumulate_grad_batches=3",
         "--trainer.enable_progress_bar=true",

@@ -7,9 +7,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from tiny_run import REPO, tiny_args
+
 from lightning_cqk.callbacks.step_reads import StepReads
 
-REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 
 
@@ -21,14 +22,8 @@ def test_the_sync_window_opens_only_for_the_one_documented_read_per_step(
     from lightning_cqk.cli.trainer import CQKCLI
 
     monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
-    args = [
-        "--config", str(REPO / "configs" / "quickstart.yaml"), f"--data.data_dir={tiny_shards}",
-        "--data.source=null", "--data.seq_len=16", "--data.batch_size=2", "--model.config.n_layer=1",
-        "--model.config.n_embd=16", "--model.config.n_head=2", "--trainer.max_steps=7",
-        "--trainer.limit_val_batches=0", "--trainer.log_every_n_steps=1000", "--trainer.enable_progress_bar=false",
-        "--trainer.accelerator=cpu", f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-        "--model.optim.warmup_steps=1",
-    ]  # fmt: skip
+    schedule = ["--trainer.max_steps=7", "--trainer.limit_val_batches=0", "--trainer.log_every_n_steps=1000"]
+    args = tiny_args(tiny_shards, tmp_path / "runs", *schedule)
     cli = CQKCLI(args=args, run=False)
     modes: list[str] = []
     probe = SyncErrorSteps(first=1, last=5, set_mode=modes.append)

@@ -3,19 +3,15 @@ loss, val/ppl, the gradient norms and the learning rate first."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tiny_run import callbacks_config, tiny_fit
 
 from lightning_cqk.callbacks.tensorboard import LAYOUT, to_summary_layout
 from lightning_cqk.cli import main
-from lightning_cqk.data import prepare
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_layout_names_the_curves_to_read_first():
@@ -25,38 +21,11 @@ def test_the_layout_names_the_curves_to_read_first():
     assert summary["1 read first"]["loss (train/loss, val/loss)"] == ["Multiline", ["(train/loss$)|(val/loss$)"]]
 
 
-def test_fit_logs_no_epoch_and_writes_the_layout(tmp_path: Path, monkeypatch):
+def test_fit_logs_no_epoch_and_writes_the_layout(tiny_shards: Path, tmp_path: Path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
-    with (tmp_path / "corpus.jsonl").open("w") as f:
-        for i in range(60):
-            f.write(json.dumps({"text": f"Document {i}. " + "Values follow the weights. " * (2 + i % 4)}) + "\n")
-    prepare(str(tmp_path / "corpus.jsonl"), str(tmp_path / "shards"), val_fraction=0.2)
-    callbacks = [{"class_path": "lightning_cqk.callbacks.GradNormMonitor"}]
-    (tmp_path / "cb.yaml").write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
-    main(
-        [
-            "fit",
-            "--config",
-            str(REPO / "configs" / "quickstart.yaml"),
-            "--config",
-            str(tmp_path / "cb.yaml"),
-            f"--data.data_dir={tmp_path / 'shards'}",
-            "--data.source=null",
-            "--data.seq_len=16",
-            "--data.batch_size=2",
-            "--model.config.n_layer=1",
-            "--model.config.n_embd=16",
-            "--model.config.n_head=2",
-            "--model.optim.warmup_steps=1",
-            "--trainer.max_steps=2",
-            "--trainer.log_every_n_steps=1",
-            "--trainer.val_check_interval=2",
-            "--trainer.limit_val_batches=1",
-            "--trainer.enable_progress_bar=false",
-            "--trainer.accelerator=cpu",
-            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-        ]
-    )
+    cb = callbacks_config(tmp_path / "cb.yaml", [{"class_path": "lightning_cqk.callbacks.GradNormMonitor"}])
+    schedule = ["--trainer.max_steps=2", "--trainer.log_every_n_steps=1", "--trainer.val_check_interval=2"]
+    main(tiny_fit(tiny_shards, tmp_path / "runs", *schedule, "--trainer.limit_val_batches=1", configs=[cb]))
     (run_dir,) = (tmp_path / "runs" / "quickstart").iterdir()
     events = EventAccumulator(str(run_dir))
     events.Reload()

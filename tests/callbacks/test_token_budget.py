@@ -17,19 +17,6 @@ from lightning_cqk.optim import OptimConfig
 BATCH, SEQ = 4, 16  # the conftest loaders' shapes
 TOKENS_PER_STEP = BATCH * SEQ  # 64
 
-TEXT = "Budgets count tokens, not epochs. The quick brown fox jumps over the lazy dog. "
-
-
-@pytest.fixture(scope="module")
-def tiny_shards(tmp_path_factory) -> dict:
-    """A byte-tokenised jsonl corpus prepared once: TokenDataModule arguments."""
-    root = tmp_path_factory.mktemp("budget_corpus")
-    source = root / "corpus.jsonl"
-    source.write_text("".join(json.dumps({"text": f"Doc {i}. " + TEXT * (4 + i % 3)}) + "\n" for i in range(40)))
-    args = dict(data_dir=str(root / "shards"), source=str(source), seq_len=SEQ, batch_size=BATCH, val_fraction=0.2)
-    TokenDataModule(**args).prepare_data()
-    return args
-
 
 @pytest.fixture
 def fit(make_trainer, tiny_config, token_loader):
@@ -57,7 +44,7 @@ def test_token_budget_stops_at_whole_steps_within_it(tokens, fit):
 
 def test_token_budget_reads_the_datamodule(tiny_shards, make_trainer, tiny_config):
     L.seed_everything(0, verbose=False)
-    data = TokenDataModule(**tiny_shards)
+    data = TokenDataModule(data_dir=str(tiny_shards), source=None, seq_len=SEQ, batch_size=BATCH)
     module = LitLM(tiny_config(vocab_size=data.vocab_size), OptimConfig(lr=1e-3, warmup_steps=2))
     budget = TokenBudget(tokens=3 * TOKENS_PER_STEP)
     trainer, _ = make_trainer([budget], max_steps=100)

@@ -9,15 +9,12 @@ splits unevenly (7 + 8), and the model is the seeded initial one (`validate` wit
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from tiny_run import callbacks_config, child_env, tiny_command
 
-from lightning_cqk.data import prepare
 from lightning_cqk.data.val_split import share, validation_windows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,55 +30,27 @@ def test_the_share_arithmetic():
         assert max(b - a for a, b in blocks) - min(b - a for a, b in blocks) <= 1
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("val-world-data")
-    with (root / "corpus.jsonl").open("w") as f:
-        for i in range(120):
-            f.write(json.dumps({"text": f"Document {i}. " + "Queries meet keys in the attention. " * (2 + i % 5)}))
-            f.write("\n")
-    prepare(str(root / "corpus.jsonl"), str(root / "shards"), val_fraction=0.2)
-    return root / "shards"
-
-
 def validate(shards: Path, tmp_path: Path, devices: int) -> tuple[dict, dict]:
     out = tmp_path / f"devices{devices}"
     callbacks = [
         {"class_path": "lightning_cqk.callbacks.ValWindowLosses", "init_args": {"every_validation": True}},
         {"class_path": "launch_probe.LaunchProbe", "init_args": {"out": str(out)}},
     ]
-    cb = tmp_path / f"callbacks{devices}.yaml"
-    cb.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
+    cb = callbacks_config(tmp_path / f"callbacks{devices}.yaml", callbacks)
     runs = tmp_path / f"runs{devices}"
-    args = [
-        *(
-            "-m",
-            "lightning_cqk",
-            "validate",
-            "--config",
-            str(REPO / "configs" / "quickstart.yaml"),
-            "--config",
-            str(cb),
-        ),
-        f"--data.data_dir={shards}",
-        "--data.source=null",
-        "--data.seq_len=16",
+    ddp = ["--trainer.strategy=ddp"] if devices > 1 else []
+    args = tiny_command(
+        shards,
+        runs,
         "--data.batch_size=3",
-        "--model.config.n_layer=1",
-        "--model.config.n_embd=16",
-        "--model.config.n_head=2",
         "--trainer.limit_val_batches=5",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        "--trainer.accelerator=cpu",
         f"--trainer.devices={devices}",
-        *(["--trainer.strategy=ddp"] if devices > 1 else []),
-        f"--trainer.logger.init_args.save_dir={runs}",
-    ]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(PROBE)]), OMP_NUM_THREADS="1")
-    for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTEST_CURRENT_TEST"):
-        env.pop(name, None)
-    done = subprocess.run([sys.executable, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        *ddp,
+        configs=[cb],
+        subcommand="validate",
+    )
+    env = child_env(PROBE)
+    done = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     metrics = [json.loads((out / f"val-rank{r}.json").read_text()) for r in range(devices)]
     assert all(m == metrics[0] for m in metrics), metrics  # every rank logs the reduced value
@@ -90,9 +59,9 @@ def validate(shards: Path, tmp_path: Path, devices: int) -> tuple[dict, dict]:
 
 
 @pytest.mark.slow
-def test_one_and_two_processes_score_the_same_windows(shards, tmp_path):
-    one, windows_one = validate(shards, tmp_path, 1)
-    two, windows_two = validate(shards, tmp_path, 2)
+def test_one_and_two_processes_score_the_same_windows(tiny_shards, tmp_path):
+    one, windows_one = validate(tiny_shards, tmp_path, 1)
+    two, windows_two = validate(tiny_shards, tmp_path, 2)
     assert len(windows_one["nll"]) == len(windows_two["nll"]) == 15
     assert windows_two["tokens"] == windows_one["tokens"]
     assert windows_two["nll"] == pytest.approx(windows_one["nll"], rel=1e-6)

@@ -1,9 +1,9 @@
-"""Fixtures for the reliability tests: a tiny LitLM, random-token loaders and a quiet CPU Trainer."""
+"""Fixtures for the reliability tests: a tiny LitLM and random-token loaders (the quiet CPU Trainer, `make_trainer`,
+is the root conftest's)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -37,28 +37,5 @@ def token_loader() -> Callable[..., DataLoader]:
     def make(n_batches: int = 32) -> DataLoader:
         data = torch.randint(0, VOCAB, (n_batches * BATCH, SEQ + 1), generator=torch.Generator().manual_seed(0))
         return DataLoader(data, batch_size=BATCH, shuffle=False)
-
-    return make
-
-
-@pytest.fixture
-def make_trainer(tmp_path: Path) -> Callable[..., L.Trainer]:
-    """Factory: a CPU Trainer logging to CSV in tmp_path/run, no validation, no progress bar."""
-
-    def make(callbacks: list[L.Callback], max_steps: int = 8, **kwargs: Any) -> L.Trainer:
-        from lightning.pytorch.loggers import CSVLogger
-
-        defaults = dict(
-            max_steps=max_steps,
-            accelerator="cpu",
-            devices=1,
-            logger=CSVLogger(tmp_path, name="run", version=""),
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-            log_every_n_steps=1,
-        )
-        return L.Trainer(callbacks=callbacks, **{**defaults, **kwargs})
 
     return make

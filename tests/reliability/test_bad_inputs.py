@@ -14,6 +14,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from tiny_run import tiny_args
 
 from lightning_cqk.callbacks import TokenBudget
 from lightning_cqk.cli import main
@@ -25,7 +26,6 @@ from lightning_cqk.optim import OptimConfig
 from lightning_cqk.run_lock import RunDirectoryInUse, acquire
 
 REPO = Path(__file__).resolve().parents[2]
-QUICKSTART = REPO / "configs" / "quickstart.yaml"
 
 
 @pytest.fixture(autouse=True)
@@ -33,35 +33,8 @@ def _plain_argv(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("bad-inputs")
-    with (root / "corpus.jsonl").open("w") as f:
-        for i in range(80):
-            f.write(json.dumps({"text": f"Document {i}. " + "Queries meet keys and values. " * (2 + i % 4)}) + "\n")
-    return root / "corpus.jsonl"
-
-
-@pytest.fixture(scope="module")
-def shards(corpus: Path) -> Path:
-    prepare(str(corpus), str(corpus.parent / "shards"), val_fraction=0.2)
-    return corpus.parent / "shards"
-
-
 def cli_args(shards: Path, runs: Path, *extra: str) -> list[str]:
-    return [
-        "--config",
-        str(QUICKSTART),
-        f"--data.data_dir={shards}",
-        "--data.source=null",
-        "--data.seq_len=16",
-        "--data.batch_size=2",
-        "--trainer.max_steps=2",
-        "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false",
-        f"--trainer.logger.init_args.save_dir={runs}",
-        *extra,
-    ]
+    return tiny_args(shards, runs, "--trainer.max_steps=2", "--trainer.limit_val_batches=1", *extra)
 
 
 def parse_error(capsys, args: list[str]) -> str:
@@ -72,39 +45,39 @@ def parse_error(capsys, args: list[str]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- config keys
-def test_unknown_config_key_in_a_yaml_file_gets_a_did_you_mean(shards, tmp_path, capsys):
+def test_unknown_config_key_in_a_yaml_file_gets_a_did_you_mean(tiny_shards, tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  config:\n    n_layr: 2\n")
-    err = parse_error(capsys, [*cli_args(shards, tmp_path), "--config", str(bad)])
+    err = parse_error(capsys, [*cli_args(tiny_shards, tmp_path), "--config", str(bad)])
     assert "does not accept option 'config.n_layr'" in err
     assert "Did you mean 'model.config.n_layer'" in err
 
 
-def test_unknown_command_line_flag_gets_a_did_you_mean(shards, tmp_path, capsys):
-    err = parse_error(capsys, [*cli_args(shards, tmp_path), "--trainer.max_stepz=3"])
+def test_unknown_command_line_flag_gets_a_did_you_mean(tiny_shards, tmp_path, capsys):
+    err = parse_error(capsys, [*cli_args(tiny_shards, tmp_path), "--trainer.max_stepz=3"])
     assert "Unrecognized arguments: --trainer.max_stepz" in err and "Did you mean 'trainer.max_steps'" in err
 
 
-def test_unknown_data_key_gets_a_did_you_mean(shards, tmp_path, capsys):
-    err = parse_error(capsys, [*cli_args(shards, tmp_path), "--data.init_args.seq_lenn=8"])
+def test_unknown_data_key_gets_a_did_you_mean(tiny_shards, tmp_path, capsys):
+    err = parse_error(capsys, [*cli_args(tiny_shards, tmp_path), "--data.init_args.seq_lenn=8"])
     assert "'seq_lenn' is not accepted" in err.replace("Option ", "") and "Did you mean 'seq_len'" in err
 
 
-def test_setting_a_linked_key_says_what_it_is_linked_to(shards, tmp_path, capsys):
-    err = parse_error(capsys, [*cli_args(shards, tmp_path), "--model.config.block_size=8"])
+def test_setting_a_linked_key_says_what_it_is_linked_to(tiny_shards, tmp_path, capsys):
+    err = parse_error(capsys, [*cli_args(tiny_shards, tmp_path), "--model.config.block_size=8"])
     assert "model.config.block_size is not set directly: it is linked to data.seq_len" in err
     assert "set --data.seq_len instead" in err
 
 
 # --------------------------------------------------------------------------------------- attention, hybrids
-def test_unknown_attention_backend(shards, tmp_path):
+def test_unknown_attention_backend(tiny_shards, tmp_path):
     with pytest.raises(ValueError, match=r"Unknown attention backend 'standrad'\. Did you mean 'standard'\? Available"):
-        CQKCLI(args=[*cli_args(shards, tmp_path), "--model.config.attention=standrad"], run=False)
+        CQKCLI(args=[*cli_args(tiny_shards, tmp_path), "--model.config.attention=standrad"], run=False)
 
 
-def test_unknown_attention_option(shards, tmp_path):
+def test_unknown_attention_option(tiny_shards, tmp_path):
     with pytest.raises(ValueError, match=r"Unknown option 'qk_norms' .*Did you mean 'qk_norm'"):
-        CQKCLI(args=[*cli_args(shards, tmp_path), "--model.config.attention_options={qk_norms: true}"], run=False)
+        CQKCLI(args=[*cli_args(tiny_shards, tmp_path), "--model.config.attention_options={qk_norms: true}"], run=False)
 
 
 @pytest.mark.parametrize(
@@ -121,18 +94,14 @@ def test_invalid_hybrid_layer_pattern(pattern: str, message: str):
 
 
 # ------------------------------------------------------------------------------------------ data and model
-def quiet_trainer(tmp_path: Path, **kwargs) -> L.Trainer:
-    defaults = dict(
-        max_steps=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        default_root_dir=str(tmp_path),
-    )
-    return L.Trainer(**{**defaults, **kwargs})
+@pytest.fixture
+def quiet_trainer(make_trainer, tmp_path: Path):
+    """Factory: the root `make_trainer`'s Trainer of 2 steps without a logger, rooted in tmp_path."""
+
+    def make(callbacks: list[L.Callback] | None = None, max_steps: int = 2, **kwargs) -> L.Trainer:
+        return make_trainer(callbacks or [], max_steps, logger=False, default_root_dir=str(tmp_path), **kwargs)
+
+    return make
 
 
 class CountSteps(L.Callback):
@@ -146,11 +115,11 @@ def tiny_module(**config) -> LitLM:
     return LitLM(ModelConfig(**{"vocab_size": 257, "n_layer": 1, "n_embd": 32, "n_head": 2, **config}), OptimConfig())
 
 
-def test_seq_len_above_block_size_is_refused_before_training(shards, tmp_path):
+def test_seq_len_above_block_size_is_refused_before_training(tiny_shards, tmp_path, quiet_trainer):
     CountSteps.steps = 0
-    dm = TokenDataModule(data_dir=str(shards), source=None, seq_len=32, batch_size=2)
+    dm = TokenDataModule(data_dir=str(tiny_shards), source=None, seq_len=32, batch_size=2)
     with pytest.raises(ValueError, match=r"data\.seq_len=32 is longer than the model's block_size=16.*Use --data"):
-        quiet_trainer(tmp_path, callbacks=[CountSteps()]).fit(tiny_module(block_size=16), datamodule=dm)
+        quiet_trainer(callbacks=[CountSteps()]).fit(tiny_module(block_size=16), datamodule=dm)
     assert CountSteps.steps == 0
     with pytest.raises(ValueError, match="Sequence length 32 exceeds the model's block_size 16; use a shorter"):
         tiny_module(block_size=16).model(torch.zeros(1, 32, dtype=torch.long))
@@ -178,8 +147,8 @@ def copy_shards(shards: Path, to: Path) -> Path:
     return to
 
 
-def test_truncated_shard_is_named_with_the_rebuild_command(shards, tmp_path):
-    copy = copy_shards(shards, tmp_path / "copy")
+def test_truncated_shard_is_named_with_the_rebuild_command(tiny_shards, tmp_path):
+    copy = copy_shards(tiny_shards, tmp_path / "copy")
     (chunk,) = (copy / "train").glob("*.bin")
     chunk.write_bytes(chunk.read_bytes()[:-100])
     dm = TokenDataModule(data_dir=str(copy), source=None, seq_len=16, batch_size=2)
@@ -187,8 +156,8 @@ def test_truncated_shard_is_named_with_the_rebuild_command(shards, tmp_path):
         dm.setup("fit")
 
 
-def test_missing_or_corrupt_shard_index(shards, tmp_path):
-    copy = copy_shards(shards, tmp_path / "copy")
+def test_missing_or_corrupt_shard_index(tiny_shards, tmp_path):
+    copy = copy_shards(tiny_shards, tmp_path / "copy")
     (copy / "val" / "index.json").write_text('{"chunks": [')
     dm = TokenDataModule(data_dir=str(copy), source=None, seq_len=16, batch_size=2)
     with pytest.raises(ValueError, match=r"The val shard index .*index\.json is corrupt .*Rebuild it"):
@@ -198,8 +167,8 @@ def test_missing_or_corrupt_shard_index(shards, tmp_path):
         dm.setup("fit")
 
 
-def test_damaged_shard_bytes_stop_at_the_first_batch(shards, tmp_path):
-    copy = copy_shards(shards, tmp_path / "copy")
+def test_damaged_shard_bytes_stop_at_the_first_batch(tiny_shards, tmp_path):
+    copy = copy_shards(tiny_shards, tmp_path / "copy")
     (chunk,) = (copy / "train").glob("*.bin")
     data = bytearray(chunk.read_bytes())
     data[-6000:-2000] = np.full(2000, 60000, dtype=np.uint16).tobytes()  # same size; ids far outside the vocabulary
@@ -211,36 +180,36 @@ def test_damaged_shard_bytes_stop_at_the_first_batch(shards, tmp_path):
             pass
 
 
-def test_shards_made_with_another_tokenizer(shards):
-    dm = TokenDataModule(data_dir=str(shards), source=None, tokenizer="gpt2", seq_len=16, batch_size=2)
+def test_shards_made_with_another_tokenizer(tiny_shards):
+    dm = TokenDataModule(data_dir=str(tiny_shards), source=None, tokenizer="gpt2", seq_len=16, batch_size=2)
     with pytest.raises(ValueError, match=r"made with tokenizer 'bytes' .* Use data\.tokenizer='bytes', or re-run"):
         dm.setup("fit")
 
 
-def test_checkpoint_of_another_architecture_or_vocabulary(shards, tmp_path):
-    dm = TokenDataModule(data_dir=str(shards), source=None, seq_len=16, batch_size=2)
-    trainer = quiet_trainer(tmp_path, max_steps=1)
+def test_checkpoint_of_another_architecture_or_vocabulary(tiny_shards, tmp_path, quiet_trainer):
+    dm = TokenDataModule(data_dir=str(tiny_shards), source=None, seq_len=16, batch_size=2)
+    trainer = quiet_trainer(max_steps=1)
     trainer.fit(tiny_module(block_size=16), datamodule=dm)
     ckpt = tmp_path / "one.ckpt"
     trainer.save_checkpoint(ckpt)
     CountSteps.steps = 0
     with pytest.raises(ValueError, match=r"holds another model .*n_layer: checkpoint 1, this run 2.*--config <its run"):
-        quiet_trainer(tmp_path, callbacks=[CountSteps()]).fit(
+        quiet_trainer(callbacks=[CountSteps()]).fit(
             tiny_module(block_size=16, n_layer=2), datamodule=dm, ckpt_path=ckpt
         )
     with pytest.raises(ValueError, match=r"vocab_size: checkpoint 257, this run 300.*use the tokenizer it was trained"):
-        quiet_trainer(tmp_path).validate(tiny_module(block_size=16, vocab_size=300), datamodule=dm, ckpt_path=ckpt)
+        quiet_trainer().validate(tiny_module(block_size=16, vocab_size=300), datamodule=dm, ckpt_path=ckpt)
     assert CountSteps.steps == 0
     # Evaluating a RoPE model at another context length is allowed (no weight depends on it).
-    dm32 = TokenDataModule(data_dir=str(shards), source=None, seq_len=32, batch_size=2)
-    quiet_trainer(tmp_path, limit_val_batches=1).validate(tiny_module(block_size=32), datamodule=dm32, ckpt_path=ckpt)
+    dm32 = TokenDataModule(data_dir=str(tiny_shards), source=None, seq_len=32, batch_size=2)
+    quiet_trainer(limit_val_batches=1).validate(tiny_module(block_size=32), datamodule=dm32, ckpt_path=ckpt)
 
 
-def test_budget_of_zero(shards, tmp_path):
+def test_budget_of_zero(tiny_shards, tmp_path):
     with pytest.raises(ValueError, match=r"TokenBudget\.tokens must be positive, got 0: a budget of zero trains"):
         TokenBudget(tokens=0)
     with pytest.raises(ValueError, match=r"trainer\.max_steps is 0: a budget of zero steps trains nothing\. Set"):
-        main(["fit", *cli_args(shards, tmp_path), "--trainer.max_steps=0"])
+        main(["fit", *cli_args(tiny_shards, tmp_path), "--trainer.max_steps=0"])
 
 
 def test_non_utf8_text_is_replaced_counted_and_reported(tmp_path, capsys):
@@ -261,15 +230,15 @@ HOLD = "import sys, time; from lightning_cqk.run_lock import acquire; acquire(sy
 HOLD += "time.sleep(120)"
 
 
-def test_a_run_directory_in_use_by_a_live_run_is_refused(shards, tmp_path):
-    run_dir = tmp_path / "runs" / "quickstart" / "standard-tiny-s1337"
+def test_a_run_directory_in_use_by_a_live_run_is_refused(tiny_shards, tmp_path):
+    run_dir = tmp_path / "runs" / "quickstart" / "standard-tiny-L1-H2-d16-ff32-s1337"  # the tiny run's
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True, cwd=REPO, env=None
     )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunDirectoryInUse, match=rf"in use by a live run \(pid {holder.pid} on host .*kill "):
-            main(["fit", *cli_args(shards, tmp_path / "runs"), "--ckpt_path=last"])
+            main(["fit", *cli_args(tiny_shards, tmp_path / "runs"), "--ckpt_path=last"])
         assert sorted(p.name for p in run_dir.iterdir()) == [".lock"], "nothing written into the live run"
     finally:
         holder.kill()

@@ -18,14 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_run import callbacks_config, child_env, tiny_command
 
 from lightning_cqk.data import Manifest, prepare
 from lightning_cqk.data.folder_lock import DataFolderInUse, hold_for_reading, writing
 from lightning_cqk.data.integrity import BUILD_FILE, check_build, check_split
 
-REPO = Path(__file__).resolve().parents[2]
-ENV = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-ENV.pop("PYTEST_CURRENT_TEST", None)
+ENV = child_env(MKL_NUM_THREADS="1")
 
 
 def corpus(path: Path, word: str, n: int = 200) -> Path:
@@ -129,19 +128,10 @@ def test_a_manifest_beside_another_builds_shards_is_refused(tmp_path: Path):
 
 
 def fit_command(shards: Path, runs: Path, *extra: str) -> list[str]:
-    callbacks = runs.parent / "callbacks.yaml"
     checkpoint = {"class_path": "lightning_cqk.callbacks.RunCheckpoint", "init_args": {"every_n_steps": 4}}
-    callbacks.write_text(json.dumps({"trainer": {"callbacks": [checkpoint]}}))
-    return [
-        sys.executable, "-m", "lightning_cqk", "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
-        "--config", str(callbacks),
-        f"--data.data_dir={shards}", "--data.source=null", "--data.seq_len=16", "--data.batch_size=2",
-        "--model.config.n_layer=1", "--model.config.n_embd=16", "--model.config.n_head=2",
-        "--model.config.mlp_hidden=32", "--model.optim.warmup_steps=1", "--trainer.val_check_interval=4",
-        "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false", "--trainer.accelerator=cpu",
-        f"--trainer.logger.init_args.save_dir={runs}", *extra,
-    ]  # fmt: skip
+    callbacks = callbacks_config(runs.parent / "callbacks.yaml", [checkpoint])
+    delta = ["--trainer.val_check_interval=4", "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1"]
+    return tiny_command(shards, runs, *delta, *extra, configs=[callbacks])
 
 
 def wait_for(predicate, seconds: float, proc: subprocess.Popen) -> None:

@@ -11,51 +11,18 @@ import os
 import resource
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-from lightning_cqk.data import prepare
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("full-disk-data")
-    with (root / "corpus.jsonl").open("w") as f:
-        for i in range(60):
-            f.write(json.dumps({"text": f"Document {i}. " + "Keys meet queries. " * (2 + i % 5)}) + "\n")
-    prepare(str(root / "corpus.jsonl"), str(root / "shards"), val_fraction=0.2)
-    return root / "shards"
+from tiny_run import child_env, tiny_command
 
 
 def _fit(shards: Path, runs: Path, cwd: Path, preexec_fn=None) -> subprocess.CompletedProcess:
-    args = [
-        *("-m", "lightning_cqk", "fit", "--config", str(REPO / "configs" / "quickstart.yaml")),
-        f"--data.data_dir={shards}",
-        "--data.source=null",
-        "--data.seq_len=16",
-        "--data.batch_size=2",
-        "--model.config.n_layer=1",
-        "--model.config.n_embd=16",
-        "--model.config.n_head=2",
-        "--model.config.mlp_hidden=32",
-        "--model.optim.warmup_steps=1",
-        "--trainer.max_steps=2",
-        "--trainer.val_check_interval=1000",
-        "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        "--trainer.accelerator=cpu",
-        f"--trainer.logger.init_args.save_dir={runs}",
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "LIGHTNING_CQK_LOG_DIR": str(cwd)}
-    env.pop("LIGHTNING_CQK_DEBUG", None)
-    return subprocess.run(
-        [sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300, preexec_fn=preexec_fn
+    args = tiny_command(
+        shards, runs, "--trainer.max_steps=2", "--trainer.val_check_interval=1000", "--trainer.limit_val_batches=1"
     )
+    env = child_env(LIGHTNING_CQK_LOG_DIR=str(cwd), LIGHTNING_CQK_DEBUG=None)
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=300, preexec_fn=preexec_fn)
 
 
 def _check(done: subprocess.CompletedProcess, runs: Path, code: int) -> None:
@@ -74,7 +41,7 @@ def _check(done: subprocess.CompletedProcess, runs: Path, code: int) -> None:
 
 
 @pytest.mark.slow
-def test_a_full_disk_during_a_checkpoint_save_is_recorded_as_such(shards: Path, tmp_path: Path):
+def test_a_full_disk_during_a_checkpoint_save_is_recorded_as_such(tiny_shards: Path, tmp_path: Path):
     disk = tmp_path / "disk"
     disk.mkdir()
     try:  # 96 KiB: room for config.yaml, run.json and the events, not for the checkpoint
@@ -82,15 +49,15 @@ def test_a_full_disk_during_a_checkpoint_save_is_recorded_as_such(shards: Path, 
     except (OSError, subprocess.CalledProcessError) as err:
         pytest.skip(f"cannot mount a tmpfs here ({err}); the file-size-limit test covers the same path")
     try:
-        _check(_fit(shards, disk / "runs", tmp_path), disk / "runs", errno.ENOSPC)
+        _check(_fit(tiny_shards, disk / "runs", tmp_path), disk / "runs", errno.ENOSPC)
     finally:
         subprocess.run(["umount", str(disk)], check=False)
 
 
 @pytest.mark.slow
-def test_a_file_size_limit_during_a_checkpoint_save_is_recorded_as_such(shards: Path, tmp_path: Path):
+def test_a_file_size_limit_during_a_checkpoint_save_is_recorded_as_such(tiny_shards: Path, tmp_path: Path):
     def limit() -> None:  # SIGXFSZ would kill the child: ignored, a write past the limit fails with EFBIG
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (48 * 1024, 48 * 1024))
 
-    _check(_fit(shards, tmp_path / "runs", tmp_path, preexec_fn=limit), tmp_path / "runs", errno.EFBIG)
+    _check(_fit(tiny_shards, tmp_path / "runs", tmp_path, preexec_fn=limit), tmp_path / "runs", errno.EFBIG)

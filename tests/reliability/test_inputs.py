@@ -23,6 +23,7 @@ import lightning as L
 import pytest
 import tiktoken
 import torch
+from tiny_run import tiny_args
 
 from lightning_cqk.callbacks import AtomicCheckpointIO
 from lightning_cqk.checkpoint_files import CorruptCheckpointError, checkpoint_problem
@@ -39,7 +40,6 @@ from lightning_cqk.optim import OptimConfig
 from lightning_cqk.optim.config import check_trainer_numbers
 
 REPO = Path(__file__).resolve().parents[2]
-QUICKSTART = REPO / "configs" / "quickstart.yaml"
 SHARED = REPO.parent / "shared" / "data"
 
 
@@ -69,18 +69,8 @@ def two_sources(tmp_path_factory) -> tuple[Path, Path, Path]:
 
 
 def cli_args(shards: Path, runs: Path, *extra: str) -> list[str]:
-    return [
-        "--config",
-        str(QUICKSTART),
-        f"--data.data_dir={shards}",
-        "--data.seq_len=16",
-        "--data.batch_size=2",
-        "--trainer.max_steps=2",
-        "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false",
-        f"--trainer.logger.init_args.save_dir={runs}",
-        *extra,
-    ]
+    """The tiny run (tests/tiny_run.py) of 2 steps reading `shards`, then `extra`."""
+    return tiny_args(shards, runs, "--trainer.max_steps=2", "--trainer.limit_val_batches=1", *extra)
 
 
 # ------------------------------------------------------------------------------------------------- class 7a

@@ -24,9 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-
-from lightning_cqk.data import prepare
+from tiny_run import child_env, quickstart_callbacks, tiny_args
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -34,17 +32,6 @@ DOC = REPO / "docs" / "scaling-out.md"
 STOP_AT, MAX_STEPS = 3, 5
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("launch-data")
-    with (root / "corpus.jsonl").open("w") as f:
-        for i in range(120):
-            f.write(json.dumps({"text": f"Document {i}. " + "Queries meet keys in the attention. " * (2 + i % 5)}))
-            f.write("\n")
-    prepare(str(root / "corpus.jsonl"), str(root / "shards"), val_fraction=0.2)
-    return root / "shards"
 
 
 def doc_command(starts: str) -> list[str]:
@@ -61,43 +48,25 @@ def expand(args: list[str], variables: dict[str, str]) -> list[str]:
 
 
 def overrides(shards: Path, runs: Path, out: Path, stop_at: int | None) -> list[str]:
-    """Tiny shapes, the test's data and folders, and the probe callback beside the quickstart's stack."""
-    callbacks = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())["trainer"]["callbacks"]
-    for callback in callbacks:
-        if callback["class_path"].endswith("RunCheckpoint"):
-            callback["init_args"].update(every_n_steps=2, keep_last=2)
-    callbacks.append({"class_path": "launch_probe.LaunchProbe", "init_args": {"out": str(out), "stop_at": stop_at}})
-    cb = out.parent / f"{out.name}-callbacks.yaml"
-    cb.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
-    return [
-        *("--config", str(cb)),
-        f"--data.data_dir={shards}",
-        "--data.source=null",
-        "--data.seq_len=16",
-        "--data.batch_size=2",
-        "--model.config.n_layer=1",
-        "--model.config.n_embd=16",
-        "--model.config.n_head=2",
-        "--model.config.mlp_hidden=32",
+    """The tiny run after the documented command (its --config is the quickstart's), with the probe callback beside
+    the quickstart's stack; the run folder last (`finish` reads it)."""
+    probe = {"class_path": "launch_probe.LaunchProbe", "init_args": {"out": str(out), "stop_at": stop_at}}
+    cb = quickstart_callbacks(out.parent / f"{out.name}-callbacks.yaml", probe, every_n_steps=2, keep_last=2)
+    return tiny_args(
+        shards,
+        runs,
         "--model.optim.warmup_steps=2",
         f"--trainer.max_steps={MAX_STEPS}",
         "--trainer.val_check_interval=1000",
         "--trainer.limit_val_batches=1",
         "--trainer.log_every_n_steps=1",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        "--trainer.accelerator=cpu",
-        f"--trainer.logger.init_args.save_dir={runs}",
-    ]
+        configs=[cb],
+        quickstart=False,
+    )
 
 
 def base_env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(HERE)]), OMP_NUM_THREADS="1")
-    for name in [k for k in env if k.startswith(("SLURM_", "TORCHELASTIC_", "LIGHTNING_CQK_RUN"))]:
-        env.pop(name)
-    for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTEST_CURRENT_TEST"):
-        env.pop(name, None)
-    return env
+    return child_env(HERE)
 
 
 def free_port() -> int:
@@ -141,7 +110,7 @@ def check_one_run(runs: Path, outs: list[Path]) -> None:
         assert torch.equal(value, r1["weights"][name]), f"{name} differs between ranks after the resume"
 
 
-def test_torchrun_line_of_the_docs_is_one_run_that_stops_and_resumes_alike_on_every_rank(shards, tmp_path):
+def test_torchrun_line_of_the_docs_is_one_run_that_stops_and_resumes_alike_on_every_rank(tiny_shards, tmp_path):
     runs, outs = tmp_path / "runs", [tmp_path / "attempt1", tmp_path / "attempt2"]
     command = expand(
         doc_command("torchrun --standalone"), {"NPROC": "2", "CONFIG": str(REPO / "configs/quickstart.yaml")}
@@ -149,7 +118,7 @@ def test_torchrun_line_of_the_docs_is_one_run_that_stops_and_resumes_alike_on_ev
     assert command[0] == "torchrun"
     launcher = [sys.executable, "-m", "torch.distributed.run", *command[1:]]
     first = subprocess.Popen(
-        [*launcher, *overrides(shards, runs, outs[0], STOP_AT)],
+        [*launcher, *overrides(tiny_shards, runs, outs[0], STOP_AT)],
         env=base_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     wait_for(outs[0] / "stop-requested", [first])
@@ -157,7 +126,7 @@ def test_torchrun_line_of_the_docs_is_one_run_that_stops_and_resumes_alike_on_ev
     ((code, err),) = finish([first])
     assert "interrupted by SIGTERM at step 3" in err, err[-4000:]
     second = subprocess.run(
-        [*launcher, *overrides(shards, runs, outs[1], None)],
+        [*launcher, *overrides(tiny_shards, runs, outs[1], None)],
         env=base_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert second.returncode == 0, second.stderr[-4000:]
@@ -183,7 +152,7 @@ def srun(args: list[str], job: dict[str, str], restart: int) -> list[subprocess.
     return procs
 
 
-def test_srun_line_of_the_sbatch_script_is_one_run_that_stops_and_resumes_alike_on_every_rank(shards, tmp_path):
+def test_srun_line_of_the_sbatch_script_is_one_run_that_stops_and_resumes_alike_on_every_rank(tiny_shards, tmp_path):
     runs, outs = tmp_path / "runs", [tmp_path / "attempt1", tmp_path / "attempt2"]
     job = {
         "SLURM_JOB_ID": "424242",
@@ -201,7 +170,7 @@ def test_srun_line_of_the_sbatch_script_is_one_run_that_stops_and_resumes_alike_
     }
     command = expand(doc_command("srun "), {**job, "CONFIG": str(REPO / "configs/quickstart.yaml")})
     assert command[:3] == ["srun", "lightning_cqk", "fit"]
-    first = srun([*command[1:], *overrides(shards, runs, outs[0], STOP_AT)], job, restart=0)
+    first = srun([*command[1:], *overrides(tiny_shards, runs, outs[0], STOP_AT)], job, restart=0)
     wait_for(outs[0] / "stop-requested", first)
     for proc in first:
         proc.send_signal(signal.SIGTERM)  # scancel / preemption: every task
@@ -209,13 +178,13 @@ def test_srun_line_of_the_sbatch_script_is_one_run_that_stops_and_resumes_alike_
     assert (code0, code1) == (143, 143), (err0[-3000:], err1[-3000:])
     assert "interrupted by SIGTERM at step 3" in err0, err0[-4000:]
     job["MASTER_PORT"] = str(free_port())
-    second = srun([*command[1:], *overrides(shards, runs, outs[1], None)], job, restart=1)  # the requeued job
+    second = srun([*command[1:], *overrides(tiny_shards, runs, outs[1], None)], job, restart=1)  # the requeued job
     results = finish(second)
     assert [code for code, _ in results] == [0, 0], [err[-3000:] for _, err in results]
     check_one_run(runs, outs)
 
 
-def test_sigusr1_saves_into_the_run_requeues_and_a_stray_hpc_checkpoint_is_never_restored(shards, tmp_path):
+def test_sigusr1_saves_into_the_run_requeues_and_a_stray_hpc_checkpoint_is_never_restored(tiny_shards, tmp_path):
     """Issue 34, defect 2. The sbatch script's `--signal=SIGUSR1@90` stops both tasks at one step, saves into the
     run's own checkpoints/ (never `hpc_ckpt_N.ckpt` in the working directory), requeues the job once (a stand-in
     `scontrol` records the call) and the requeued job resumes that run. Then a different run (another seed) launched
@@ -234,7 +203,7 @@ def test_sigusr1_saves_into_the_run_requeues_and_a_stray_hpc_checkpoint_is_never
         "MASTER_PORT": str(free_port()), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
     }  # fmt: skip
     command = expand(doc_command("srun "), {**job, "CONFIG": str(REPO / "configs/quickstart.yaml")})
-    first = srun([*command[1:], *overrides(shards, runs, outs[0], STOP_AT)], job, restart=0)
+    first = srun([*command[1:], *overrides(tiny_shards, runs, outs[0], STOP_AT)], job, restart=0)
     wait_for(outs[0] / "stop-requested", first)
     for proc in first:
         proc.send_signal(signal.SIGUSR1)  # SLURM's warning, 90 s before the time limit: every task
@@ -245,7 +214,7 @@ def test_sigusr1_saves_into_the_run_requeues_and_a_stray_hpc_checkpoint_is_never
     assert calls.read_text().split("\n")[:-1] == ["requeue 515151"], "rank zero requeues once, after saving"
     assert not list(tmp_path.rglob("hpc_ckpt_*")), "Lightning's auto-requeue wrote its own checkpoint"
     job["MASTER_PORT"] = str(free_port())
-    results = finish(srun([*command[1:], *overrides(shards, runs, outs[1], None)], job, restart=1))
+    results = finish(srun([*command[1:], *overrides(tiny_shards, runs, outs[1], None)], job, restart=1))
     assert [code for code, _ in results] == [0, 0], [err[-3000:] for _, err in results]
     check_one_run(runs, outs)
 
@@ -253,7 +222,7 @@ def test_sigusr1_saves_into_the_run_requeues_and_a_stray_hpc_checkpoint_is_never
     stray = tmp_path / "hpc_ckpt_1.ckpt"
     stray.write_bytes((run_dir / "checkpoints" / "last.ckpt").read_bytes())  # step 5 of that run
     job.update(SLURM_JOB_ID="525252", MASTER_PORT=str(free_port()))
-    other = [*command[1:], "--seed_everything=7", *overrides(shards, runs, outs[2], None)]  # save_dir stays last
+    other = [*command[1:], "--seed_everything=7", *overrides(tiny_shards, runs, outs[2], None)]  # save_dir stays last
     results = finish(srun(other, job, restart=0))
     assert [code for code, _ in results] == [0, 0], [err[-3000:] for _, err in results]
     assert f"note: {stray}: checkpoint(s) of Lightning's SLURM auto-requeue" in results[0][1], results[0][1][-3000:]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tiny_run import tiny_fit
 
 from lightning_cqk import package_versions as pv
 from lightning_cqk.cli import main
-from lightning_cqk.data import prepare
 from lightning_cqk.sweep.runner import Ledger
 from lightning_cqk.sweep.spec import expand
 
@@ -50,35 +50,14 @@ def test_differences_name_each_changed_package_and_ignore_unknown_ones():
 
 
 def _fit_args(shards: Path, runs: Path) -> list[str]:
-    return [
-        "fit",
-        "--config",
-        str(REPO / "configs" / "quickstart.yaml"),
-        f"--data.data_dir={shards}",
-        "--data.source=null",
-        "--data.seq_len=16",
-        "--data.batch_size=2",
-        "--model.config.n_layer=1",
-        "--model.config.n_embd=16",
-        "--model.config.n_head=2",
-        "--model.optim.warmup_steps=1",
-        "--trainer.max_steps=2",
-        "--trainer.val_check_interval=1000",
-        "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        "--trainer.accelerator=cpu",
-        f"--trainer.logger.init_args.save_dir={runs}",
-    ]
+    return tiny_fit(
+        shards, runs, "--trainer.max_steps=2", "--trainer.val_check_interval=1000", "--trainer.limit_val_batches=1"
+    )
 
 
-def test_each_attempt_of_run_json_records_its_package_versions(tmp_path: Path, monkeypatch):
-    with (tmp_path / "corpus.jsonl").open("w") as f:
-        for i in range(60):
-            f.write(json.dumps({"text": f"Document {i}. " + "Keys meet queries. " * (2 + i % 4)}) + "\n")
-    prepare(str(tmp_path / "corpus.jsonl"), str(tmp_path / "shards"), val_fraction=0.2)
+def test_each_attempt_of_run_json_records_its_package_versions(tiny_shards: Path, tmp_path: Path, monkeypatch):
     runs = tmp_path / "runs"
-    main(_fit_args(tmp_path / "shards", runs))
+    main(_fit_args(tiny_shards, runs))
     (run_dir,) = (runs / "quickstart").iterdir()
     first = json.loads((run_dir / "run.json").read_text())["attempts"]
     assert first[0]["packages"] == pv.package_versions()
@@ -87,7 +66,7 @@ def test_each_attempt_of_run_json_records_its_package_versions(tmp_path: Path, m
     # The same run continued after an upgrade: the second attempt records the versions it really ran with.
     upgraded = {**pv.package_versions(), "torch": "99.0.0"}
     monkeypatch.setattr("lightning_cqk.run_dir.package_versions", lambda: upgraded)
-    main([*_fit_args(tmp_path / "shards", runs), "--trainer.max_steps=3", "--ckpt_path=last"])
+    main([*_fit_args(tiny_shards, runs), "--trainer.max_steps=3", "--ckpt_path=last"])
     attempts = json.loads((run_dir / "run.json").read_text())["attempts"]
     assert [a["packages"]["torch"] for a in attempts] == [pv.package_versions()["torch"], "99.0.0"]
 

@@ -21,61 +21,26 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from tiny_run import child_env, quickstart_callbacks, tiny_fit
 
 from lightning_cqk.cli import main
-from lightning_cqk.data import prepare
 from lightning_cqk.optim.schedule import warmup_cosine
 from lightning_cqk.run_dir import ResumeRefused, resolve_fit, resumable_checkpoint
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("run-dir-data")
-    with (root / "corpus.jsonl").open("w") as f:
-        for i in range(120):
-            f.write(json.dumps({"text": f"Document {i}. " + "Queries meet keys in the attention. " * (2 + i % 5)}))
-            f.write("\n")
-    prepare(str(root / "corpus.jsonl"), str(root / "shards"), val_fraction=0.2)
-    return root / "shards"
-
 
 def fit(shards: Path, runs: Path, *extra: str, every: int = 2) -> list[str]:
-    callbacks = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())["trainer"]["callbacks"]
-    for callback in callbacks:
-        if callback["class_path"].endswith("RunCheckpoint"):
-            callback["init_args"].update(every_n_steps=every, keep_last=3)
-        elif callback["class_path"].endswith(".ModelCheckpoint"):
-            callback["init_args"].update(every_n_train_steps=1000)
-    cb = runs.parent / f"{runs.name}-callbacks.yaml"
-    cb.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
+    """`-m lightning_cqk` and the tiny run with the quickstart's callbacks, RunCheckpoint every `every` steps."""
+    cb = quickstart_callbacks(runs.parent / f"{runs.name}-callbacks.yaml", every_n_steps=every, keep_last=3)
+    delta = ["--model.optim.warmup_steps=2", "--trainer.val_check_interval=1000", "--trainer.limit_val_batches=1"]
     return [
-        *("-m", "lightning_cqk", "fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--config", str(cb)),
-        f"--data.data_dir={shards}",
-        "--data.source=null",
-        "--data.seq_len=16",
-        "--data.batch_size=2",
-        "--model.config.n_layer=1",
-        "--model.config.n_embd=16",
-        "--model.config.n_head=2",
-        "--model.config.mlp_hidden=32",
-        "--model.optim.warmup_steps=2",
-        "--trainer.val_check_interval=1000",
-        "--trainer.limit_val_batches=1",
-        "--trainer.log_every_n_steps=1",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        "--trainer.accelerator=cpu",
-        f"--trainer.logger.init_args.save_dir={runs}",
-        *extra,
+        "-m",
+        "lightning_cqk",
+        *tiny_fit(shards, runs, *delta, "--trainer.log_every_n_steps=1", *extra, configs=[cb]),
     ]
 
 
 def env() -> dict[str, str]:
-    out = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    out.pop("PYTEST_CURRENT_TEST", None)
-    return out
+    return child_env()
 
 
 def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -83,9 +48,9 @@ def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_resume_applies_a_changed_lr_refuses_a_changed_model_and_records_only_what_happened(shards, tmp_path):
+def test_resume_applies_a_changed_lr_refuses_a_changed_model_and_records_only_what_happened(tiny_shards, tmp_path):
     runs = tmp_path / "runs"
-    first = run(fit(shards, runs, "--trainer.max_steps=4"), tmp_path)
+    first = run(fit(tiny_shards, runs, "--trainer.max_steps=4"), tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     (run_dir,) = (runs / "quickstart").iterdir()
     config = (run_dir / "config.yaml").read_bytes()
@@ -95,13 +60,14 @@ def test_resume_applies_a_changed_lr_refuses_a_changed_model_and_records_only_wh
     # the command line and train a standard model silently. Refused, naming the setting; nothing is written.
     # (Refusals come before anything is built: they are checked in this process, with the real CLI.)
     with pytest.raises(ResumeRefused) as refused:
-        main(fit(shards, runs, "--trainer.max_steps=6", f"--ckpt_path={last}", "--model.config.attention=coupled")[2:])
+        other_model = "--model.config.attention=coupled"
+        main(fit(tiny_shards, runs, "--trainer.max_steps=6", f"--ckpt_path={last}", other_model)[2:])
     assert 'model.config.attention: "standard" -> "coupled"' in str(refused.value)
     assert (run_dir / "config.yaml").read_bytes() == config, "a refused resume must not rewrite config.yaml"
     assert not list(run_dir.glob("config.resume-*.yaml"))
     assert len(json.loads((run_dir / "run.json").read_text())["attempts"]) == 1
     with pytest.raises(ResumeRefused) as data:
-        main(fit(shards, runs, "--trainer.max_steps=6", "--ckpt_path=last", "--data.seq_len=8")[2:])
+        main(fit(tiny_shards, runs, "--trainer.max_steps=6", "--ckpt_path=last", "--data.seq_len=8")[2:])
     assert "data.seq_len: 16 -> 8" in str(data.value)
     assert (run_dir / "config.yaml").read_bytes() == config and not list(run_dir.glob("config.resume-*.yaml"))
     # The refusal's own advice works when pasted (the recorded configuration is intact).
@@ -114,7 +80,9 @@ def test_resume_applies_a_changed_lr_refuses_a_changed_model_and_records_only_wh
     last.unlink()
     (run_dir / "checkpoints" / "step=00000004.ckpt").write_bytes(b"truncated")  # the newest one is damaged too
     lr = 1e-4
-    resumed = run(fit(shards, runs, "--trainer.max_steps=6", "--ckpt_path=last", f"--model.optim.lr={lr}"), tmp_path)
+    resumed = run(
+        fit(tiny_shards, runs, "--trainer.max_steps=6", "--ckpt_path=last", f"--model.optim.lr={lr}"), tmp_path
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "last.ckpt is missing; using step=00000002.ckpt" in resumed.stderr
     assert "model.optim.lr: 0.002 -> 0.0001" in resumed.stderr
@@ -159,9 +127,12 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_process_group_and_ctrl_c_save_and_the_same_command_resumes(shards, tmp_path):
+def test_sigterm_to_the_process_group_and_ctrl_c_save_and_the_same_command_resumes(tiny_shards, tmp_path):
     runs = tmp_path / "runs"
-    command = [sys.executable, *fit(shards, runs, "--trainer.max_steps=100000", "--data.num_workers=2", every=10**6)]
+    command = [
+        sys.executable,
+        *fit(tiny_shards, runs, "--trainer.max_steps=100000", "--data.num_workers=2", every=10**6),
+    ]
     run_dir = runs / "quickstart" / "standard-tiny-L1-H2-d16-ff32-s1337"  # the size label names the shape
 
     # A failed launch (a typo in a path) leaves no directory that a later --ckpt_path last could pick.
@@ -206,7 +177,7 @@ def probe_flags(at_batch: int, signal_name: str) -> list[str]:
 def _signal_at_micro_batch(fit_args: list[str], run_dir: Path, sig: signal.Signals, at_batch: int) -> tuple[int, str]:
     """Run `fit` in its own process group; `signal_probe.SignalAtBatch` sends `sig` to the group at micro-batch
     `at_batch` (the same moment every time). Returns the exit status and the output."""
-    environment = {**env(), "PYTHONPATH": os.pathsep.join([str(REPO), str(Path(__file__).parent)])}
+    environment = child_env(Path(__file__).parent)
     command = [sys.executable, *fit_args, *probe_flags(at_batch, sig.name)]
     proc = subprocess.Popen(command, env=environment, cwd=run_dir.parents[2], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
@@ -218,11 +189,13 @@ def _signal_at_micro_batch(fit_args: list[str], run_dir: Path, sig: signal.Signa
 
 
 @pytest.mark.slow
-def test_ctrl_c_before_the_first_optimizer_step_removes_the_run_and_the_printed_command_starts_it(shards, tmp_path):
+def test_ctrl_c_before_the_first_optimizer_step_removes_the_run_and_the_printed_command_starts_it(
+    tiny_shards, tmp_path
+):
     """Issue 35 item 2: at step 0 of an accumulated step (the card's PubMed job on a CPU) Ctrl-C left an empty run
     folder and printed a `--ckpt_path last` command that was refused when pasted."""
     runs = tmp_path / "runs"
-    args = fit(shards, runs, "--trainer.max_steps=2", "--trainer.accumulate_grad_batches=100")
+    args = fit(tiny_shards, runs, "--trainer.max_steps=2", "--trainer.accumulate_grad_batches=100")
     run_dir = runs / "quickstart" / "standard-tiny-L1-H2-d16-ff32-s1337"
     status, output = _signal_at_micro_batch(args, run_dir, signal.SIGINT, at_batch=30)
     assert status == 130, output[-3000:]
@@ -237,11 +210,11 @@ def test_ctrl_c_before_the_first_optimizer_step_removes_the_run_and_the_printed_
 
 
 @pytest.mark.slow
-def test_a_stop_between_accumulated_micro_batches_waits_for_the_step_and_resumes_exactly(shards, tmp_path):
+def test_a_stop_between_accumulated_micro_batches_waits_for_the_step_and_resumes_exactly(tiny_shards, tmp_path):
     """A save between two micro-batches of a step lost their gradients: the resumed step accumulated fewer. Now the
     stop waits for the step's last micro-batch, and interrupted + resumed equals uninterrupted, bit for bit."""
     runs = tmp_path / "runs"
-    args = fit(shards, runs, "--trainer.max_steps=3", "--trainer.accumulate_grad_batches=50")
+    args = fit(tiny_shards, runs, "--trainer.max_steps=3", "--trainer.accumulate_grad_batches=50")
     run_dir = runs / "quickstart" / "standard-tiny-L1-H2-d16-ff32-s1337"
     status, output = _signal_at_micro_batch(args, run_dir, signal.SIGTERM, at_batch=75)  # mid-way through step 2
     assert status == 143, output[-3000:]
@@ -251,8 +224,10 @@ def test_a_stop_between_accumulated_micro_batches_waits_for_the_step_and_resumes
 
     resumed = run([*args, "--ckpt_path=last"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    straight = run(fit(shards, tmp_path / "straight", "--trainer.max_steps=3", "--trainer.accumulate_grad_batches=50"),
-                   tmp_path)  # fmt: skip
+    straight_args = fit(
+        tiny_shards, tmp_path / "straight", "--trainer.max_steps=3", "--trainer.accumulate_grad_batches=50"
+    )
+    straight = run(straight_args, tmp_path)
     assert straight.returncode == 0, straight.stderr[-3000:]
     finals = [r / "quickstart" / run_dir.name / "checkpoints" / "last.ckpt" for r in (runs, tmp_path / "straight")]
     weights = [torch.load(final, weights_only=False)["state_dict"] for final in finals]

@@ -6,7 +6,6 @@ validates, so the run ends with the final validation of the uninterrupted run (b
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,26 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
+from tiny_run import callbacks_config, child_env, tiny_fit
 
 from lightning_cqk.callbacks.summary import last_validation_step
 from lightning_cqk.cli import main
-from lightning_cqk.data import prepare
 
-REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 STEPS, EVERY = 6, 3  # checkpoints and validations both every 3 steps: the final ones fall on the same step
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("val-resume-data")
-    with (root / "corpus.jsonl").open("w") as f:
-        for i in range(60):
-            f.write(json.dumps({"text": f"Document {i}. " + "Pack my box with five dozen liquor jugs. " * (2 + i % 4)}))
-            f.write("\n")
-    prepare(str(root / "corpus.jsonl"), str(root / "shards"), val_fraction=0.25)
-    return root / "shards"
 
 
 def fit_args(shards: Path, runs: Path, *extra: str, kill_marker: Path | None = None) -> list[str]:
@@ -44,24 +30,19 @@ def fit_args(shards: Path, runs: Path, *extra: str, kill_marker: Path | None = N
     if kill_marker is not None:
         init = {"at_step": STEPS, "marker": str(kill_marker)}
         callbacks.append({"class_path": "validation_killer.KillDuringValidation", "init_args": init})
-    config = runs.parent / f"{runs.name}-callbacks.yaml"
-    config.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
-    return [
-        "fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--config", str(config),
-        f"--data.data_dir={shards}", "--data.source=null", "--data.seq_len=16", "--data.batch_size=2",
-        "--model.config.n_layer=1", "--model.config.n_embd=16", "--model.config.n_head=2",
-        "--model.config.mlp_hidden=32", "--model.optim.warmup_steps=1", f"--trainer.max_steps={STEPS}",
-        f"--trainer.val_check_interval={EVERY}", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1",
-        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.accelerator=cpu",
-        "--trainer.deterministic=true", f"--trainer.logger.init_args.save_dir={runs}", *extra,
-    ]  # fmt: skip
+    config = callbacks_config(runs.parent / f"{runs.name}-callbacks.yaml", callbacks)
+    schedule = [
+        f"--trainer.max_steps={STEPS}",
+        f"--trainer.val_check_interval={EVERY}",
+        "--trainer.limit_val_batches=2",
+    ]
+    delta = [*schedule, "--trainer.log_every_n_steps=1", "--trainer.deterministic=true", *extra]
+    return tiny_fit(shards, runs, *delta, configs=[config])
 
 
 def fit(shards: Path, runs: Path, *extra: str, kill_marker: Path | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "lightning_cqk", *fit_args(shards, runs, *extra, kill_marker=kill_marker)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(HERE)]), OMP_NUM_THREADS="1")
-    env.pop("PYTEST_CURRENT_TEST", None)
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, env=child_env(HERE), capture_output=True, text=True, timeout=300)
 
 
 def summary(run_dir: Path) -> dict:
@@ -74,11 +55,11 @@ def _plain_argv(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_run_killed_during_its_final_validation_validates_again_on_resume(shards: Path, tmp_path: Path):
+def test_a_run_killed_during_its_final_validation_validates_again_on_resume(tiny_shards: Path, tmp_path: Path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the subprocesses (OMP_NUM_THREADS=1): the same numbers, bit for bit
     try:
-        main(fit_args(shards, tmp_path / "full"))  # the uninterrupted reference, in process (cheaper)
+        main(fit_args(tiny_shards, tmp_path / "full"))  # the uninterrupted reference, in process (cheaper)
     finally:
         torch.set_num_threads(threads)
     (reference,) = (tmp_path / "full" / "quickstart").iterdir()
@@ -86,14 +67,14 @@ def test_a_run_killed_during_its_final_validation_validates_again_on_resume(shar
     assert expected["step"] == STEPS and summary(reference)["finished"]
 
     runs, marker = tmp_path / "runs", tmp_path / "killed.pid"
-    killed = fit(shards, runs, "--ckpt_path=last", kill_marker=marker)
+    killed = fit(tiny_shards, runs, "--ckpt_path=last", kill_marker=marker)
     assert killed.returncode == -signal.SIGKILL and marker.exists(), killed.stderr[-3000:]
     (run_dir,) = (runs / "quickstart").iterdir()
     # The save due at the last step waits for that step's validation: last.ckpt is the checkpoint before it.
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == STEPS - EVERY
     assert last_validation_step(str(run_dir)) == STEPS - EVERY and not summary(run_dir)["finished"]
 
-    again = fit(shards, runs, "--ckpt_path=last", kill_marker=marker)
+    again = fit(tiny_shards, runs, "--ckpt_path=last", kill_marker=marker)
     assert again.returncode == 0, again.stderr[-3000:]
     after = summary(run_dir)
     assert after["finished"] and after["steps"] == STEPS

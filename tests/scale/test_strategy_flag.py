@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_run import child_env, tiny_command
 
 from lightning_cqk.cli.strategy import FSDP2Strategy, resolve_strategy
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_bare_strategy_class_name_is_its_class_and_model_parallel_is_fsdp2():
@@ -53,14 +52,12 @@ trainer:
 
 def _sharded_fit(shards: Path, root: Path, *extra: str) -> subprocess.CompletedProcess:
     (root / "callbacks.yaml").write_text(SHARDED_CALLBACKS)
-    args = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--config", str(root / "callbacks.yaml"),
-            f"--data.data_dir={shards}", "--data.source=null", "--data.seq_len=16", "--data.batch_size=2",
-            "--model.config.n_layer=1", "--model.config.n_embd=16", "--model.config.n_head=2",
-            "--trainer.strategy", "ModelParallelStrategy", "--trainer.devices=1", "--trainer.accelerator=cpu",
-            f"--trainer.logger.init_args.save_dir={root / 'runs'}", *extra]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "lightning_cqk", *args], env=env, cwd=root, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    sharded = ["--trainer.strategy", "ModelParallelStrategy", "--trainer.devices=1"]
+    # The quickstart's 50 warmup steps, as this test has always trained: with the tiny run's 1 the resumed weights
+    # differ from the uninterrupted ones (seen when the harness came in; not investigated here).
+    sharded.append("--model.optim.warmup_steps=50")
+    args = tiny_command(shards, root / "runs", *sharded, *extra, configs=[root / "callbacks.yaml"])
+    return subprocess.run(args, env=child_env(), cwd=root, capture_output=True, text=True, timeout=300)
 
 
 def _consolidated_weights(folder: Path, out: Path) -> dict[str, torch.Tensor]:
@@ -68,8 +65,9 @@ def _consolidated_weights(folder: Path, out: Path) -> dict[str, torch.Tensor]:
     from lightning_cqk.checkpoint_files import CONSOLIDATE, load_checkpoint
 
     command = CONSOLIDATE.format(path=folder).split() + ["--output", str(out)]
-    done = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", *command], env=child_env(), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return load_checkpoint(out)["state_dict"]
 

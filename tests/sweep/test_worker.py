@@ -4,56 +4,28 @@ and exit status are where and what a fresh process gives."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
+from tiny_run import tiny_fit
 
-from lightning_cqk.data import prepare
 from lightning_cqk.sweep import worker
 from lightning_cqk.sweep.report import read_scalars
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("worker-data")
-    with (root / "corpus.jsonl").open("w") as f:
-        for i in range(60):
-            f.write(json.dumps({"text": f"Document {i}. " + "Queries meet keys in the attention. " * (2 + i % 5)}))
-            f.write("\n")
-    prepare(str(root / "corpus.jsonl"), str(root / "shards"), val_fraction=0.2)
-    return root / "shards"
-
 
 def _fit_args(shards: Path, runs: Path, name: str) -> list[str]:
-    return [
-        "fit",
-        "--config",
-        str(REPO / "configs" / "quickstart.yaml"),
-        f"--data.data_dir={shards}",
-        "--data.source=null",
-        "--data.seq_len=16",
-        "--data.batch_size=2",
-        "--model.config.n_layer=1",
-        "--model.config.n_embd=16",
-        "--model.config.n_head=2",
-        "--model.optim.warmup_steps=1",
+    return tiny_fit(
+        shards,
+        runs,
         "--trainer.max_steps=4",
         "--trainer.val_check_interval=2",
         "--trainer.limit_val_batches=2",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        "--trainer.accelerator=cpu",
-        f"--trainer.logger.init_args.save_dir={runs}",
         "--trainer.logger.init_args.name=w",
         f"--trainer.logger.init_args.version={name}",
-    ]
+    )
 
 
 def _run(cmd: list[str], env: dict[str, str], log: Path) -> int:
@@ -61,15 +33,19 @@ def _run(cmd: list[str], env: dict[str, str], log: Path) -> int:
         return worker.start_run(cmd, env, handle).wait(timeout=300)
 
 
-def test_a_forked_run_equals_a_fresh_process_to_the_last_digit(shards: Path, tmp_path: Path, monkeypatch):
+def test_a_forked_run_equals_a_fresh_process_to_the_last_digit(tiny_shards: Path, tmp_path: Path, monkeypatch):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LIGHTNING_CQK_DEBUG": "1"}
     runs = tmp_path / "runs"
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(worker, "mode", "fresh")
-    fresh = _run([sys.executable, "-m", "lightning_cqk", *_fit_args(shards, runs, "fresh")], env, tmp_path / "a.log")
+    fresh = _run(
+        [sys.executable, "-m", "lightning_cqk", *_fit_args(tiny_shards, runs, "fresh")], env, tmp_path / "a.log"
+    )
     monkeypatch.setattr(worker, "mode", "fork")
     forked = worker.start_run(
-        [sys.executable, "-m", "lightning_cqk", *_fit_args(shards, runs, "forked")], env, open(tmp_path / "b.log", "a")
+        [sys.executable, "-m", "lightning_cqk", *_fit_args(tiny_shards, runs, "forked")],
+        env,
+        open(tmp_path / "b.log", "a"),
     )
     assert isinstance(forked, worker.ForkedRun), "on Linux the sweep forks its runs from a pre-imported worker"
     assert forked.wait(timeout=300) == 0 and fresh == 0, (tmp_path / "b.log").read_text()[-2000:]
