@@ -101,7 +101,7 @@ def _with_committed_rate(overrides: dict[str, Any], row: dict[str, str]) -> dict
 
 def reproduces(run_dir: Path, twin: CommittedRun) -> bool:
     """Whether the run in `run_dir` ended at its twin's final validation loss and perplexity, to the last digit."""
-    from lightning_cqk.sweep.report import read_scalars
+    from lightning_cqk.sweep.report_read import read_scalars
 
     scalars = read_scalars(run_dir, {"val/loss", "val/ppl"})
     if not scalars.get("val/loss") or not scalars.get("val/ppl"):

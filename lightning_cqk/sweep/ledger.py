@@ -25,6 +25,7 @@ def utc_now() -> str:
 
 
 MANIFEST = "manifest.json"
+SWEEP_LOCK = ".sweep.lock"  # held by a whole-sweep invocation for its life (runner.run_local)
 DONE, RUNNING, FAILED, PENDING = "done", "running", "failed", "pending"
 
 
@@ -212,3 +213,16 @@ class Ledger:
         }
         write_json_atomically(path, manifest)
         return manifest
+
+
+def live_owner(sweep_dir: str | Path) -> LockOwner | None:
+    """The process running the sweep in `sweep_dir` now (a whole sweep's `.sweep.lock`, else an array task's
+    `status/<run>.lock`), or None when none runs there. A lock of another host counts as live (it cannot be checked)."""
+    sweep_dir = Path(sweep_dir)
+    owner = holder(sweep_dir, SWEEP_LOCK)
+    status = sweep_dir / "status"
+    for lock in sorted(status.glob("*.lock")) if owner is None and status.is_dir() else []:
+        owner = holder(status, lock.name)
+        if owner is not None:
+            break
+    return owner

@@ -111,11 +111,7 @@ def write_report(
         raise ReportError(
             f"{sweep_dir}: none of the {len(data.manifest['runs'])} runs has finished (budget.json and a last "
             "validation at its last step); run the sweep first."
-            + (
-                f" Unfinished: {'; '.join(f'{k}: {v}' for k, v in data.unfinished.items())}."
-                if data.unfinished
-                else ""
-            )
+            + (f" Unfinished: {'; '.join(f'{k}: {v}' for k, v in data.unfinished.items())}." if data.unfinished else "")
         )
     from lightning_cqk.sweep.results import COMMITTED, same_results, shared_runs, write_committed
 
@@ -169,7 +165,7 @@ def write_report(
 def with_live_sweep_note(md: str, data: StudyData, output: str | Path | None) -> str:
     """`md` with a line under its title when a sweep still runs in the sweep directory: the report is an interim one
     of an unfinished, live sweep (its unfinished runs are left out of every number), to be written again at the end."""
-    from lightning_cqk.sweep.runner import live_owner
+    from lightning_cqk.sweep.ledger import live_owner
 
     source = Path(data.source)
     owner = None if data.committed else live_owner(source)

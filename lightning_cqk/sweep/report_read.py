@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.sweep.estimators import run_stability, tuning_table
-from lightning_cqk.sweep.study_data import StudyData
+from lightning_cqk.sweep.study_data import ReportError, StudyData
 from lightning_cqk.sweep.tuning import all_grid_runs
 
 CURVE_TAGS = (
@@ -26,10 +26,6 @@ CURVE_TAGS = (
 
 
 VAL_WINDOWS = "val_windows.json"
-
-
-class ReportError(ValueError):
-    """A sweep directory the report cannot read; the message says why."""
 
 
 def read_scalars(run_dir: str | Path, tags: Iterable[str] | None = None) -> dict[str, list[tuple[int, float]]]:

@@ -205,7 +205,7 @@ def _float(text: str) -> float:
 
 
 def _refuse(message: str) -> Exception:
-    from lightning_cqk.sweep.report import ReportError
+    from lightning_cqk.sweep.study_data import ReportError
 
     return ReportError(message)
 

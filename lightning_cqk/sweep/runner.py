@@ -55,16 +55,23 @@ from typing import Any
 
 from lightning_cqk.package_versions import package_versions
 from lightning_cqk.run_dir import config_files, resumable_checkpoint
-from lightning_cqk.run_lock import LockOwner, RunDirectoryInUse, acquire, holder
+from lightning_cqk.run_lock import RunDirectoryInUse, acquire, holder
 from lightning_cqk.sweep import worker
 from lightning_cqk.sweep.adopt import committed_folders, index_committed
-from lightning_cqk.sweep.ledger import DONE, FAILED, MANIFEST, RUNNING, Ledger, stop_advice, utc_now
+from lightning_cqk.sweep.ledger import (
+    DONE,
+    FAILED,
+    MANIFEST,
+    RUNNING,
+    SWEEP_LOCK,
+    Ledger,
+    stop_advice,
+    utc_now,
+)
 from lightning_cqk.sweep.shard_settings import data_key, shards_ready
 from lightning_cqk.sweep.sharing import WAIT, computed_source, device_of
 from lightning_cqk.sweep.slurm import write_slurm
 from lightning_cqk.sweep.spec import Run, SpecError, Sweep, expand
-
-SWEEP_LOCK = ".sweep.lock"
 
 
 def fit_command(sweep: Sweep, run: Run, ckpt_path: str | None = None) -> list[str]:
@@ -259,19 +266,6 @@ class Progress:
 
 
 # data settings that order and batch the windows but do not change the token shards a run prepares
-def live_owner(sweep_dir: str | Path) -> LockOwner | None:
-    """The process running the sweep in `sweep_dir` now (a whole sweep's `.sweep.lock`, else an array task's
-    `status/<run>.lock`), or None when none runs there. A lock of another host counts as live (it cannot be checked)."""
-    sweep_dir = Path(sweep_dir)
-    owner = holder(sweep_dir, SWEEP_LOCK)
-    status = sweep_dir / "status"
-    for lock in sorted(status.glob("*.lock")) if owner is None and status.is_dir() else []:
-        owner = holder(status, lock.name)
-        if owner is not None:
-            break
-    return owner
-
-
 def _gpu_missing(sweep: Sweep) -> str | None:
     """Why a sweep whose runs ask for a GPU (`trainer.accelerator: gpu|cuda`) cannot run here, before anything starts
     (a CUDA device is looked for in a child process, so the runner itself never imports torch); None otherwise."""

@@ -8,6 +8,11 @@ from pathlib import Path
 from typing import Any
 
 
+class ReportError(ValueError):
+    """A study whose runs cannot be reported (nothing finished, a committed folder that does not check out): the
+    message says what is wrong and what to run."""
+
+
 @dataclasses.dataclass
 class StudyData:
     """One study's runs as read from a sweep directory or a folder of committed results (the same either way)."""
