@@ -26,6 +26,7 @@ Write (report.py runs the three stages in order)
   report_read.py   reading: the manifest or committed results, each finished run's scalars, windows and rate
   estimators.py    estimating: group tables, sampling errors, the grid's choice, the control's predicted size, verdicts
   render.py        rendering: the Markdown and CSV of the report, and the cells the claims table shares
+  study_data.py    what the report reads about one study (StudyData), passed from stage to stage
   report.py        the `lightning_cqk report` command: reads, estimates, renders and writes (finished runs only)
   report_folder.py the report written beside its folder and swapped in whole
   results.py       the committed result files, and the report's input read back from them
