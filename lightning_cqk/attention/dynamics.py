@@ -54,11 +54,21 @@ Options (`CoupledDynamicsOptions`, `UncoupledDynamicsOptions`; defaults: docs/ba
     dt_param [NS]: dt = softplus(raw) (positive), "exp" (dt = exp(raw)) or "raw" (dt = raw; may turn
         negative; the only way to get dt = 0 exactly).
     rope_order [NS]: before RoPE ("pre") or after it ("post").
-    recompute (implementation): "none": plain autograd keeps every intermediate of the flow. "flow": the
-        flow runs under `torch.utils.checkpoint`, backward keeps only its inputs q and k. "qk" (standard family only):
+    recompute (implementation): "none": backward keeps every state of the flow it reads. "flow": backward keeps
+        only the flow's inputs q and k and recomputes the rest (the free-MLP fast path in its own backward, the
+        gradient field under `torch.utils.checkpoint`). "qk" (standard family only):
         projections, QK-norm, flow and RoPE are one checkpointed region, so nothing is kept beyond `standard`, at the
         price of recomputing the q and k projections. Outputs and gradients are identical in all three (tested).
     g_k_output_bias (uncoupled only): the pre-parity form with an output bias on g_k (see above).
+
+Fast path (implementation): with a free-MLP f, the flow that backward will differentiate is
+`coupled_flow.coupled_mlp_flow`, an autograd.Function with a hand-written backward (its docstring says why: plain
+autograd spent more time on elementwise passes than on the matmuls); each kick is computed as
+k + c b2 + silu(q W1 + b1) (c W2), so f(q) is never formed. There, recompute="flow" is the Function keeping only q and
+k (it recomputes the states in its backward, no `torch.utils.checkpoint`), "none" (and "qk") the Function keeping the
+states its backward reads; gradients agree with plain autograd's to round-off. The gradient field and
+`uncoupled_mlp` stay on plain autograd as described under recompute. Tested against a plain-autograd reference in
+fp64 (`tests/attention/test_coupled_fast_path.py`).
 
 Init [NS]: MLP weights N(0, 1/fan_in) (LeCun normal, so f(q) is of the order of q at init), biases zero.
 """
@@ -74,6 +84,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from lightning_cqk.attention.coupled_flow import coupled_mlp_flow, heads_back, heads_first, integrate
 from lightning_cqk.attention.transform import QKTransform, TransformOptions
 
 if TYPE_CHECKING:
@@ -111,20 +122,16 @@ class UncoupledDynamicsOptions(DynamicsOptions):
     g_k_output_bias: bool = False
 
 
+def _autocast_keeps(x: torch.Tensor) -> bool:
+    """True when autocast, if on for x's device, computes in x's dtype (it would cast nothing inside the flow)."""
+    kind = x.device.type
+    if not torch.amp.is_autocast_available(kind) or not torch.is_autocast_enabled(kind):
+        return True
+    return torch.get_autocast_dtype(kind) == x.dtype
+
+
 def _lecun_normal_(weight: torch.Tensor, fan_in: int) -> None:
     nn.init.normal_(weight, mean=0.0, std=fan_in**-0.5)
-
-
-def heads_first(x: torch.Tensor) -> torch.Tensor:
-    """(B, P, T, d) -> (P, B*T, d) for matmuls batched over pairs; a view for the (B, T, P, d) memory layout."""
-    B, P, T, d = x.shape
-    return x.transpose(1, 2).reshape(B * T, P, d).transpose(0, 1)  # (P, B*T, d)
-
-
-def heads_back(y: torch.Tensor, batch: int) -> torch.Tensor:
-    """(P, B*T, d) -> (B, P, T, d), a view; the inverse of `heads_first`."""
-    P, n, d = y.shape
-    return y.unflatten(1, (batch, n // batch)).transpose(0, 1)  # (B, P, T, d)
 
 
 class HeadMLPBank(nn.Module):
@@ -315,21 +322,28 @@ class _Dynamics(QKTransform):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(q, k) -> (q_n, k_n) on (B, P, T, d) tensors; `dt` overrides the learned step.
 
-        The work runs pairs-first, (P, B*T, d): each MLP bank is two batched matmuls (`torch.baddbmm`), the updates
-        are fused multiply-adds (`torch.addcmul`) that keep the input's memory layout. With recompute="flow" the
-        flow runs under `torch.utils.checkpoint` (backward keeps only q, k and dt).
+        The work runs pairs-first, (P, B*T, d): each MLP bank is two batched matmuls, the updates fused
+        multiply-adds. When backward will run, `flow_with_grad` chooses how (the fast path of `CoupledDynamics`, or
+        `flow` under `torch.utils.checkpoint` with recompute="flow", which keeps only q, k and dt).
         """
-        batch = q.size(0)
         dt = self._broadcast_dt(dt, q)
-        q_h, k_h = heads_first(q), heads_first(k)  # (P, B*T, d) each, views of the projections
         needs_grad = torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or dt.requires_grad or self.dt_raw.requires_grad
         )
-        if self.recompute == "flow" and needs_grad:
+        if needs_grad:
+            return self.flow_with_grad(q, k, dt)
+        q_h, k_h = self.flow(heads_first(q), heads_first(k), dt)  # (P, B*T, d) each
+        return heads_back(q_h, q.size(0)), heads_back(k_h, q.size(0))  # (B, P, T, d) each
+
+    def flow_with_grad(self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The flow of (B, P, T, d) q and k when backward will run: `flow` under `torch.utils.checkpoint` with
+        recompute="flow", else under plain autograd."""
+        q_h, k_h = heads_first(q), heads_first(k)  # (P, B*T, d) each, views of the projections
+        if self.recompute == "flow":
             q_h, k_h = checkpoint(self.flow, q_h, k_h, dt, use_reentrant=False, preserve_rng_state=False)
         else:
             q_h, k_h = self.flow(q_h, k_h, dt)
-        return heads_back(q_h, batch), heads_back(k_h, batch)  # (B, P, T, d) each
+        return heads_back(q_h, q.size(0)), heads_back(k_h, q.size(0))  # (B, P, T, d) each
 
     def flow(self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError  # pragma: no cover - abstract
@@ -384,8 +398,29 @@ class CoupledDynamics(_Dynamics):
         bank = HeadPotentialBank if self.options.gradient_field else HeadMLPBank
         return bank(self.n_pairs, self.dim, self.hidden, self.options.zero_init_last)
 
+    def flow_with_grad(self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`flow` when backward will run. A free-MLP bank takes the fast path `coupled_flow.coupled_mlp_flow` (the
+        same forward, a hand-written backward; recompute="flow" keeps only q and k there too); the gradient field
+        (and a q whose dtype autocast would change inside the flow) goes through autograd (`_Dynamics`)."""
+        if not isinstance(self.dynamics, HeadMLPBank) or not _autocast_keeps(q):
+            return super().flow_with_grad(q, k, dt)
+        keep = "inputs" if self.recompute == "flow" else "all"  # "qk": an outer checkpoint reruns this forward anyway
+        o = self.options
+        return coupled_mlp_flow(q, k, dt, *self._bank_weights(q.dtype), o.integrator, o.steps, keep)  # (B, P, T, d)
+
+    def _bank_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """w1, b1, w2, b2 of the free-MLP bank in the compute dtype (b2 None without an output bias)."""
+        bank = self.dynamics
+        b2 = None if bank.b2 is None else bank.b2.to(dtype)
+        return bank.w1.to(dtype), bank.b1.to(dtype), bank.w2.to(dtype), b2
+
     def flow(self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`steps` leapfrog or Euler steps on pairs-first q, k (P, N, d); dt () or (P, 1, 1)."""
+        """`steps` leapfrog or Euler steps on pairs-first q, k (P, N, d); dt () or (P, 1, 1). Plain ops (autograd
+        differentiates them): the path without gradients, and the gradient field's path. A free-MLP bank runs the
+        forward of the fast path (`coupled_flow.integrate`: each kick as (k + c b2) + s (c W2), f never formed)."""
+        if isinstance(self.dynamics, HeadMLPBank):
+            o = self.options
+            return integrate(q, k, dt, *self._bank_weights(q.dtype), o.integrator, o.steps)
         f = self.dynamics.heads_first
         if self.options.integrator == "euler":
             for _ in range(self.options.steps):
