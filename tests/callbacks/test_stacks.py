@@ -9,15 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from tiny_run import tiny_args
 
 from lightning_cqk.callbacks import TokenBudget
 from lightning_cqk.cli import main
 from lightning_cqk.cli.trainer import CQKCLI
 
 REPO = Path(__file__).resolve().parents[2]
-QUICKSTART = REPO / "configs" / "quickstart.yaml"
 STACKS = sorted((REPO / "callbacks").glob("*.yaml"))
-TEXT = "Instruments watch training from the side. The quick brown fox jumps over the lazy dog. "
 
 
 @pytest.fixture(autouse=True)
@@ -25,27 +24,17 @@ def _plain_argv(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("stack_corpus") / "corpus.jsonl"
-    path.write_text("".join(json.dumps({"text": f"Doc {i}. " + TEXT * (3 + i % 4)}) + "\n" for i in range(40)))
-    return path
-
-
-def overrides(tmp_path: Path, corpus: Path, steps: int = 50) -> list[str]:
-    return [
-        f"--data.source={corpus}",
-        f"--data.data_dir={corpus.parent / 'shards'}",
-        "--data.seq_len=16",
+def overrides(tmp_path: Path, shards: Path, *configs: Path, steps: int = 50) -> list[str]:
+    """The tiny run (with `configs` after the quickstart) at 4 windows a step, validating once at most."""
+    return tiny_args(
+        shards,
+        tmp_path / "runs",
         "--data.batch_size=4",
-        "--data.val_fraction=0.2",
         f"--trainer.max_steps={steps}",
         "--trainer.val_check_interval=1000",
         "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false",
-        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-        "--model.optim.warmup_steps=1",
-    ]
+        configs=configs,
+    )
 
 
 def test_there_are_stacks():
@@ -53,8 +42,8 @@ def test_there_are_stacks():
 
 
 @pytest.mark.parametrize("stack", STACKS, ids=lambda p: p.name)
-def test_stack_builds_with_the_cli(stack: Path, tmp_path: Path, corpus: Path):
-    cli = CQKCLI(args=["--config", str(QUICKSTART), "--config", str(stack), *overrides(tmp_path, corpus)], run=False)
+def test_stack_builds_with_the_cli(stack: Path, tmp_path: Path, tiny_shards: Path):
+    cli = CQKCLI(args=overrides(tmp_path, tiny_shards, stack), run=False)
     listed = [c["class_path"].rsplit(".", 1)[-1] for c in yaml.safe_load(stack.read_text())["trainer"]["callbacks"]]
     built = [type(c).__name__ for c in cli.trainer.callbacks]
     assert all(name in built for name in listed), (listed, built)
@@ -69,13 +58,13 @@ def test_stability_config_uses_the_stability_stack():
     assert config["trainer"]["callbacks"] == stack["trainer"]["callbacks"]
 
 
-def test_budget_from_the_command_line_and_match_to(tmp_path: Path, corpus: Path):
-    stack = str(REPO / "callbacks" / "compute_matched.yaml")
-    base = ["fit", "--config", str(QUICKSTART), "--config", stack, *overrides(tmp_path, corpus)]
+def test_budget_from_the_command_line_and_match_to(tmp_path: Path, tiny_shards: Path):
+    base = ["fit", *overrides(tmp_path, tiny_shards, REPO / "callbacks" / "compute_matched.yaml")]
     main([*base, "--trainer.logger.init_args.name=ref", "--budget.tokens=200"])  # 64 tokens per step: 3 steps
-    ref = tmp_path / "runs" / "ref" / "standard-tiny-s1337"
+    run = "standard-tiny-L1-H2-d16-ff32-s1337"  # the tiny run's shape is in the run's name
+    ref = tmp_path / "runs" / "ref" / run
     recorded = json.loads((ref / "budget.json").read_text())
     assert (recorded["steps"], recorded["tokens"]) == (3, 192)
     main([*base, "--trainer.logger.init_args.name=matched", f"--budget.match_to={ref}", "--budget.ratio=2"])
-    matched = json.loads((tmp_path / "runs" / "matched" / "standard-tiny-s1337" / "budget.json").read_text())
+    matched = json.loads((tmp_path / "runs" / "matched" / run / "budget.json").read_text())
     assert (matched["steps"], matched["tokens"]) == (6, 384)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_run import tiny_fit
 
 from lightning_cqk.data import Manifest, TokenDataModule, prepare, remote
 
@@ -86,26 +87,17 @@ def test_training_run_streams_from_s3(corpus: Path, bucket: str, tmp_path: Path,
     monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
     url = f"{bucket}/train-run"
     main(
-        [
-            "fit",
-            "--config",
-            str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"),
+        tiny_fit(
+            url,  # prepared by the DataModule straight into the bucket, then streamed
+            tmp_path / "runs",
             f"--data.source={corpus}",
-            f"--data.data_dir={url}",  # prepared by the DataModule straight into the bucket, then streamed
             f"--data.cache_dir={tmp_path / 'cache'}",
             "--data.val_fraction=0.25",
-            "--data.seq_len=16",
-            "--data.batch_size=2",
             "--data.num_workers=1",
-            "--model.config.n_layer=1",
             "--trainer.max_steps=3",
             "--trainer.val_check_interval=3",
             "--trainer.limit_val_batches=2",
-            "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false",
-            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-            "--model.optim.warmup_steps=1",
-        ]
+        )
     )
     assert Manifest.exists(url)
     (budget,) = (tmp_path / "runs").rglob("budget.json")

@@ -15,6 +15,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from tiny_run import tiny_fit
 
 from lightning_cqk.callbacks import AtomicCheckpointIO, RunCheckpoint
 from lightning_cqk.checkpoint_files import CorruptCheckpointError, checkpoint_problem
@@ -145,32 +146,19 @@ def test_corrupt_checkpoint_names_the_file_and_the_newest_intact_one(
         )
 
 
-def test_corrupt_last_through_the_cli(tmp_path, monkeypatch):
+def test_corrupt_last_through_the_cli(tiny_shards, tmp_path, monkeypatch):
     """`lightning_cqk fit --ckpt_path last` on a run whose last.ckpt is damaged: the error names it and step=2."""
     from lightning_cqk.cli import main
 
     monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
-    repo = Path(__file__).resolve().parents[2]
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(f"Paragraph {i}: keys, queries and values. " * 4 for i in range(60)))
-    args = [
-        "fit",
-        "--config",
-        str(repo / "configs" / "quickstart.yaml"),
-        f"--data.source={corpus}",
-        f"--data.data_dir={tmp_path / 'shards'}",
-        "--data.documents=paragraph",
-        "--data.val_fraction=0.2",
-        "--data.seq_len=16",
-        "--data.batch_size=2",
-        "--model.config.n_layer=1",
+    args = tiny_fit(
+        tiny_shards,
+        tmp_path / "runs",
         "--trainer.max_steps=3",
         "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false",
-        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
         "--trainer.callbacks=lightning_cqk.callbacks.RunCheckpoint",
         "--trainer.callbacks.every_n_steps=2",
-    ]
+    )
     main(args)
     folder = next((tmp_path / "runs").glob("*/*/checkpoints"))
     assert steps_on_disk(folder) == [2]

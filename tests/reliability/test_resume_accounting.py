@@ -11,29 +11,15 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tiny_run import callbacks_config, child_env, tiny_command
 
-from lightning_cqk.data import prepare
-
-REPO = Path(__file__).resolve().parents[2]
-SEQ, BATCH = 16, 2
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("resume-accounting")
-    with (root / "corpus.jsonl").open("w") as f:
-        for i in range(80):
-            f.write(json.dumps({"text": f"Note {i}. " + "Sphinx of black quartz, judge my vow. " * (2 + i % 4)}) + "\n")
-    prepare(str(root / "corpus.jsonl"), str(root / "shards"), val_fraction=0.25)
-    return root / "shards"
+SEQ, BATCH = 16, 2  # the tiny run's windows
 
 
 def fit(shards: Path, runs: Path, *extra: str, every: int = 3) -> subprocess.CompletedProcess:
@@ -41,21 +27,19 @@ def fit(shards: Path, runs: Path, *extra: str, every: int = 3) -> subprocess.Com
         {"class_path": "lightning_cqk.callbacks.RunCheckpoint", "init_args": {"every_n_steps": every}},
         {"class_path": "lightning_cqk.callbacks.BestCheckpoint"},
     ]
-    config = runs.parent / f"{runs.name}-callbacks.yaml"
-    config.write_text(json.dumps({"trainer": {"callbacks": callbacks}}))
-    command = [
-        sys.executable, "-m", "lightning_cqk", "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
-        "--config", str(config), f"--data.data_dir={shards}", "--data.source=null", f"--data.seq_len={SEQ}",
-        f"--data.batch_size={BATCH}", "--model.config.n_layer=1", "--model.config.n_embd=16",
-        "--model.config.n_head=2", "--model.config.mlp_hidden=32", "--model.optim.warmup_steps=1",
-        "--model.optim.lr=1e-2", f"--trainer.val_check_interval={every}", "--trainer.limit_val_batches=2",
-        "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false", "--trainer.accelerator=cpu", "--trainer.deterministic=true",
-        f"--trainer.logger.init_args.save_dir={runs}", *extra,
-    ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    env.pop("PYTEST_CURRENT_TEST", None)
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    config = callbacks_config(runs.parent / f"{runs.name}-callbacks.yaml", callbacks)
+    command = tiny_command(
+        shards,
+        runs,
+        "--model.optim.lr=1e-2",
+        f"--trainer.val_check_interval={every}",
+        "--trainer.limit_val_batches=2",
+        "--trainer.log_every_n_steps=1",
+        "--trainer.deterministic=true",
+        *extra,
+        configs=[config],
+    )
+    return subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=300)
 
 
 def ok(result: subprocess.CompletedProcess) -> None:
@@ -63,16 +47,16 @@ def ok(result: subprocess.CompletedProcess) -> None:
 
 
 @pytest.mark.slow
-def test_a_token_budget_resumed_with_another_accumulation_counts_the_tokens_already_trained(shards, tmp_path):
+def test_a_token_budget_resumed_with_another_accumulation_counts_the_tokens_already_trained(tiny_shards, tmp_path):
     runs = tmp_path / "runs"
     step = SEQ * BATCH  # 32 tokens per optimizer step at accumulate 1
-    ok(fit(shards, runs, f"--budget.tokens={40 * step}", "--trainer.max_steps=1000", every=20))
+    ok(fit(tiny_shards, runs, f"--budget.tokens={40 * step}", "--trainer.max_steps=1000", every=20))
     (run_dir,) = (runs / "quickstart").iterdir()
     first = json.loads((run_dir / "budget.json").read_text())
     assert (first["tokens"], first["steps"], first["tokens_per_step"]) == (40 * step, 40, step)
 
     # Resume with a larger budget and twice the accumulation: 40 steps of 32 tokens are done, 20 steps of 64 remain.
-    ok(fit(shards, runs, f"--budget.tokens={80 * step}", "--trainer.accumulate_grad_batches=2", "--ckpt_path=last",
+    ok(fit(tiny_shards, runs, f"--budget.tokens={80 * step}", "--trainer.accumulate_grad_batches=2", "--ckpt_path=last",
            "--trainer.max_steps=1000", every=20))  # fmt: skip
     budget = json.loads((run_dir / "budget.json").read_text())
     attempts = budget["attempts"]
@@ -86,7 +70,7 @@ def test_a_token_budget_resumed_with_another_accumulation_counts_the_tokens_alre
 
     # The same again trains no step: the attempt is in run.json, budget.json is left exactly as it was.
     before = (run_dir / "budget.json").read_bytes()
-    ok(fit(shards, runs, f"--budget.tokens={80 * step}", "--trainer.accumulate_grad_batches=2", "--ckpt_path=last",
+    ok(fit(tiny_shards, runs, f"--budget.tokens={80 * step}", "--trainer.accumulate_grad_batches=2", "--ckpt_path=last",
            "--trainer.max_steps=1000", every=20))  # fmt: skip
     attempts = json.loads((run_dir / "run.json").read_text())["attempts"]
     assert len(attempts) == 3 and attempts[-1]["trained_no_step"] is True and attempts[-1]["status"] == "finished"
@@ -117,9 +101,11 @@ def val_losses(run_dir: Path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_checkpoints_at_a_validation_step_know_its_best_and_resumes_and_copies_track_the_true_best(shards, tmp_path):
+def test_checkpoints_at_a_validation_step_know_its_best_and_resumes_and_copies_track_the_true_best(
+    tiny_shards, tmp_path
+):
     runs = tmp_path / "runs"
-    ok(fit(shards, runs, "--trainer.max_steps=9"))  # validations and saves at 3, 6, 9
+    ok(fit(tiny_shards, runs, "--trainer.max_steps=9"))  # validations and saves at 3, 6, 9
     (run_dir,) = (runs / "quickstart").iterdir()
     losses = val_losses(run_dir)
     best = min(losses, key=losses.get)
@@ -135,7 +121,7 @@ def test_checkpoints_at_a_validation_step_know_its_best_and_resumes_and_copies_t
     copy = runs / "quickstart" / "copy"
     shutil.copytree(run_dir, copy, symlinks=True)
     original = {p.name: p.stat().st_mtime_ns for p in (run_dir / "checkpoints").iterdir()}
-    ok(fit(shards, runs, f"--ckpt_path={copy / 'checkpoints' / 'last.ckpt'}", "--model.optim.lr=30",
+    ok(fit(tiny_shards, runs, f"--ckpt_path={copy / 'checkpoints' / 'last.ckpt'}", "--model.optim.lr=30",
            "--trainer.max_steps=15"))  # fmt: skip
     later = val_losses(copy)
     assert min(later[12], later[15]) > losses[best], "the control: the continuation is worse"
@@ -156,7 +142,7 @@ def test_checkpoints_at_a_validation_step_know_its_best_and_resumes_and_copies_t
     future = torch.load(run_dir / "checkpoints" / f"best-step={best}.ckpt", weights_only=True)
     future["global_step"] = 99
     torch.save(future, run_dir / "checkpoints" / "best-step=99.ckpt")
-    result = fit(shards, runs, "--ckpt_path=last", "--model.optim.lr=30", "--trainer.max_steps=15")
+    result = fit(tiny_shards, runs, "--ckpt_path=last", "--model.optim.lr=30", "--trainer.max_steps=15")
     ok(result)
     assert "tracking" in result.stdout + result.stderr and "pruned" in result.stdout + result.stderr
     state = best_state(run_dir / "checkpoints" / "last.ckpt")

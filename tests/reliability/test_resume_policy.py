@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_run import tiny_args
 
 from lightning_cqk.cli import main
 from lightning_cqk.run_dir import (
@@ -43,31 +44,14 @@ def test_docs_show_the_table_the_check_uses():
     )
 
 
-def test_a_refused_resume_prints_the_table(tmp_path: Path, monkeypatch):
+def test_a_refused_resume_prints_the_table(tiny_shards: Path, tmp_path: Path, monkeypatch):
     """A real `fit`, then the same run resumed with another architecture: refused, with the policy table."""
     monkeypatch.setattr(sys, "argv", ["lightning_cqk"])
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n\n".join(f"paragraph {i}: " + "the cat sat on the mat. " * 3 for i in range(40)))
-    args = [
-        "--config",
-        str(REPO / "configs" / "quickstart.yaml"),
-        f"--data.source={corpus}",
-        f"--data.data_dir={tmp_path / 'shards'}",
-        "--data.documents=paragraph",
-        "--data.seq_len=16",
-        "--data.batch_size=2",
-        "--model.config.n_layer=1",
-        "--trainer.max_steps=1",
-        "--trainer.limit_val_batches=0",
-        "--model.optim.warmup_steps=1",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-    ]
+    args = tiny_args(tiny_shards, tmp_path / "runs", "--trainer.max_steps=1", "--trainer.limit_val_batches=0")
     main(["fit", *args])
     (run,) = (tmp_path / "runs" / "quickstart").iterdir()
     ckpt = run / "checkpoints" / "last.ckpt"  # RunCheckpoint (the quickstart's stack) writes it when training ends
     with pytest.raises(ResumeRefused) as refusal:
-        main(["fit", *args, f"--ckpt_path={ckpt}", "--model.config.n_head=2"])
+        main(["fit", *args, f"--ckpt_path={ckpt}", "--model.config.n_head=4"])  # the tiny run has 2
     message = str(refusal.value)
     assert "model.config.n_head" in message and policy_table() in message

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tiny_run import child_env, tiny_command
 
 from lightning_cqk.run_dir import UnsafeRunName, check_run_name_part
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def fit(runs: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable, "-m", "lightning_cqk", "fit", "--config", str(REPO / "configs" / "quickstart.yaml"),
-        "--data.data_dir=/nonexistent/shards", "--data.source=null", "--model.config.n_layer=1",
-        "--trainer.accelerator=cpu", "--trainer.max_steps=2", f"--trainer.logger.init_args.save_dir={runs}", *extra,
-    ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    env.pop("PYTEST_CURRENT_TEST", None)
-    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    command = tiny_command("/nonexistent/shards", runs, "--trainer.max_steps=2", *extra)
+    return subprocess.run(command, env=child_env(), cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("value", ["..", ".", "../x", "a/b", "/abs", "a\\b", "x\ny", "\x00"])

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_run import tiny_fit
 
 from lightning_cqk.checkpoint_files import (
     TRUSTED_GLOBALS,
@@ -48,34 +49,18 @@ class Payload:
 
 
 @pytest.fixture(scope="module")
-def fit_checkpoint(tmp_path_factory) -> Path:
+def fit_checkpoint(tiny_shards: Path, tmp_path_factory) -> Path:
     """A real checkpoint of `lightning_cqk fit` with the studies' callback stack (callbacks/sweep.yaml: periodic
     checkpoints with RNG state, NaN guard, instruments) and a best-checkpoint, 2 steps of a 1-layer model."""
-    root = tmp_path_factory.mktemp("fit")
-    corpus = root / "corpus.txt"
-    corpus.write_text("\n\n".join(f"paragraph {i}: " + "the cat sat on the mat. " * 4 for i in range(60)))
-    args = [
-        "fit",
-        "--config",
-        str(REPO / "configs" / "quickstart.yaml"),
-        "--config",
-        str(REPO / "callbacks" / "sweep.yaml"),
+    args = tiny_fit(
+        tiny_shards,
+        tmp_path_factory.mktemp("fit") / "runs",
         "--trainer.callbacks+=lightning_cqk.callbacks.BestCheckpoint",
-        f"--data.source={corpus}",
-        f"--data.data_dir={root / 'shards'}",
-        "--data.documents=paragraph",
-        "--data.seq_len=32",
-        "--data.batch_size=4",
-        "--data.val_fraction=0.2",
-        "--model.config.n_layer=1",
         "--trainer.max_steps=2",
         "--trainer.val_check_interval=2",
         "--trainer.limit_val_batches=1",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        f"--trainer.logger.init_args.save_dir={root / 'runs'}",
-        "--model.optim.warmup_steps=1",
-    ]
+        configs=[REPO / "callbacks" / "sweep.yaml"],
+    )
     argv, sys.argv = sys.argv, ["lightning_cqk"]
     try:
         cli = CQKCLI(args=args)

@@ -157,12 +157,12 @@ def test_committed_runs_are_adopted_only_after_the_probe_reproduces_them(tmp_pat
 
 def test_a_diverged_probe_reproducing_a_diverged_twin_adopts_nothing(tmp_path: Path, monkeypatch):
     """nan == nan as text: without the finiteness check a diverged probe would vouch for its arm's other twins."""
-    from lightning_cqk.sweep import adopt, report
+    from lightning_cqk.sweep import adopt, report_read
 
     nan, loss, ppl = float("nan"), 2.0742690563201904, 7.958
     twin = adopt.CommittedRun(tmp_path, "ref-s1", "x", loss, ppl)
     scalars = {"val/loss": [(499, loss)], "val/ppl": [(499, ppl)]}
-    monkeypatch.setattr(report, "read_scalars", lambda *args, **kwargs: scalars)
+    monkeypatch.setattr(report_read, "read_scalars", lambda *args, **kwargs: scalars)
     assert adopt.reproduces(tmp_path, twin)
     assert not adopt.reproduces(tmp_path, adopt.CommittedRun(tmp_path, "ref-s1", "x", loss + 1e-9, ppl))
     scalars = {"val/loss": [(499, nan)], "val/ppl": [(499, nan)]}
