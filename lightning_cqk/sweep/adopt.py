@@ -38,6 +38,7 @@ class CommittedRun:
     identity: str
     val_loss: float
     val_ppl: float
+    revisions: tuple[str, ...] = ()  # the code revisions its attempts ran (runs.csv `code_revision`)
 
     @property
     def source(self) -> str:
@@ -82,7 +83,8 @@ def index_committed(folders: list[Path]) -> dict[str, CommittedRun]:
             overrides = _with_committed_rate(dict(run.get("overrides") or {}), rows[name])
             identity = run_identity(list(run.get("configs") or []), overrides, int(run["seed"]))
             row = rows[name]
-            twin = CommittedRun(folder, name, identity, float(row["val_loss"]), float(row["val_ppl"]))
+            revisions = tuple(str(row.get("code_revision") or "").split())
+            twin = CommittedRun(folder, name, identity, float(row["val_loss"]), float(row["val_ppl"]), revisions)
             index.setdefault(identity, twin)
     return index
 

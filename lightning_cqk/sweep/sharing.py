@@ -75,7 +75,8 @@ def _adoption(
         return None
     ledger.set_status(probe, reproduces=True, twin=probe_twin.source)
     device = ledger.status(probe).get("device")  # the twin's numbers are the probe's machine's numbers
-    return {**base, "adopted_from": twin.source, "probe": probe.name, "device": device, "returncode": 0}
+    made_by = {"revisions": list(twin.revisions)} if twin.revisions else {}  # the code that made its numbers
+    return {**base, "adopted_from": twin.source, "probe": probe.name, "device": device, "returncode": 0, **made_by}
 
 
 def _arm(ledger: Ledger, run: Run) -> list[Run]:

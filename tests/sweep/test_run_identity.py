@@ -129,6 +129,9 @@ def test_committed_runs_are_adopted_only_after_the_probe_reproduces_them(tmp_pat
     status = {p.stem: json.loads(p.read_text()) for p in (second.sweep_dir / "status").glob("*.json")}
     assert status["ref-s1"]["reproduces"] is True and (second.sweep_dir / "ref-s1" / "budget.json").is_file()
     assert status["ref-s2"]["adopted_from"] == f"{committed}#ref-s2" and status["ref-s2"]["probe"] == "ref-s1"
+    with (committed / "runs.csv").open() as handle:  # the code that made an adopted run's numbers is its twin's
+        made_by = next(row["code_revision"] for row in csv.DictReader(handle) if row["run"] == "ref-s2")
+    assert made_by and status["ref-s2"]["revisions"] == made_by.split()
     assert not (second.sweep_dir / "ref-s2").exists(), "an adopted run was computed"
     assert group_values(collect(second.sweep_dir), "val/ppl") == values  # equal to the last digit
     write_report(second.sweep_dir, quiet=True)
