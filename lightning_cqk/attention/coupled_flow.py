@@ -27,9 +27,12 @@ which the implementation before this fast path computed: equal to round-off. `te
 checks outputs and gradients (q, k, dt, every parameter; leapfrog and Euler; steps 1..3 and 7; dt per layer and per
 pair) against a plain-autograd reference in fp64.
 
-What backward keeps (`keep`): "inputs" (recompute="flow") keeps q_0 and k_0 and recomputes the states in backward,
-skipping what only the outputs need (the last force's output matmul); "all" (recompute="none", and "qk", whose outer
-checkpoint reruns this forward anyway) keeps every state the sweep reads: q_j, z_j = q_j W1 + b1, s_j, and a_i
+What backward keeps (`keep`): "inputs" (recompute="flow") keeps q_0 and, for leapfrog, the first kick a_0 (for
+Euler k_0; for leapfrog too when k_0 is kept anyway: `keys_kept`, or k is q), as much memory as q_0 and k_0, and
+recomputes the states in backward, skipping what a_0 already holds (the first force's output matmul) and what only
+the outputs need (the last force's output matmul); the forces' s_j that the recompute does not need are computed in
+backward into one buffer that then takes dL/ds_j and dL/dz_j in place. "all" (recompute="none", and "qk", whose
+outer checkpoint reruns this forward anyway) keeps every state the sweep reads: q_j, z_j = q_j W1 + b1, s_j, and a_i
 (leapfrog) or k_i (Euler).
 
 Shapes: B batch, P pairs, T tokens, N = B*T, d head size, H hidden width. `coupled_mlp_flow` takes and returns
@@ -88,25 +91,34 @@ def _kick(k: torch.Tensor, coef: torch.Tensor, s: torch.Tensor, w2: torch.Tensor
     return torch.baddbmm(start, s, coef * w2, out=start)  # (P, N, d)
 
 
-def _leapfrog(q, k, dt, w1, b1, w2, b2, steps: int, record: bool, outputs: bool, out=None):
-    """The leapfrog states; `record`: also return [q_j], [z_j], [s_j] (j = 0..n) and [a_i] (i < n).
+def _leapfrog(
+    q, k, dt, w1, b1, w2, b2, steps: int, record: bool, outputs: bool, out=None, first_kick=None, keep_first_kick=False
+):
+    """The leapfrog states; `record`: also return [q_j], [z_j], [s_j] (j = 0..n) and [a_i] (i < n);
+    `keep_first_kick` (without `record`): the kicks list holds a_0 alone (what backward keeps with q_0 when it
+    recomputes, `CoupledMLPFlow`).
 
-    `outputs=False` (a recompute for backward) stops after s_n: the last kick feeds only k_n. `out`: (q_n, k_n) are
-    written there (contiguous (P, N, d) tensors; without grad only).
+    `outputs=False` (a recompute for backward) stops after z_n and records s_0 (with `first_kick`) and s_n as None:
+    nothing but backward reads them, and `_Grads.force` computes them there into its one buffer. `out`: (q_n, k_n)
+    are written there (contiguous (P, N, d) tensors; without grad only). `first_kick`: a_0, already known (k is then
+    not read), so the recompute skips the first force's output matmul.
     """
     q_out, k_out = (None, None) if out is None else out
     qs, zs, ss, kicks = [], [], [], []
     half = 0.5 * dt
     z = _pre(q, w1, b1)  # (P, N, H)
-    s = _silu(z, record)  # (P, N, H)
+    s = _silu(z, record) if first_kick is None else None  # (P, N, H)
     if record:
         qs.append(q), zs.append(z), ss.append(s)
     for i in range(steps):
-        k = _kick(k, half, s, w2, b2)  # a_i = k_i + h F_i
+        k = first_kick if i == 0 and first_kick is not None else _kick(k, half, s, w2, b2)  # a_i = k_i + h F_i
+        if i == 0 and keep_first_kick:
+            kicks.append(k)
         last = i == steps - 1
         q = torch.addcmul(q, dt, k) if q_out is None or not last else torch.addcmul(q, dt, k, out=q_out)  # q_{i+1}
         z = _pre(q, w1, b1)  # (P, N, H)
-        s = _silu(z, record)  # (P, N, H); F_{i+1} serves this step's closing kick and the next opening one
+        # F_{i+1} serves this step's closing kick and the next opening one.
+        s = None if last and not outputs else _silu(z, record)  # (P, N, H)
         if record:
             kicks.append(k), qs.append(q), zs.append(z), ss.append(s)
         if not outputs and last:
@@ -118,16 +130,17 @@ def _leapfrog(q, k, dt, w1, b1, w2, b2, steps: int, record: bool, outputs: bool,
 def _euler(q, k, dt, w1, b1, w2, b2, steps: int, record: bool, outputs: bool, out=None):
     """The Euler states; `record`: also return [q_i], [z_i], [s_i] and [k_i] (i < n).
 
-    `outputs=False` stops after s_{n-1}: the last force feeds only k_n, the last drift only q_n. `out` as `_leapfrog`.
+    `outputs=False` stops after z_{n-1} (s_{n-1} recorded as None, as `_leapfrog`): the last force feeds only k_n,
+    the last drift only q_n. `out` as `_leapfrog`.
     """
     q_out, k_out = (None, None) if out is None else out
     qs, zs, ss, ks = [], [], [], []
     for i in range(steps):
+        last = i == steps - 1
         z = _pre(q, w1, b1)  # (P, N, H)
-        s = _silu(z, record)  # (P, N, H)
+        s = None if last and not outputs else _silu(z, record)  # (P, N, H)
         if record:
             qs.append(q), zs.append(z), ss.append(s), ks.append(k)
-        last = i == steps - 1
         if not outputs and last:
             return None, None, (qs, zs, ss, ks)
         if q_out is not None and last:  # simultaneous: both from the old state
@@ -153,7 +166,10 @@ def _owned(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _pair_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """<a_p, b_p> per pair: (P, N, d) x (P, N, d) -> (P,)."""
+    """<a_p, b_p> per pair: (P, N, d) x (P, N, d) -> (P,); one dot product per pair when both are contiguous (no
+    (P, N, d) product is formed)."""
+    if a.is_contiguous() and b.is_contiguous():
+        return torch.stack([torch.dot(x.view(-1), y.view(-1)) for x, y in zip(a, b)])  # (P,)
     return (a * b).sum((1, 2))  # (P,)
 
 
@@ -168,6 +184,7 @@ class _Grads:
         self.need_dt, self.need_w1, self.need_b1, self.need_w2, self.need_b2 = needs
         self.need_b2 = self.need_b2 and b2 is not None
         self.w1t = w1.transpose(1, 2).contiguous()  # (P, H, d)
+        self.buffer: torch.Tensor | None = None  # (P, N, H): s_j when not recorded, then dL/ds_j, then dL/dz_j
         self.gw1 = self.gb1 = self.gw2 = self.gb2 = None
         self.gdt = torch.zeros(w1.size(0), dtype=w1.dtype, device=w1.device)  # (P,)
 
@@ -182,7 +199,15 @@ class _Grads:
 
     def force(self, grad: torch.Tensor, coef: torch.Tensor, dcoef: float, q, z, s, gq):
         """Backward through a force F_j = f(q_j) whose kicks receive `grad` (P, N, d) with coefficient `coef` (P,) per
-        pair (dL/dF_j = coef * grad; d coef / d dt = `dcoef`). Adds J_f(q_j)^T dL/dF_j to `gq` in place."""
+        pair (dL/dF_j = coef * grad; d coef / d dt = `dcoef`). Adds J_f(q_j)^T dL/dF_j to `gq` in place.
+
+        `s` is silu(z_j), or None (not recorded): it is computed into the buffer, which then takes dL/ds_j and
+        dL/dz_j in place, so no (P, N, H) tensor is allocated per force (a recorded s is never written: autograd may
+        run this backward again with retain_graph)."""
+        if self.buffer is None:
+            self.buffer = torch.empty_like(z)  # (P, N, H)
+        if s is None:
+            s = torch.ops.aten.silu.out(z, out=self.buffer)  # (P, N, H)
         c3 = coef.view(-1, 1, 1)  # (P, 1, 1)
         if self.need_w2 or self.need_dt:
             m = torch.bmm(s.transpose(1, 2), grad)  # (P, H, d) = s_j^T G_j
@@ -196,8 +221,9 @@ class _Grads:
                 self.gb2 = self._add(self.gb2, coef.view(-1, 1) * r)
             if self.need_dt:
                 self.gdt = self.gdt + dcoef * (r * self.b2).sum(1)  # <1^T G_j, b2>
-        gs = torch.bmm(grad, (c3 * self.w2).transpose(1, 2).contiguous())  # (P, N, H) = dL/ds_j
-        gz = torch.ops.aten.silu_backward(gs, z)  # (P, N, H) = dL/dz_j
+        # s is no longer read: its buffer takes dL/ds_j, then dL/dz_j.
+        gs = torch.bmm(grad, (c3 * self.w2).transpose(1, 2).contiguous(), out=self.buffer)  # (P, N, H) = dL/ds_j
+        gz = torch.ops.aten.silu_backward.grad_input(gs, z, grad_input=gs)  # (P, N, H) = dL/dz_j
         if self.need_w1:
             self.gw1 = self._add(self.gw1, torch.bmm(q.transpose(1, 2), gz))  # (P, d, H)
         if self.need_b1:
@@ -251,12 +277,15 @@ class CoupledMLPFlow(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, dt, w1, b1, w2, b2, integrator: str, steps: int, keep: str):
+    def forward(ctx, q, k, dt, w1, b1, w2, b2, integrator: str, steps: int, keep: str, keys_kept: bool):
         run = _leapfrog if integrator == "leapfrog" else _euler
         record = keep == "all"
         q_n, k_n = _empty_pairs_first(q), _empty_pairs_first(k)  # (B, P, T, d), filled through their pairs-first views
         out = (heads_first(q_n), heads_first(k_n))  # (P, N, d) contiguous views
-        _, _, states = run(heads_first(q), heads_first(k), dt, w1, b1, w2, b2, steps, record, True, out)
+        # Leapfrog keeps a_0 instead of k_0 (the same size) unless k_0 is kept anyway (a tied v, or k is q).
+        ctx.first_kick = run is _leapfrog and not record and not keys_kept and k is not q
+        first = {"keep_first_kick": True} if ctx.first_kick else {}
+        _, _, states = run(heads_first(q), heads_first(k), dt, w1, b1, w2, b2, steps, record, True, out, **first)
         ctx.run, ctx.steps, ctx.record, ctx.has_b2 = run, steps, record, b2 is not None
         params = (dt, w1, b1, w2) + ((b2,) if b2 is not None else ())
         if record:
@@ -268,7 +297,7 @@ class CoupledMLPFlow(torch.autograd.Function):
             ctx.counts = (len(qs), len(zs), len(ss), len(other))
             ctx.save_for_backward(*params, *ends, *qs, *zs, *ss, *other)
         else:
-            ctx.save_for_backward(*params, q, k)
+            ctx.save_for_backward(*params, q, states[3][0] if ctx.first_kick else k)
         return q_n, k_n
 
     @staticmethod
@@ -292,12 +321,16 @@ class CoupledMLPFlow(torch.autograd.Function):
                 states = ([first, *qs], zs, ss, [second, *other])
         else:
             with torch.no_grad():
-                q, k = heads_first(rest[0]), heads_first(rest[1])  # (P, N, d)
-                _, _, states = ctx.run(q, k, dt, w1, b1, w2, b2, ctx.steps, True, False)
+                q = heads_first(rest[0])  # (P, N, d)
+                if ctx.first_kick:  # rest[1]: a_0 (P, N, d); the recompute starts after the first kick
+                    _, _, states = _leapfrog(q, None, dt, w1, b1, w2, b2, ctx.steps, True, False, first_kick=rest[1])
+                else:  # rest[1]: k_0 (B, P, T, d)
+                    k = heads_first(rest[1])  # (P, N, d)
+                    _, _, states = ctx.run(q, k, dt, w1, b1, w2, b2, ctx.steps, True, False)
         sweep = _leapfrog_backward if ctx.run is _leapfrog else _euler_backward
         gq, gk, acc = sweep(gq_out, gk_out, dt, w1, b1, w2, b2, states, ctx.needs_input_grad[2:7])
         gdt = None if not acc.need_dt else acc.gdt.sum() if dt.dim() == 0 else acc.gdt.view(dt.shape)
-        return gq, gk, gdt, acc.gw1, acc.gb1, acc.gw2, acc.gb2, None, None, None
+        return gq, gk, gdt, acc.gw1, acc.gb1, acc.gw2, acc.gb2, None, None, None, None
 
 
 def coupled_mlp_flow(
@@ -311,6 +344,7 @@ def coupled_mlp_flow(
     integrator: str,
     steps: int,
     keep: str = "inputs",
+    keys_kept: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q_n, k_n) (B, P, T, d) after `steps` steps of `integrator` (module docstring), with the hand-written backward.
 
@@ -321,5 +355,7 @@ def coupled_mlp_flow(
         integrator: "leapfrog" or "euler".
         steps: number of steps (>= 1).
         keep: "inputs" (backward recomputes the states) or "all" (backward reads them).
+        keys_kept: k is kept by the caller for its own backward anyway (a tied v): with keep="inputs", leapfrog then
+            keeps k_0 rather than its first kick a_0 (no extra memory, one more matmul in the recompute).
     """
-    return CoupledMLPFlow.apply(q, k, dt, w1, b1, w2, b2, integrator, steps, keep)
+    return CoupledMLPFlow.apply(q, k, dt, w1, b1, w2, b2, integrator, steps, keep, keys_kept)

@@ -315,8 +315,8 @@ class InvertibleCoupling(QKTransform):
                 q_h = target
         return heads_back(q_h, batch), heads_back(k_h, batch), log_det.view(-1, batch, q.size(2)).transpose(0, 1)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q, k) -> (q', k') on (B, P, T, d) tensors."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, keys_kept: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, k) -> (q', k') on (B, P, T, d) tensors (`keys_kept` is not needed: the fused path keeps q and k)."""
         if self.options.fused and not torch.compiler.is_compiling():
             # Under torch.compile the reference equations are traced instead: the compiler fuses them itself.
             return self.forward_fused(q, k)

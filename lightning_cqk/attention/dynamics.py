@@ -318,9 +318,10 @@ class _Dynamics(QKTransform):
         return dt.view(-1, 1, 1) if dt.dim() == 1 else dt
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor | float | None = None
+        self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor | float | None = None, keys_kept: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q, k) -> (q_n, k_n) on (B, P, T, d) tensors; `dt` overrides the learned step.
+        """(q, k) -> (q_n, k_n) on (B, P, T, d) tensors; `dt` overrides the learned step; `keys_kept` as
+        `QKTransform.forward`.
 
         The work runs pairs-first, (P, B*T, d): each MLP bank is two batched matmuls, the updates fused
         multiply-adds. When backward will run, `flow_with_grad` chooses how (the fast path of `CoupledDynamics`, or
@@ -331,13 +332,15 @@ class _Dynamics(QKTransform):
             q.requires_grad or k.requires_grad or dt.requires_grad or self.dt_raw.requires_grad
         )
         if needs_grad:
-            return self.flow_with_grad(q, k, dt)
+            return self.flow_with_grad(q, k, dt, keys_kept)
         q_h, k_h = self.flow(heads_first(q), heads_first(k), dt)  # (P, B*T, d) each
         return heads_back(q_h, q.size(0)), heads_back(k_h, q.size(0))  # (B, P, T, d) each
 
-    def flow_with_grad(self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def flow_with_grad(
+        self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor, keys_kept: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The flow of (B, P, T, d) q and k when backward will run: `flow` under `torch.utils.checkpoint` with
-        recompute="flow", else under plain autograd."""
+        recompute="flow" (which keeps q and k whatever `keys_kept`), else under plain autograd."""
         q_h, k_h = heads_first(q), heads_first(k)  # (P, B*T, d) each, views of the projections
         if self.recompute == "flow":
             q_h, k_h = checkpoint(self.flow, q_h, k_h, dt, use_reentrant=False, preserve_rng_state=False)
@@ -398,15 +401,18 @@ class CoupledDynamics(_Dynamics):
         bank = HeadPotentialBank if self.options.gradient_field else HeadMLPBank
         return bank(self.n_pairs, self.dim, self.hidden, self.options.zero_init_last)
 
-    def flow_with_grad(self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def flow_with_grad(
+        self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor, keys_kept: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`flow` when backward will run. A free-MLP bank takes the fast path `coupled_flow.coupled_mlp_flow` (the
         same forward, a hand-written backward; recompute="flow" keeps only q and k there too); the gradient field
         (and a q whose dtype autocast would change inside the flow) goes through autograd (`_Dynamics`)."""
         if not isinstance(self.dynamics, HeadMLPBank) or not _autocast_keeps(q):
-            return super().flow_with_grad(q, k, dt)
+            return super().flow_with_grad(q, k, dt, keys_kept)
         keep = "inputs" if self.recompute == "flow" else "all"  # "qk": an outer checkpoint reruns this forward anyway
         o = self.options
-        return coupled_mlp_flow(q, k, dt, *self._bank_weights(q.dtype), o.integrator, o.steps, keep)  # (B, P, T, d)
+        weights = self._bank_weights(q.dtype)
+        return coupled_mlp_flow(q, k, dt, *weights, o.integrator, o.steps, keep, keys_kept)  # (B, P, T, d) each
 
     def _bank_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """w1, b1, w2, b2 of the free-MLP bank in the compute dtype (b2 None without an output bias)."""

@@ -208,7 +208,8 @@ class StandardAttention(AttentionBackend):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The q/k stage (`transform.qk_stage`): QK-norm, learned transform, RoPE. q (B, nh, T, hs), k (B, nkv, T, hs)
         in; k leaves with nh heads when a learned transform pairs grouped K/V heads. A tied q stays k without one."""
-        return qk_stage(q, k, ctx, q_norm=self.q_norm, k_norm=self.k_norm, transform=self.qk_transform)
+        transform = self.qk_transform
+        return qk_stage(q, k, ctx, q_norm=self.q_norm, k_norm=self.k_norm, transform=transform, keys_kept=self.v_tied)
 
     def reset_backend_parameters(self) -> None:
         if self.qk_transform is not None:

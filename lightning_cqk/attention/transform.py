@@ -91,7 +91,12 @@ class QKTransform(nn.Module):
     def rope_order(self) -> str:
         return self.options.rope_order
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, keys_kept: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
+        """(q, k) -> (q', k') on (B, P, T, d) tensors. `keys_kept`: the backend keeps this very k for its own backward
+        (a tied v), so a transform that keeps inputs for backward may keep k at no memory cost (a hint; the outputs
+        do not depend on it)."""
         raise NotImplementedError
 
     def reset_parameters(self) -> None:
@@ -220,6 +225,7 @@ def qk_stage(
     k_norm: nn.Module | None = None,
     transform: QKTransform | None = None,
     rope: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    keys_kept: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """QK-norm, the learned transform and RoPE, in the order of the module docstring.
 
@@ -233,6 +239,8 @@ def qk_stage(
         transform: the learned q/k transform (None: none).
         rope: rotation of a (B, n, T, d) tensor; default: `apply_rope` with the context's tables on all d features
             (a no-op without RoPE). `mla` passes its rotation of the trailing d_rope features.
+        keys_kept: the backend keeps the k it passes for its own backward (a tied v); the transform is told so when
+            that same k reaches it (no norm, rotation or head repeat before it).
 
     Returns:
         q (B, nq, T, d), k (B, nk or nq, T, d).
@@ -242,7 +250,7 @@ def qk_stage(
         def rope(t: torch.Tensor) -> torch.Tensor:
             return apply_rope(t, ctx.cos, ctx.sin)
 
-    tied = q is k
+    tied, raw_k = q is k, k
     if k_norm is not None:
         k = k_norm(k)  # (B, nk, T, d)
     if tied:
@@ -255,6 +263,6 @@ def qk_stage(
     if transform.rope_order == "post":
         k = rope(k)
         q = k if tied else rope(q)
-        return transform(q, repeat_kv(k, q.size(1) // k.size(1)))  # (B, nq, T, d) each
-    q, k = transform(q, repeat_kv(k, q.size(1) // k.size(1)))  # (B, nq, T, d) each
-    return rope(q), rope(k)
+    k = repeat_kv(k, q.size(1) // k.size(1))  # (B, nq, T, d)
+    q, k = transform(q, k, keys_kept=keys_kept and k is raw_k)  # (B, nq, T, d) each
+    return (q, k) if transform.rope_order == "post" else (rope(q), rope(k))

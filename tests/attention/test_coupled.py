@@ -456,9 +456,11 @@ def _bytes_alive_after_forward(module, x, ctx) -> int:
     return sum(sizes)
 
 
-@pytest.mark.parametrize("sharing", ["none", "k_eq_v"])
+@pytest.mark.parametrize("sharing", ["none", "k_eq_v", "q_eq_k"])
 def test_recompute_modes_keep_what_they_claim(sharing):
-    """none keeps the flow's intermediates; flow only q and k; qk nothing of size beyond standard."""
+    """none keeps the flow's intermediates; flow the size of q and k (q and the first kick, or q and a k kept
+    anyway: a tied v is the raw k, a tied q is k); qk nothing of size beyond standard (but the transform unties a
+    tied q: attention then keeps q and k apart)."""
     cfg = dict(n_embd=64, n_head=4, qkv_sharing=sharing)
     x = torch.randn(4, T, 64, dtype=torch.float64, requires_grad=True)
     kept = {}
@@ -469,7 +471,8 @@ def test_recompute_modes_keep_what_they_claim(sharing):
     kept["standard"] = _bytes_alive_after_forward(std, x, ctx)
     per_tensor = 4 * T * 64 * 8  # one (B, T, C) fp64 tensor
     small = 4096  # dt, scalars
-    assert abs(kept["qk"] - kept["standard"]) <= small, kept
-    extra = 1 if sharing == "k_eq_v" else 2  # + q and k; a raw k tied to v is kept by attention anyway
-    assert abs(kept["flow"] - (kept["standard"] + extra * per_tensor)) <= small, kept
+    untied = 1 if sharing == "q_eq_k" else 0
+    assert abs(kept["qk"] - (kept["standard"] + untied * per_tensor)) <= small, kept
+    extra = 2 if sharing == "none" else 1  # + q and k; a raw k tied to v is kept by attention anyway; a tied q is k
+    assert abs(kept["flow"] - (kept["qk"] + extra * per_tensor)) <= small, kept
     assert kept["none"] >= kept["flow"] + 3 * per_tensor, kept

@@ -74,13 +74,16 @@ def upstream(like: torch.Tensor, layout: str) -> torch.Tensor:
     return torch.randn(B, T, P, D, dtype=like.dtype).transpose(1, 2)
 
 
-@pytest.mark.parametrize("keep", ["inputs", "all"])
+@pytest.mark.parametrize(
+    "keep, keys_kept", [("inputs", False), ("inputs", True), ("all", False)], ids=["inputs", "inputs-keys-kept", "all"]
+)
 @pytest.mark.parametrize("per_pair_dt", [False, True])
 @pytest.mark.parametrize("steps", [1, 2, 3])
 @pytest.mark.parametrize("integrator", ["leapfrog", "euler"])
-def test_fast_path_equals_autograd_reference(integrator, steps, per_pair_dt, keep):
+def test_fast_path_equals_autograd_reference(integrator, steps, per_pair_dt, keep, keys_kept):
+    """keys_kept: leapfrog's recompute starts from k_0 (else from the kept first kick a_0)."""
     t = bank_tensors(steps * 10 + per_pair_dt, per_pair_dt)
-    fast = coupled_mlp_flow(**t, integrator=integrator, steps=steps, keep=keep)
+    fast = coupled_mlp_flow(**t, integrator=integrator, steps=steps, keep=keep, keys_kept=keys_kept)
     ref = reference(**t, integrator=integrator, steps=steps)
     layout = "contiguous" if (steps + per_pair_dt) % 2 else "tokens_first"
     gq, gk = upstream(ref[0], layout), upstream(ref[1], "tokens_first" if layout == "contiguous" else "contiguous")
@@ -100,6 +103,21 @@ def test_fast_path_without_output_bias_and_negative_dt(integrator):
     ref = reference(**t, integrator=integrator, steps=2)
     g = [torch.randn_like(r) for r in ref]
     for a, b in zip(torch.autograd.grad(fast, leaves(t), g), torch.autograd.grad(ref, leaves(t), g)):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+@pytest.mark.parametrize("keep", ["inputs", "all"])
+@pytest.mark.parametrize("integrator", ["leapfrog", "euler"])
+def test_tied_q_and_k(integrator, keep):
+    """q is k (a tied q, Q=K-V): one tensor enters twice; its gradient is the sum of both roles' (leapfrog then keeps
+    k_0, which is q_0, instead of a_0)."""
+    t = bank_tensors(11, False)
+    t["k"] = t["q"]
+    fast = coupled_mlp_flow(**t, integrator=integrator, steps=2, keep=keep)
+    ref = reference(**t, integrator=integrator, steps=2)
+    g = [torch.randn_like(r) for r in ref]
+    wrt = [v for name, v in t.items() if v is not None and name != "k"]
+    for a, b in zip(torch.autograd.grad(fast, wrt, g), torch.autograd.grad(ref, wrt, g)):
         torch.testing.assert_close(a, b, **TOL)
 
 
@@ -129,7 +147,7 @@ def _layer(seed: int, **options):
     return backend, AttentionContext(cos=cos.double(), sin=sin.double())
 
 
-def plain_autograd_flow(self, q, k, dt):
+def plain_autograd_flow(self, q, k, dt, keys_kept=False):
     """`CoupledDynamics.flow` differentiated by autograd (no checkpoint), on (B, P, T, d) q and k."""
     q_n, k_n = self.flow(heads_first(q), heads_first(k), dt)  # (P, N, d) each
     return heads_back(q_n, q.size(0)), heads_back(k_n, q.size(0))
@@ -164,6 +182,34 @@ def test_layer_fast_path_equals_autograd_flow(options, monkeypatch):
     assert torch.equal(y_fast, y_ref)
     for (name, _), a, b in zip([("x", None), *fast.named_parameters()], grads_fast, grads_ref):
         torch.testing.assert_close(a, b, **TOL, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_layer_tells_the_flow_when_its_keys_are_kept(monkeypatch):
+    """A tied v (Q-K=V) is the raw k, kept by attention anyway: the layer says so when that k reaches the flow
+    unchanged; after QK-norm, or repeated for grouped heads, it does not."""
+    import lightning_cqk.attention.dynamics as dynamics
+
+    seen = []
+    real = dynamics.coupled_mlp_flow
+
+    def spy(*args, **kwargs):
+        seen.append(args[-1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dynamics, "coupled_mlp_flow", spy)
+    x = torch.randn(2, 8, 16, dtype=torch.float64, requires_grad=True)
+    cases = [
+        ({}, False),
+        ({"qkv_sharing": "k_eq_v"}, True),
+        ({"qkv_sharing": "k_eq_v", "qk_norm": True}, False),
+        ({"qkv_sharing": "k_eq_v", "n_kv_groups": 2}, False),
+        ({"qkv_sharing": "q_eq_k"}, False),
+    ]
+    for options, expected in cases:
+        seen.clear()
+        backend, ctx = _layer(0, **options)
+        backend(x, ctx).sum().backward()
+        assert seen == [expected], options
 
 
 def test_fast_path_is_taken_and_gradient_field_is_not(monkeypatch):
