@@ -405,9 +405,16 @@ class CoupledDynamics(_Dynamics):
         self, q: torch.Tensor, k: torch.Tensor, dt: torch.Tensor, keys_kept: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`flow` when backward will run. A free-MLP bank takes the fast path `coupled_flow.coupled_mlp_flow` (the
-        same forward, a hand-written backward; recompute="flow" keeps only q and k there too); the gradient field
-        (and a q whose dtype autocast would change inside the flow) goes through autograd (`_Dynamics`)."""
-        if not isinstance(self.dynamics, HeadMLPBank) or not _autocast_keeps(q):
+        same forward, a hand-written backward; recompute="flow" keeps only as much as q and k there too); the gradient
+        field (and a q whose dtype autocast would change inside the flow) goes through autograd (`_Dynamics`), and so
+        does recompute="flow" under torch.compile: the compiler would merge the fast path's recompute with its forward
+        and keep every state (5 C per token and layer instead of 2 C, `tests/attention/test_coupled.py`), while it
+        keeps a checkpoint's recompute and fuses the plain flow's elementwise work itself."""
+        if (
+            not isinstance(self.dynamics, HeadMLPBank)
+            or not _autocast_keeps(q)
+            or (torch.compiler.is_compiling() and self.recompute == "flow")
+        ):
             return super().flow_with_grad(q, k, dt, keys_kept)
         keep = "inputs" if self.recompute == "flow" else "all"  # "qk": an outer checkpoint reruns this forward anyway
         o = self.options

@@ -456,6 +456,22 @@ def _bytes_alive_after_forward(module, x, ctx) -> int:
     return sum(sizes)
 
 
+def test_compiled_flow_recompute_keeps_only_q_and_k():
+    """Compiled, recompute="flow" still keeps only q and k beyond `standard`: the compiler would otherwise merge the
+    fast path's recompute with its forward and keep the states (5 tensors here instead of 2), so under compile the
+    checkpointed plain flow runs."""
+    x = torch.randn(4, T, 64, dtype=torch.float64, requires_grad=True)
+    kept = {}
+    for name in ("coupled", "standard"):
+        torch._dynamo.reset()
+        backend, ctx = make(name, n_embd=64, n_head=4)
+        compiled = torch.compile(backend, backend="aot_eager")
+        compiled(x, ctx).sum().backward()  # compile outside the measurement
+        kept[name] = _bytes_alive_after_forward(compiled, x, ctx)
+    per_tensor = 4 * T * 64 * 8  # one (B, T, C) fp64 tensor
+    assert abs(kept["coupled"] - (kept["standard"] + 2 * per_tensor)) <= 4096, kept
+
+
 @pytest.mark.parametrize("sharing", ["none", "k_eq_v", "q_eq_k"])
 def test_recompute_modes_keep_what_they_claim(sharing):
     """none keeps the flow's intermediates; flow the size of q and k (q and the first kick, or q and a k kept

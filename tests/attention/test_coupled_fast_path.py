@@ -259,10 +259,13 @@ def test_causality_unaffected(integrator):
     assert not torch.equal(a[:, t + 1 :], b[:, t + 1 :])
 
 
+@pytest.mark.parametrize("recompute", ["none", "flow"])
 @pytest.mark.parametrize("integrator", ["leapfrog", "euler"])
-def test_fast_path_compiles_without_graph_breaks(integrator):
+def test_fast_path_compiles_without_graph_breaks(integrator, recompute):
+    """recompute="none": the fast path's Function is traced; "flow": compiled, the checkpointed plain flow runs
+    (`CoupledDynamics.flow_with_grad`)."""
     torch._dynamo.reset()
-    backend, ctx = _layer(1, integrator=integrator, steps=2)
+    backend, ctx = _layer(1, integrator=integrator, steps=2, recompute=recompute)
     x = torch.randn(2, 8, 16, dtype=torch.float64, requires_grad=True)
     compiled = torch.compile(backend, fullgraph=True, backend="aot_eager")  # traces backward too; breaks raise
     y_c = compiled(x, ctx)
