@@ -23,6 +23,7 @@ Variants take turns in every round (interleaved), so machine load hits them alik
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -139,12 +140,21 @@ def _profiled(fn) -> tuple[int, int]:
     for _, size in sorted(events):
         live += size
         peak = max(peak, live)
+    del prof, stack
+    gc.collect()  # the profiler's results sit in reference cycles: without a collection they pile up chunk on chunk
     return peak, live
+
+
+#: Decode steps per profiled chunk on CPU: the profiler keeps every event of its window in host memory (a window of
+#: 1,025 steps of a tiny `differential` took more than 12 GB, and the OOM killer ended `make bench` on a 24 GB
+#: machine); chunks, each collected before the next, keep it under 1 GB, and their running sums chain exactly.
+PROFILE_CHUNK = 64
 
 
 def peak_decode_bytes(model: GPT, batch: int, tokens: int, device: torch.device) -> int:
     """Peak bytes allocated above the resting state while decoding `tokens` tokens into a fresh cache (CUDA: the
-    allocator's peak; CPU: the running sum of torch.profiler's allocation events over the whole decode)."""
+    allocator's peak; CPU: the running sum of torch.profiler's allocation events over the whole decode, profiled in
+    chunks of `PROFILE_CHUNK` steps: each chunk's peak counts from what the earlier chunks left allocated)."""
     decoder = _Decoder(model, batch, tokens, device)
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -153,7 +163,12 @@ def peak_decode_bytes(model: GPT, batch: int, tokens: int, device: torch.device)
         decoder.run(tokens + 1)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - start
-    return _profiled(lambda: decoder.run(tokens + 1))[0]
+    live = peak = 0
+    for start in range(0, tokens + 1, PROFILE_CHUNK):
+        steps = min(PROFILE_CHUNK, tokens + 1 - start)
+        chunk_peak, chunk_net = _profiled(lambda steps=steps: decoder.run(steps))
+        peak, live = max(peak, live + chunk_peak), live + chunk_net
+    return peak
 
 
 def measure_inference(

@@ -55,8 +55,9 @@ Options (`CoupledDynamicsOptions`, `UncoupledDynamicsOptions`; defaults: docs/ba
         negative; the only way to get dt = 0 exactly).
     rope_order [NS]: before RoPE ("pre") or after it ("post").
     recompute (implementation): "none": backward keeps every state of the flow it reads. "flow": backward keeps
-        only the flow's inputs q and k and recomputes the rest (the free-MLP fast path in its own backward, the
-        gradient field under `torch.utils.checkpoint`). "qk" (standard family only):
+        only as much as the flow's inputs q and k and recomputes the rest (the free-MLP fast path in its own
+        backward, keeping q and leapfrog's first kick; the gradient field, and any flow under torch.compile, under
+        `torch.utils.checkpoint`). "qk" (standard family only):
         projections, QK-norm, flow and RoPE are one checkpointed region, so nothing is kept beyond `standard`, at the
         price of recomputing the q and k projections. Outputs and gradients are identical in all three (tested).
     g_k_output_bias (uncoupled only): the pre-parity form with an output bias on g_k (see above).
@@ -64,9 +65,11 @@ Options (`CoupledDynamicsOptions`, `UncoupledDynamicsOptions`; defaults: docs/ba
 Fast path (implementation): with a free-MLP f, the flow that backward will differentiate is
 `coupled_flow.coupled_mlp_flow`, an autograd.Function with a hand-written backward (its docstring says why: plain
 autograd spent more time on elementwise passes than on the matmuls); each kick is computed as
-k + c b2 + silu(q W1 + b1) (c W2), so f(q) is never formed. There, recompute="flow" is the Function keeping only q and
-k (it recomputes the states in its backward, no `torch.utils.checkpoint`), "none" (and "qk") the Function keeping the
-states its backward reads; gradients agree with plain autograd's to round-off. The gradient field and
+k + c b2 + silu(q W1 + b1) (c W2), so f(q) is never formed. There, recompute="flow" is the Function keeping q and,
+for leapfrog, its first kick (k when attention keeps k anyway: a tied v or q), the size of q and k, and recomputing
+the states in its backward (no `torch.utils.checkpoint`); "none" (and "qk") the Function keeping the states its
+backward reads; gradients agree with plain autograd's to round-off. Under torch.compile recompute="flow" runs the
+checkpointed plain flow instead (`CoupledDynamics.flow_with_grad` says why). The gradient field and
 `uncoupled_mlp` stay on plain autograd as described under recompute. Tested against a plain-autograd reference in
 fp64 (`tests/attention/test_coupled_fast_path.py`).
 

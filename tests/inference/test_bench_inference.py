@@ -39,3 +39,20 @@ def test_measured_cache_and_decode_memory(monkeypatch):
     # one K/V head: 1/8 of standard's cache. (Not asserted for k_eq_v: its decode re-rotates the raw cached keys of a
     # layer at every step, a transient of about that layer's cache, which at 2 layers eats most of the saving.)
     assert r["q_mqa"].peak_bytes < std.peak_bytes
+
+
+def test_decode_peak_profiled_in_chunks_equals_one_window(monkeypatch):
+    """The CPU decode peak is profiled in chunks (one window of 1,025 steps held more than 12 GB of profiler events):
+    the chunks' running sums chain to exactly the one-window peak, also for chunks that split the cache's growth."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import bench_inference
+
+    from lightning_cqk.model import GPT
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(preset="tiny", vocab_size=257, block_size=40, n_layer=2, n_head=4)).eval()
+    peaks = {}
+    for chunk in (10_000, 7, 1):
+        monkeypatch.setattr(bench_inference, "PROFILE_CHUNK", chunk)
+        peaks[chunk] = bench_inference.peak_decode_bytes(model, 2, 30, torch.device("cpu"))
+    assert peaks[7] == peaks[1] == peaks[10_000] > 0, peaks
