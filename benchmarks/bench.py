@@ -1,6 +1,6 @@
 """`make bench`: one table of every speed figure, each measured side by side in one run, as a ratio and in absolutes.
 
-    python benchmarks/bench.py                                   # CPU here: tiny/bytes and tiny/gpt2, a few minutes
+    python benchmarks/bench.py                                   # CPU here: tiny/bytes and tiny/gpt2, ~18 min
     python benchmarks/bench.py --presets 60m:gpt2:16x1024 150m:gpt2:8x1024   # GPU (bf16 by default there)
     python benchmarks/bench.py --only backends --backends standard coupled --steps 20
     python benchmarks/bench.py --only backends --backends standard+invertible differential+invertible --threads 2
