@@ -166,9 +166,9 @@ def _owned(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _pair_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """<a_p, b_p> per pair: (P, N, d) x (P, N, d) -> (P,); one dot product per pair when both are contiguous (no
-    (P, N, d) product is formed)."""
-    if a.is_contiguous() and b.is_contiguous():
+    """<a_p, b_p> per pair: (P, N, d) x (P, N, d) -> (P,); on CPU one dot product per pair when both are contiguous
+    (no (P, N, d) product is formed; on a GPU that would be a kernel launch per pair)."""
+    if a.device.type == "cpu" and a.is_contiguous() and b.is_contiguous():
         return torch.stack([torch.dot(x.view(-1), y.view(-1)) for x, y in zip(a, b)])  # (P,)
     return (a * b).sum((1, 2))  # (P,)
 
