@@ -51,8 +51,12 @@ def test_decode_peak_profiled_in_chunks_equals_one_window(monkeypatch):
 
     torch.manual_seed(0)
     model = GPT(ModelConfig(preset="tiny", vocab_size=257, block_size=40, n_layer=2, n_head=4)).eval()
-    peaks = {}
+    peaks, windows = {}, []
+    real = bench_inference._profiled
+    monkeypatch.setattr(bench_inference, "_profiled", lambda fn: windows.append(1) or real(fn))
     for chunk in (10_000, 7, 1):
         monkeypatch.setattr(bench_inference, "PROFILE_CHUNK", chunk)
+        windows.clear()
         peaks[chunk] = bench_inference.peak_decode_bytes(model, 2, 30, torch.device("cpu"))
+        assert len(windows) == -(-31 // chunk), (chunk, len(windows))  # 31 forwards, no window over `chunk` of them
     assert peaks[7] == peaks[1] == peaks[10_000] > 0, peaks
