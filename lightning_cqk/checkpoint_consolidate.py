@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
 from lightning_cqk.checkpoint_files import (
     META_NAME,
-    TRUSTED_GLOBALS,
     CorruptCheckpointError,
     checkpoint_problem,
     corrupt_checkpoint_message,
+    load_checkpoint,
 )
+from lightning_cqk.checkpoint_folder import read_full_state
 from lightning_cqk.errors import ConfigError
 
 
@@ -35,22 +36,28 @@ def default_output(folder: str | Path) -> Path:
 
 
 def consolidated_state(folder: str | Path) -> dict[str, Any]:
-    """The folder's full weights as `state_dict` plus the content of its meta.pt, on the CPU."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    """The folder's full weights as `state_dict` plus the content of its meta.pt, on the CPU.
 
+    The folder is read without running code from it (`checkpoint_folder`: the index through a restricted
+    unpickler, stored items as plain data, meta.pt with `weights_only=True`); a folder missing a shard names it.
+    """
     folder = Path(folder)
     if not folder.is_dir():
-        raise ConfigError(f"{folder} is not a distributed-checkpoint folder (a checkpoint file is one file already).")
+        what = (
+            "a checkpoint file is one file already: give it to generate, eval or glue as it is"
+            if folder.exists()
+            else "it does not exist"
+        )
+        raise ConfigError(f"{folder} is not a distributed-checkpoint folder ({what}).")
     problem = checkpoint_problem(folder)
     if problem is not None:
         raise CorruptCheckpointError(corrupt_checkpoint_message(folder, problem))
-    with tempfile.TemporaryDirectory() as tmp:
-        gathered = Path(tmp) / "shards.pt"
-        dcp_to_torch_save(folder, gathered)  # every shard, read without a process group
-        shards = torch.load(gathered, map_location="cpu", weights_only=True)
-    with torch.serialization.safe_globals(list(TRUSTED_GLOBALS)):
-        meta = torch.load(folder / META_NAME, map_location="cpu", weights_only=True)
+    shards = read_full_state(folder)
+    meta = load_checkpoint(folder / META_NAME)
+    if "state_dict" not in shards:
+        raise CorruptCheckpointError(
+            corrupt_checkpoint_message(folder, "its index holds no model weights (no state_dict entries)")
+        )
     return {**meta, "state_dict": shards["state_dict"]}
 
 
@@ -59,12 +66,18 @@ def consolidate(folder: str | Path, output: str | Path | None = None) -> Path:
     import torch
 
     target = Path(output) if output is not None else default_output(folder)
-    if target.exists():
+    if target.exists() or target.is_symlink():
         raise ConfigError(f"{target} exists already; give another --output, or remove it first.")
+    if not target.parent.is_dir():
+        raise ConfigError(
+            f"--output {target}: its folder {target.parent} does not exist. Create it first (mkdir -p "
+            f"{target.parent}) or give a file in an existing folder."
+        )
     state = consolidated_state(folder)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")  # never a planted name
     try:
-        torch.save(state, tmp)
+        with open(tmp, "xb") as file:  # created exclusively: a link planted at that name is not followed
+            torch.save(state, file)
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)

@@ -18,16 +18,17 @@ come from elsewhere (a colleague, a download), and a pickle can run any code whi
   newest intact checkpoint beside it: the one with the highest step (`checkpoint_step`), never the most recently
   modified (a copy or restore changes modification times).
 
-**Distributed-checkpoint folders.** FSDP2 (`--trainer.strategy ModelParallelStrategy`) saves a checkpoint as a
-folder of the same name (`last.ckpt/`, `step=00000100.ckpt/`): torch.distributed.checkpoint's shards and their index
-`.metadata` (written last, once every shard is complete), and Lightning's `meta.pt`, a `torch.save` file with the rest
-of the state (step, loops, callbacks, hyper-parameters; rank 0 writes it after the shards). Every function here takes
-such a folder where it takes a file: a folder is intact when its index exists and its meta.pt is (`checkpoint_problem`),
-its step is meta.pt's, and `load_checkpoint` returns meta.pt's content (the sharded weights and optimizer states are
-the strategy's to load; `atomic_files.replace_folder` puts a folder written under a temporary name in place). A
-folder is never loaded where weights are needed (`generate`, `eval`, `glue`): `refuse_checkpoint_folder` names the
-command that consolidates it into one file first (`CONSOLIDATE`); the NaN guard's rollback finds no weights in one
-and does not roll back to it.
+**Distributed-checkpoint folders.** FSDP2 (`--trainer.strategy ModelParallelStrategy`) saves a checkpoint as a folder of
+the same name (`last.ckpt/`, `step=00000100.ckpt/`): torch.distributed.checkpoint's shards and their index `.metadata`
+(written last, once every shard is complete), and Lightning's `meta.pt`, a `torch.save` file with the rest of the state
+(step, loops, callbacks, hyper-parameters; rank 0 writes it after the shards). Every function here takes such a folder
+where it takes a file: a folder is intact when its index reads back safely, every shard file it names is there with its
+bytes, and its meta.pt is intact (`checkpoint_problem`, `folder_problem`: the index read by a restricted unpickler; an
+index that asks for code is refused, never passed over), its step is meta.pt's, and `load_checkpoint` returns meta.pt's
+content (the sharded weights and optimizer states are the strategy's to load, through `checkpoint_folder`;
+`atomic_files.replace_folder` puts a folder written under a temporary name in place). A folder is never loaded where
+weights are needed (`generate`, `eval`, `glue`): `refuse_checkpoint_folder` names the command that consolidates it into
+one file first (`CONSOLIDATE`); the NaN guard's rollback finds no weights in one and does not roll back to it.
 
 Standard library only at import (torch is imported when a file is loaded): `run_dir.py` and the light command line
 use `checkpoint_problem`.
@@ -41,7 +42,7 @@ import pickle
 import re
 import zipfile
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from lightning_cqk.errors import ConfigError
@@ -86,7 +87,8 @@ def checkpoint_problem(path: str | Path) -> str | None:
     a CRC. A file that is not a zip at all, or a zip without the ``<name>/data.pkl`` that ``torch.save`` writes, is
     named as not a checkpoint. (A legacy non-zip ``torch.save`` file, a pickle, is left to ``torch.load``.) Reads
     the whole file once. A distributed-checkpoint folder is intact when its shard index `.metadata` (written once
-    every shard is complete) and its `meta.pt` exist and meta.pt is intact.
+    every shard is complete) reads back safely, every shard it names is there (`folder_problem`) and its `meta.pt`
+    is intact. An index that asks for code raises `UntrustedCheckpointError`.
     """
     path = Path(path)
     if path.is_dir():
@@ -97,7 +99,9 @@ def checkpoint_problem(path: str | Path) -> str | None:
                     "checkpoint)"
                 )
         problem = checkpoint_problem(path / META_NAME)
-        return None if problem is None else f"its {META_NAME} is damaged: {problem}"
+        if problem is not None:
+            return f"its {META_NAME} is damaged: {problem}"
+        return folder_problem(path)
     try:
         if path.stat().st_size == 0:
             return "the file is empty"
@@ -124,6 +128,122 @@ def checkpoint_problem(path: str | Path) -> str | None:
     except (OSError, EOFError, ValueError) as err:
         return f"unreadable ({type(err).__name__}: {err})"
     return None if bad is None else f"member {bad!r} fails its CRC check (the file is damaged)"
+
+
+# ----------------------------------------------------------------------------- a folder's index, read safely
+_METADATA = "torch.distributed.checkpoint.metadata"
+#: The globals an index written by torch.distributed.checkpoint is made of: (module, name). Dtypes are added by
+#: `_IndexUnpickler` (any `torch.<name>` that is a `torch.dtype`).
+INDEX_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+    {
+        (_METADATA, "Metadata"),
+        (_METADATA, "MetadataIndex"),
+        (_METADATA, "StorageMeta"),
+        (_METADATA, "TensorProperties"),
+        (_METADATA, "TensorStorageMetadata"),
+        (_METADATA, "BytesStorageMetadata"),
+        (_METADATA, "ChunkStorageMetadata"),
+        (_METADATA, "_MEM_FORMAT_ENCODING"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch.serialization", "_get_layout"),  # a layout from its name ("torch.strided"): a dictionary look-up
+        ("torch", "Size"),
+        ("collections", "OrderedDict"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("pathlib", "PurePosixPath"),
+        ("pathlib", "PureWindowsPath"),
+    }
+)
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    """Resolves only `INDEX_GLOBALS` and torch dtypes; names every other global it meets instead of importing it."""
+
+    def __init__(self, stream: Any, path: Path) -> None:
+        super().__init__(stream)
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if (module, name) in INDEX_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise UntrustedCheckpointError(
+            f"Checkpoint folder {self.path.parent} has an index ({self.path.name}) that asks for {module}.{name}, "
+            "which a distributed-checkpoint index never holds: unpickling it could run code from the file, so the "
+            "folder is refused. Do not use a folder you cannot vouch for; ask its owner for the run's config.yaml and "
+            "train it again, or for a consolidated checkpoint file (lightning_cqk consolidate), which is read safely."
+        )
+
+
+def _index_or_problem(folder: Path) -> tuple[Any, str | None]:
+    """(the index, None), or (None, what is wrong with it); an index asking for code raises (`_IndexUnpickler`)."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = folder / SHARD_INDEX_NAME
+    try:
+        with path.open("rb") as stream:
+            index = _IndexUnpickler(stream, path).load()
+    except UntrustedCheckpointError:
+        raise
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, KeyError, AttributeError) as err:
+        return None, f"its index {SHARD_INDEX_NAME} does not read back ({type(err).__name__}: {err})"
+    if not isinstance(index, Metadata) or not isinstance(index.storage_data, dict):
+        return None, f"its {SHARD_INDEX_NAME} is not a distributed-checkpoint index (it holds {type(index).__name__})"
+    return index, None
+
+
+def read_index(folder: str | Path) -> Any:
+    """The folder's index (`torch.distributed.checkpoint.metadata.Metadata`), unpickled with `_IndexUnpickler`.
+
+    Raises:
+        UntrustedCheckpointError: the index names a global outside `INDEX_GLOBALS`.
+        CorruptCheckpointError: it is missing, cut short, not a pickle, or not an index.
+    """
+    folder = Path(folder)
+    index, problem = _index_or_problem(folder)
+    if problem is not None:
+        raise CorruptCheckpointError(corrupt_checkpoint_message(folder, problem))
+    return index
+
+
+def shard_problems(folder: str | Path, index: Any) -> list[str]:
+    """The files `index` names that are not inside `folder`, missing, or shorter than the bytes it reads from them."""
+    folder = Path(folder)
+    needed: dict[str, int] = {}
+    for info in index.storage_data.values():
+        name = str(getattr(info, "relative_path", ""))
+        end = int(getattr(info, "offset", 0) or 0) + int(getattr(info, "length", 0) or 0)
+        needed[name] = max(needed.get(name, 0), end)
+    problems = []
+    for name, end in sorted(needed.items()):
+        parts = PurePosixPath(name).parts
+        if not name or PurePosixPath(name).is_absolute() or ".." in parts or "\\" in name:
+            problems.append(f"{name!r} (not a file name inside the folder)")
+            continue
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name} (missing)" if not path.is_symlink() else f"{name} (a dangling link)")
+        elif path.stat().st_size < end:
+            problems.append(f"{name} ({path.stat().st_size} bytes, the index reads up to byte {end}: cut short)")
+    return problems
+
+
+def folder_problem(folder: str | Path) -> str | None:
+    """What is wrong with a distributed-checkpoint folder's index and shards, or None (the index read safely).
+
+    Raises `UntrustedCheckpointError` for an index that asks for code (never a mere "problem": a resume must not
+    quietly pass over a planted folder for an older one, it must say so).
+    """
+    index, problem = _index_or_problem(Path(folder))
+    if problem is not None:
+        return problem
+    problems = shard_problems(folder, index)
+    if problems:
+        return f"the shard files its index names are not all there: {', '.join(problems)}"
+    return None
 
 
 # ------------------------------------------------------------------------------------------------- which step?

@@ -13,7 +13,9 @@ This file is importable from every test folder (`tests/` is on sys.path through 
 from __future__ import annotations
 
 import json
+import operator
 import os
+import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -115,3 +117,49 @@ def quickstart_callbacks(path: Path, *extra: dict, **checkpoint: object) -> Path
         if callback["class_path"].endswith("RunCheckpoint"):
             callback["init_args"].update(checkpoint)
     return callbacks_config(path, [*callbacks, *extra])
+
+
+def checkpoint_folder(path: Path, step: int, *, index: bool = True, meta: bool = True) -> Path:
+    """A distributed-checkpoint folder as ModelParallelStrategy writes it: shards, their index, meta.pt (a tiny
+    model's weights and AdamW state saved by torch.distributed.checkpoint without a process group)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(step)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    dcp.save({"state_dict": model.state_dict(), "optimizer_0": optimizer.state_dict()}, checkpoint_id=path,
+             no_dist=True)  # fmt: skip
+    if not index:
+        (path / ".metadata").unlink()
+    if meta:
+        torch.save({"global_step": step, "hyper_parameters": {}}, path / "meta.pt")
+    return path
+
+
+class Planted:
+    """Unpickling this creates `marker`: the stand-in for any command a planted pickle could run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+class PlantedThenIndex:
+    """Runs the planted command, then returns the genuine index: the silent variant (the folder still loads)."""
+
+    def __init__(self, marker: Path, index: object) -> None:
+        self.marker, self.index = marker, index
+
+    def __reduce__(self):
+        return (operator.getitem, ((Planted(self.marker), self.index), 1))
+
+
+def plant_index(folder: Path, marker: Path) -> None:
+    with (folder / ".metadata").open("rb") as f:
+        genuine = pickle.load(f)  # our own test folder: trusted
+    (folder / ".metadata").write_bytes(pickle.dumps(PlantedThenIndex(marker, genuine)))

@@ -11,8 +11,9 @@ Its checkpoints are distributed-checkpoint folders (`checkpoint_files`: shards, 
 not at all: every rank writes under a hidden temporary name beside the target, and rank zero puts the finished folder
 in place (`checkpoint_files.replace_folder`), so a kill during a save leaves the previous checkpoint (Lightning writes
 into the target folder itself: a kill there leaves the old meta.pt beside half the new shards). Loading checks the
-folder first (a clear `CorruptCheckpointError` naming the newest intact checkpoint beside it) and reads meta.pt with
-`weights_only=True`, as every other checkpoint of the package.
+folder first (a clear `CorruptCheckpointError` naming the newest intact checkpoint beside it) and reads it without
+running code from it (`checkpoint_folder`: Lightning's loader would let torch unpickle the index and the stored items
+as they are), meta.pt with `weights_only=True` as every other checkpoint of the package.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from lightning_cqk.checkpoint_files import (
     checkpoint_problem,
     corrupt_checkpoint_message,
 )
+from lightning_cqk.checkpoint_folder import load_sharded_training_state
+from lightning_cqk.errors import ConfigError
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -74,7 +77,8 @@ class FSDP2Strategy(ModelParallelStrategy):
         return None
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Refuse a cut-short or damaged folder by name; read meta.pt as plain data (`weights_only=True`)."""
+        """Refuse a cut-short, damaged or untrusted folder by name; read it without running code from it
+        (`checkpoint_folder`: the index through a restricted unpickler, stored items and meta.pt as plain data)."""
         import torch
 
         path = Path(self.broadcast(str(checkpoint_path)))
@@ -82,6 +86,11 @@ class FSDP2Strategy(ModelParallelStrategy):
             problem = checkpoint_problem(path)
             if problem is not None:
                 raise CorruptCheckpointError(corrupt_checkpoint_message(path, problem))
+        if path.is_dir():  # torch would unpickle the index and stored items as they are: read them safely instead
+            assert self.lightning_module is not None
+            return load_sharded_training_state(
+                path, self.model, list(self.optimizers), strict=self.lightning_module.strict_loading
+            )
         with torch.serialization.safe_globals(list(TRUSTED_GLOBALS)):
             return super().load_checkpoint(path, weights_only=True)
 
@@ -98,3 +107,41 @@ def resolve_strategy(value: Any) -> Any:
     if isinstance(found, type) and value.endswith("Strategy"):
         return {"class_path": f"lightning.pytorch.strategies.{value}", "init_args": {}}
     return value
+
+
+#: The class names whose checkpoints are distributed-checkpoint folders, and that alone can resume one.
+SHARDED_STRATEGIES = ("FSDP2Strategy", "ModelParallelStrategy")
+#: `--ckpt_path` words Lightning resolves itself (validate, test, predict): not paths.
+CKPT_PATH_WORDS = ("best", "last", "hpc", "registry")
+
+
+def refuse_folder_without_fsdp2(ckpt: Any, strategy: Any, command: str | None) -> None:
+    """Before Lightning builds anything: refuse a `--ckpt_path` that is a URL (only local files are checked before
+    loading), or an FSDP2 checkpoint folder given to any other strategy (Lightning would try to read the folder as a
+    file: an IsADirectoryError traceback, after the model was built)."""
+    if not ckpt or not isinstance(ckpt, (str, Path)):
+        return
+    text = str(ckpt)
+    if "://" in text:
+        raise ConfigError(
+            f"--ckpt_path {text}: a URL. Checkpoints are read only from local files, which are checked (intact, plain "
+            f"data) before anything of them is loaded. Download it first, e.g. curl -L -o downloaded.ckpt '{text}', "
+            "then give --ckpt_path downloaded.ckpt."
+        )
+    if text in CKPT_PATH_WORDS:
+        return
+    if not Path(text).exists():
+        raise ConfigError(f"--ckpt_path {text}: no such file or folder. Give the path of a checkpoint (a *.ckpt).")
+    if not Path(text).is_dir():
+        return
+    name = strategy if isinstance(strategy, str) else getattr(strategy, "class_path", None) or type(strategy).__name__
+    if str(name).rsplit(".", 1)[-1] in SHARDED_STRATEGIES:
+        return
+    raise ConfigError(
+        f"--ckpt_path {text} is a distributed-checkpoint folder saved by FSDP2 (--trainer.strategy "
+        f"ModelParallelStrategy), and this {command or 'command'} uses the strategy {name}: only FSDP2 reads its "
+        "sharded weights and optimizer states. Resume it with the strategy it was saved with: add --trainer.strategy "
+        "ModelParallelStrategy (on a machine without GPUs also --trainer.devices=1: FSDP2 over one CPU process). To "
+        f"evaluate or fine-tune it without FSDP2, consolidate it into one file first: lightning_cqk consolidate {text} "
+        "(weights and settings, no optimizer state: it cannot resume training)."
+    )

@@ -36,7 +36,7 @@ from lightning_cqk.callbacks.tensorboard import layout_for  # noqa: E402
 from lightning_cqk.checkpoint_files import CorruptCheckpointError, load_checkpoint  # noqa: E402
 from lightning_cqk.cli import class_paths, slurm  # noqa: E402
 from lightning_cqk.cli.presets import PresetArgumentParser, unset_shape_defaults  # noqa: E402
-from lightning_cqk.cli.strategy import resolve_strategy  # noqa: E402
+from lightning_cqk.cli.strategy import refuse_folder_without_fsdp2, resolve_strategy  # noqa: E402
 from lightning_cqk.config import size_label, upgrade_config_dict, upgrade_run_config  # noqa: E402
 from lightning_cqk.launch import detect_launch, publish_failure, publish_plan, receive_plan  # noqa: E402
 from lightning_cqk.module import LitLM  # noqa: E402
@@ -152,6 +152,7 @@ class CQKCLI(LightningCLI):
             trainer.strategy = Namespace(
                 class_path=strategy["class_path"], init_args=Namespace(**strategy["init_args"])
             )
+        refuse_folder_without_fsdp2(config.get("ckpt_path"), trainer.get("strategy"), sub)
         budget = config.get("budget")
         if sub == "fit" and budget is not None and any(budget.get(k) is not None for k in BUDGET_LIMITS):
             # The budget sets max_steps once the Trainer exists: Lightning's "`max_epochs` was not set. Setting it

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tiny_run import child_env, tiny_command
+from tiny_run import child_env, plant_index, tiny_command
 
 from lightning_cqk.cli.strategy import FSDP2Strategy, resolve_strategy
 
@@ -107,3 +108,15 @@ def test_the_documented_flag_trains_sharded_and_resumes_exactly(tiny_shards: Pat
     assert resumed.keys() == uninterrupted.keys() and resumed
     for name, value in uninterrupted.items():
         torch.testing.assert_close(resumed[name], value, rtol=0, atol=0, msg=f"{name} differs after the resume")
+    # Issue 45 item 1, the silent variant: the run's last.ckpt copied as "a colleague's checkpoint", its index replaced
+    # by a pickle that runs a command and then returns the genuine index. torch's reader ran it and resumed; now the
+    # resume refuses it by name before anything of it is loaded.
+    colleague, marker = tmp_path / "colleague" / "last.ckpt", tmp_path / "ran"
+    shutil.copytree(folder / "last.ckpt", colleague)
+    plant_index(colleague, marker)
+    planted = _sharded_fit(
+        tiny_shards, parts, f"--trainer.max_steps={SHARDED_STEPS + 1}", "--ckpt_path", str(colleague)
+    )
+    assert planted.returncode != 0 and "asks for" in planted.stderr, planted.stderr[-3000:]
+    assert "Traceback" not in planted.stderr, planted.stderr[-3000:]
+    assert not marker.exists(), "the planted command ran"
