@@ -37,7 +37,6 @@ from lightning_cqk.errors import ConfigError
 
 NormName = Literal["layernorm", "rmsnorm"]
 FFNName = Literal["gelu", "swiglu"]
-MLPName = FFNName  # the old name of the type, kept for imports
 PositionName = Literal["rope", "learned", "none"]
 ResidualInit = Literal["scaled", "plain"]
 
@@ -347,11 +346,6 @@ def upgrade_run_config(run_config: dict[str, Any]) -> dict[str, Any]:
     if isinstance(model, dict) and isinstance(model.get("config"), dict):
         return {**run_config, "model": {**model, "config": upgrade_config_dict(model["config"])}}
     return run_config
-
-
-def config_field_names() -> list[str]:
-    """Names of all ModelConfig fields (for did-you-mean messages)."""
-    return [f.name for f in fields(ModelConfig)]
 
 
 def _unknown(kind: str, value: str, choices: Any) -> str:

@@ -17,8 +17,6 @@ The object lives on the trainer (`trainer._cqk_step_reads`) and is replaced when
 
 from __future__ import annotations
 
-from typing import Any
-
 import lightning as L
 import torch
 
@@ -88,9 +86,3 @@ class StepReads:
 
 def step_reads(trainer: L.Trainer, pl_module: L.LightningModule) -> StepReads:
     return StepReads.of(trainer, pl_module)
-
-
-def drop_gradients(pl_module: Any) -> None:
-    """Skip this step's update: optimizers leave parameters without a gradient (and their moments) untouched."""
-    for p in pl_module.parameters():
-        p.grad = None
