@@ -1,0 +1,150 @@
+"""Issue 45 items 2 and 3: every runs.csv number that a verdict, a grid choice or a control reads is recomputed from a
+second committed source (curves.csv, val_windows.json, study.json's grid), and a runs.csv that disagrees with it is
+refused naming the file and line. Before, only the final validation columns were checked: an edited stability,
+held-out loss, learning rate, tokens or steps column went into the verdicts and the published runs.csv unnoticed.
+
+Delta over test_report.py's toy sweep (its run directories and committed folder, reused here): the edits."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+
+import pytest
+import test_report
+from test_report import _edit_rows, _refused_report
+
+from lightning_cqk.cli import main
+
+sweep_dir, committed = test_report.sweep_dir, test_report.committed  # the toy sweep and its committed report
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+
+
+def _copy(study: str, tmp_path: Path) -> Path:
+    """A copy of the committed docs/results/<study> (siblings left out: the edits are refused before they are read)."""
+    if not (RESULTS / study / "study.json").is_file():
+        pytest.skip(f"no committed {study} results")
+    return Path(shutil.copytree(RESULTS / study, tmp_path / "results" / study))
+
+
+def _line(path: Path, run: str) -> int:
+    """The line of `run`'s row in a runs.csv (the header is line 1)."""
+    with open(path, newline="") as handle:
+        return next(i for i, row in enumerate(csv.DictReader(handle), start=2) if row["run"] == run)
+
+
+def _scale(runs: list[str], column: str, factor: float):
+    def edit(rows: list[dict[str, str]]) -> None:
+        for row in rows:
+            if row["run"] in runs:
+                row[column] = repr(float(row[column]) * factor)
+
+    return edit
+
+
+def _put(run: str, column: str, value: str):
+    def edit(rows: list[dict[str, str]]) -> None:
+        next(r for r in rows if r["run"] == run)[column] = value
+
+    return edit
+
+
+QUACK = [f"mha-lr3e-2-quack-s{seed}" for seed in range(1, 7)]
+
+
+@pytest.mark.parametrize(
+    "study, run, edit, words",
+    [
+        (
+            "logit_control",
+            "mha-lr3e-2-quack-s1",
+            _put("mha-lr3e-2-quack-s1", "spikes", "3.0"),
+            "run mha-lr3e-2-quack-s1's spikes is '3.0', but its last train/spikes in curves.csv is 0.0",
+        ),
+        (
+            "corpus",  # the grid then chose 0.001 for runs that trained at 0.004, and the control's lr_scale moved
+            "tune-standard-lr0.001-s0",
+            _put("tune-standard-lr0.001-s0", "heldout_loss", "2.0"),
+            "run tune-standard-lr0.001-s0's heldout_loss is '2.0', but its windows 1024-1183 in val_windows.json "
+            "give 2.1791926309466363",
+        ),
+        (
+            "corpus",
+            "wikitext-standard-s1",
+            _put("wikitext-standard-s1", "lr", "0.001"),
+            "run wikitext-standard-s1's lr is '0.001', but its rate {tuned_lr:standard} in study.json is 0.004 "
+            "(the grid's choice from the held-out losses)",
+        ),
+        (
+            "logit_control",
+            "mha-lr3e-2-default-s2",
+            _put("mha-lr3e-2-default-s2", "tokens", "512000"),
+            "run mha-lr3e-2-default-s2's tokens is '512000', but its last train/tokens_seen in curves.csv (step "
+            "499, its last step) is 256000",
+        ),
+        (
+            "logit_control",
+            "mha-lr3e-2-default-s2",
+            _put("mha-lr3e-2-default-s2", "steps", "250"),
+            "run mha-lr3e-2-default-s2's steps is '250', but its last validation in curves.csv is at step index "
+            "499, after 500 steps",
+        ),
+    ],
+    ids=["spikes", "heldout_loss", "lr", "tokens", "steps"],
+)
+def test_an_edited_committed_number_is_refused_naming_file_and_line(study, run, edit, words, tmp_path: Path):
+    """Each trigger of issue 45 items 2-3 on a copy of the committed results: `report` exited 0 and published it."""
+    folder = _copy(study, tmp_path)
+    runs = folder / "runs.csv"
+    _edit_rows(runs, edit)
+    message = _refused_report(folder)
+    assert f"{runs}, line {_line(runs, run)}: {words}" in message, message
+    assert f"git checkout -- {runs}" in message
+
+
+def test_late_loss_sd_is_recomputed_from_the_committed_late_train_loss(committed: Path):
+    """Issue 45's critical trigger (late_loss_sd_pct of one arm's rows x 0.45 reversed a verdict), on a report that
+    commits the late train-loss window in curves.csv."""
+    with open(committed / "curves.csv", newline="") as handle:
+        assert any(row["tag"] == "train/loss" for row in csv.DictReader(handle))
+    runs = committed / "runs.csv"
+    _edit_rows(runs, _scale(["var-s1", "var-s2", "var-s3"], "late_loss_sd_pct", 0.45))
+    message = _refused_report(committed)
+    assert f"{runs}, line {_line(runs, 'var-s1')}: run var-s1's late_loss_sd_pct is " in message, message
+    assert "the sd of its late train/loss in curves.csv" in message
+
+
+def test_a_run_whose_late_train_loss_was_removed_is_refused(committed: Path):
+    """Deleting a run's train/loss rows (its late sd's source) is not a folder without a source: refused by name."""
+    curves = committed / "curves.csv"
+    lines = curves.read_text().splitlines(keepends=True)
+    curves.write_text("".join(line for line in lines if not line.startswith("var-s2,train/loss,")))
+    message = _refused_report(committed)
+    assert f"{committed / 'runs.csv'}, line {_line(committed / 'runs.csv', 'var-s2')}: run var-s2's " in message
+    assert "curves.csv holds no train/loss of this run" in message, message
+
+
+def test_every_committed_report_reads_without_a_refusal():
+    """The nine committed folders agree with their second sources (what the checks read)."""
+    from lightning_cqk.sweep.results import read_committed
+
+    folders = sorted(p.parent for p in RESULTS.glob("*/study.json"))
+    if not folders:
+        pytest.skip("no committed study results")
+    for folder in folders:
+        read_committed(folder)
+
+
+def test_a_folder_committed_before_the_train_loss_says_its_late_sd_is_unchecked(tmp_path: Path, capsys, monkeypatch):
+    """The nine folders committed before issue 45 hold no train/loss (the runs' event files are not committed): their
+    late_loss_sd_pct has no second source, and `report` says so, naming the claims that read it."""
+    import lightning_cqk.sweep.figures
+
+    monkeypatch.setattr(lightning_cqk.sweep.figures, "figures", lambda *args, **kwargs: [])
+    folder = _copy("logit_control", tmp_path)
+    main(["report", str(folder)])
+    out = capsys.readouterr().out
+    assert f"{folder / 'runs.csv'}: late_loss_sd_pct has no second source" in out, out[-2000:]
+    assert "quack-steadier-mha, quack-steadier-than-qk-clip" in out
