@@ -452,6 +452,8 @@ def read_committed(folder: str | Path) -> tuple[dict[str, Any], dict[str, dict[s
     from lightning_cqk.sweep.second_sources import disagreements, run_windows
 
     for line, what in disagreements(rows, scalars, windows, manifest):
+        if line is None:
+            raise _refuse(f"{study_path}: {what}. {_put_back(study_path)}")
         raise _refuse(f"{runs_path}, line {line}: {what}; the two must agree. {_put_back(runs_path)}")
     runs, other = {}, {}
     for line, r in rows:

@@ -67,16 +67,17 @@ def _shown(x: float) -> str:
     return str(int(x)) if math.isfinite(x) and x == int(x) and abs(x) < 2**53 else repr(x)
 
 
-def _late_sd(series: dict[str, list[tuple[int, float]]], any_loss: bool) -> tuple[float, str]:
-    """(the run's late train-loss sd from curves.csv, what gives it); '' for a folder without train/loss."""
+def _late_sd(series: dict[str, list[tuple[int, float]]], unsourced: bool) -> tuple[float, str]:
+    """(the run's late train-loss sd from curves.csv, what gives it); '' when it has no source there and may not
+    (`unsourced`: a folder committed before train/loss was, or a run adopted from one)."""
     if series.get(LOSS_TAG):
         sd = run_stability(series)["late_loss_sd_pct"]
         steps = [s for s, v in series[LOSS_TAG] if math.isfinite(v)]
         where = f"steps {steps[0]}-{steps[-1]}" if steps else "no finite value"
         return sd, f"the sd of its late train/loss in curves.csv ({where}) is {sd!r} % of their mean"
-    if any_loss:  # a folder that commits train/loss holds every finished run's (a run that logged none: no value)
-        return math.nan, "curves.csv holds no train/loss of this run (the source of its late sd), but does of others"
-    return math.nan, ""  # a folder committed before train/loss was: unchecked (module docstring)
+    if unsourced:
+        return math.nan, ""  # read unchecked, and said so (unchecked_note)
+    return math.nan, "curves.csv holds no train/loss of this run (the source of its late sd), but does of others"
 
 
 def _tokens_disagree(series: dict[str, list[tuple[int, float]]], tokens: float, steps: float, per_step: float) -> str:
@@ -100,18 +101,31 @@ def _tokens_disagree(series: dict[str, list[tuple[int, float]]], tokens: float, 
     return "" if tokens >= value else f"its train/tokens_seen in curves.csv is already {_shown(value)} at step {step}"
 
 
+def _held_out(tuning: dict[str, Any]) -> tuple[int, int] | None:
+    """The grid's held-out windows [first, end) as study.json records them; None when that is not two whole numbers."""
+    bounds = tuning.get("held_out")
+    if not isinstance(bounds, list) or len(bounds) != 2 or not all(type(b) is int for b in bounds):
+        return None
+    return bounds[0], bounds[1]
+
+
 def disagreements(
     rows: list[tuple[int, dict[str, str]]],
     scalars: dict[str, dict[str, list[tuple[int, float]]]],
     windows: dict[str, Any],
     manifest: dict[str, Any],
-) -> Iterator[tuple[int, str]]:
+) -> Iterator[tuple[int | None, str]]:
     """(line, "run X's column is 'v', but <its source> gives w") for every finished run's column of runs.csv that
     differs from its recomputation (module docstring); the grid's held-out losses are checked before the rates
-    chosen from them."""
+    chosen from them. Line None: study.json itself cannot be a source (a held-out range or rate that is not one)."""
     tuning = manifest.get("spec", {}).get("tuning") or {}
     grid_runs = all_grid_runs(tuning)
+    held_out = _held_out(tuning)
+    if grid_runs and held_out is None:
+        yield None, f"its grid's held_out {tuning.get('held_out')!r} is not the [first, end) of the held-out windows"
+        return
     any_loss = any(LOSS_TAG in tags for tags in scalars.values())
+    adopted = {str(entry["name"]) for entry in manifest.get("runs") or [] if entry.get("adopted_from")}
     done = [(line, row) for line, row in rows if row["status"] == "done"]
     held: dict[str, float] = {}
     for line, row in done:
@@ -127,12 +141,12 @@ def disagreements(
         spikes = run_stability(series)["spikes"]
         logged = f"its last train/spikes in curves.csv is {spikes!r}"
         checks.append(("spikes", spikes, logged if series.get(SPIKES_TAG) else "curves.csv holds no train/spikes"))
-        late, source = _late_sd(series, any_loss)
+        late, source = _late_sd(series, not any_loss or name in adopted)
         if source:
             checks.append(("late_loss_sd_pct", late, source))
         if name in grid_runs:
-            first, end = (int(x) for x in tuning["held_out"])
-            held[name] = held_out_loss(run_windows(windows, name), tuning["held_out"])
+            first, end = held_out or (0, 0)
+            held[name] = held_out_loss(run_windows(windows, name), (first, end))
             loss = repr(held[name]) if math.isfinite(held[name]) else "no finite loss (absent or not finite)"
             checks.append(
                 ("heldout_loss", held[name], f"its windows {first}-{end - 1} in val_windows.json give {loss}")
@@ -153,7 +167,7 @@ def disagreements(
 
 def _rate_disagreements(
     done: list[tuple[int, dict[str, str]]], manifest: dict[str, Any], held: dict[str, float]
-) -> Iterator[tuple[int, str]]:
+) -> Iterator[tuple[int | None, str]]:
     """The recorded rate of every finished run whose study.json gives `model.optim.lr`, against that rate (a tuned
     one filled in with the grid's choice from the checked held-out losses `held`)."""
     grid = StudyData(manifest, tuning_runs=[{"name": name, "heldout_loss": loss} for name, loss in held.items()])
@@ -165,7 +179,11 @@ def _rate_disagreements(
         given = _value(row["lr"])
         if rate is None or given is None:
             continue
-        expected = run_lr(entry, grid, None)
+        try:
+            expected = run_lr(entry, grid, None)
+        except (TypeError, ValueError):
+            yield None, f"run {row['run']}'s model.optim.lr {rate!r} is not a learning rate"
+            continue
         if not _same(given, expected):
             how = " (the grid's choice from the held-out losses)" if isinstance(rate, str) else ""
             yield (
@@ -175,23 +193,32 @@ def _rate_disagreements(
 
 
 def unchecked_note(data: StudyData) -> str:
-    """'' unless `data` was read from a folder committed before train/loss was (module docstring): then a line
-    saying its late_loss_sd_pct is read unchecked, naming the claims that read it and how to regenerate it."""
+    """'' unless a finished run's late_loss_sd_pct has no committed train/loss to be recomputed from (a folder
+    committed before train/loss was, or runs adopted from one: module docstring); then a line naming them, the
+    claims that read it, and how to give it a source."""
     runs = [r for g in data.groups.values() for r in g["runs"]] + list(data.tuning_runs)
-    if not data.committed or any(LOSS_TAG in r["scalars"] for r in runs):
-        return ""
-    if not any(math.isfinite(float(r.get("stability", {}).get("late_loss_sd_pct", math.nan))) for r in runs):
+    names = [
+        r["name"]
+        for r in runs
+        if LOSS_TAG not in r["scalars"] and math.isfinite(float(r.get("stability", {}).get("late_loss_sd_pct", "nan")))
+    ]
+    if not names:
         return ""
     spec = data.manifest.get("spec", {})
     readers = [str(c.get("name")) for c in spec.get("claims") or [] if c.get("metric") in STABILITY]
-    folder = Path(data.source or ".")
-    study, profile = data.manifest.get("study", folder.name), data.manifest.get("profile", "cpu")
+    study, profile = data.manifest.get("study", "<study>"), data.manifest.get("profile", "cpu")
+    shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+    which = (
+        f"all {len(runs)} runs" if len(names) == len(runs) else f"{len(names)} run{'s' * (len(names) > 1)} ({shown})"
+    )
+    where = f" of {Path(data.source) / 'runs.csv'}" if data.committed and data.source else " (adopted)"
+    output = f" --output {data.source}" if data.committed and data.source else ""
     return (
-        f"Note: {folder / 'runs.csv'}: late_loss_sd_pct has no second source: this folder was committed before "
-        f"curves.csv held the late train/loss (issue 45) and the runs' event files are not committed, so it is read "
-        f"as recorded, unchecked"
+        f"Note: late_loss_sd_pct{where}, {which}: no second source; their train/loss was never committed (a folder "
+        f"committed before curves.csv held it, issue 45, whose runs' event files are gone), so it is read as "
+        f"recorded, unchecked"
         + (f", by the claims {', '.join(readers)}" if readers else " (shown in the group table; no claim reads it)")
-        + f". To check it, run the study again and write its report from the runs: lightning_cqk sweep "
-        f"configs/ablations/{study}.yaml --profile {profile}, then lightning_cqk report runs/{study}-{profile} "
-        f"--output {folder}."
+        + f". To check it, run the study again without --adopt and write its report from the runs: lightning_cqk "
+        f"sweep configs/ablations/{study}.yaml --profile {profile}, then lightning_cqk report "
+        f"runs/{study}-{profile}{output}."
     )

@@ -104,6 +104,34 @@ def test_an_edited_committed_number_is_refused_naming_file_and_line(study, run, 
     assert f"git checkout -- {runs}" in message
 
 
+def _held_out(manifest: dict) -> None:
+    manifest["spec"]["tuning"]["held_out"] = ["a", 1184]
+
+
+def _rate(manifest: dict) -> None:
+    manifest["runs"][0]["overrides"]["model.optim.lr"] = "abc"
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (_held_out, "its grid's held_out ['a', 1184] is not the [first, end) of the held-out windows"),
+        (_rate, "run tune-standard-lr0.001-s0's model.optim.lr 'abc' is not a learning rate"),
+    ],
+    ids=["held_out", "rate"],
+)
+def test_a_study_json_that_cannot_be_a_source_is_named_not_a_traceback(edit, words: str, tmp_path: Path):
+    """The sources themselves are read as untrusted: a held-out range or a rate in study.json that is not one."""
+    import json
+
+    folder = _copy("corpus", tmp_path)
+    manifest = json.loads((folder / "study.json").read_text())
+    edit(manifest)
+    (folder / "study.json").write_text(json.dumps(manifest))
+    message = _refused_report(folder)
+    assert f"{folder / 'study.json'}: {words}. Put back the file the report wrote" in message, message
+
+
 def test_late_loss_sd_is_recomputed_from_the_committed_late_train_loss(committed: Path):
     """Issue 45's critical trigger (late_loss_sd_pct of one arm's rows x 0.45 reversed a verdict), on a report that
     commits the late train-loss window in curves.csv."""
@@ -126,6 +154,25 @@ def test_a_run_whose_late_train_loss_was_removed_is_refused(committed: Path):
     assert "curves.csv holds no train/loss of this run" in message, message
 
 
+def test_a_run_adopted_from_a_folder_without_train_loss_is_read_and_named(committed: Path, capsys, monkeypatch):
+    """A sweep that adopted runs from one of the folders committed before train/loss was (sweep --adopt) commits
+    them without their late train loss: its folder is read, and the report names them as unchecked."""
+    import json
+
+    import lightning_cqk.sweep.figures
+
+    monkeypatch.setattr(lightning_cqk.sweep.figures, "figures", lambda *args, **kwargs: [])
+    curves = committed / "curves.csv"
+    lines = curves.read_text().splitlines(keepends=True)
+    curves.write_text("".join(line for line in lines if not line.startswith("var-s2,train/loss,")))
+    manifest = json.loads((committed / "study.json").read_text())
+    next(r for r in manifest["runs"] if r["name"] == "var-s2").update(adopted_from="old/toy#var-s2", probe="var-s1")
+    (committed / "study.json").write_text(json.dumps(manifest))
+    main(["report", str(committed)])
+    out = capsys.readouterr().out
+    assert f"Note: late_loss_sd_pct of {committed / 'runs.csv'}, 1 run (var-s2): no second source" in out
+
+
 def test_every_committed_report_reads_without_a_refusal():
     """The nine committed folders agree with their second sources (what the checks read)."""
     from lightning_cqk.sweep.results import read_committed
@@ -146,5 +193,49 @@ def test_a_folder_committed_before_the_train_loss_says_its_late_sd_is_unchecked(
     folder = _copy("logit_control", tmp_path)
     main(["report", str(folder)])
     out = capsys.readouterr().out
-    assert f"{folder / 'runs.csv'}: late_loss_sd_pct has no second source" in out, out[-2000:]
-    assert "quack-steadier-mha, quack-steadier-than-qk-clip" in out
+    assert f"Note: late_loss_sd_pct of {folder / 'runs.csv'}, all 30 runs: no second source" in out, out[-2000:]
+    assert "unchecked, by the claims quack-steadier-mha, quack-steadier-than-qk-clip." in out
+    assert "lightning_cqk sweep configs/ablations/logit_control.yaml --profile cpu, then lightning_cqk report " in out
+
+
+def _row(run: str, **values: str) -> dict[str, str]:
+    from lightning_cqk.sweep.results import RUN_FIELDS
+
+    row = dict.fromkeys(RUN_FIELDS, "nan")
+    row.update(run=run, status="done", **values)
+    return row
+
+
+@pytest.mark.parametrize("tokens, refused", [("5120", False), ("5000", True)])
+def test_tokens_after_the_last_logged_count_are_whole_steps_at_the_recorded_rate(tokens: str, refused: bool):
+    """train/tokens_seen is logged on logging steps only: a run whose last step is not one recomputes its tokens as
+    the last count plus the steps after it at tokens_per_step (8 x 512 at step 7, then 2 steps: 5120)."""
+    from lightning_cqk.sweep.second_sources import disagreements
+
+    scalars = {"a-s1": {"val/loss": [(9, 2.0)], "train/tokens_seen": [(3, 2048.0), (7, 4096.0)]}}
+    rows = [(2, _row("a-s1", steps="10", tokens=tokens, tokens_per_step="512", val_loss="2.0"))]
+    found = list(disagreements(rows, scalars, {}, {"runs": [], "spec": {}}))
+    why = "but its last train/tokens_seen in curves.csv (4096 at step 7) and 2 more steps of 512 tokens give 5120"
+    assert found == ([(2, f"run a-s1's tokens is '5000', {why}")] if refused else [])
+
+
+def test_the_grid_runs_windows_are_committed_even_when_all_would_be_too_many(tmp_path: Path, monkeypatch):
+    """val_windows.json is left out when it would hold more than MAX_WINDOW_VALUES numbers; the grid runs' windows
+    (the held-out losses' source, which the grid's choice and the tuned rates are recomputed from) stay."""
+    import json
+
+    from lightning_cqk.sweep import results
+    from lightning_cqk.sweep.study_data import StudyData
+
+    monkeypatch.setattr(results, "MAX_WINDOW_VALUES", 10)
+    spec = {"tuning": {"grid": {"std": {"0.002": "tune-std-lr0.002-s0"}}, "held_out": [0, 2]}}
+    manifest = {"study": "toy", "spec": spec, "runs": []}
+    runs = []
+    for name, group in (("tune-std-lr0.002-s0", "tune-std-lr0.002"), ("std-s1", "std")):
+        manifest["runs"].append({"name": name, "group": group, "seed": int(name[-1]), "overrides": {}})
+        windows = {"nll": [1.0, 2.0, 3.0, 4.0], "tokens": [4.0] * 4}
+        runs.append({"name": name, "scalars": {}, "budget": {}, "windows": windows, "stability": {}})
+    data = StudyData(manifest, groups={"std": {"runs": runs[1:]}}, tuning_runs=runs[:1])
+    results.write_committed(data, tmp_path)
+    kept = json.loads((tmp_path / "val_windows.json").read_text())
+    assert kept == {"tokens": {"*": [4.0] * 4}, "nll": {"tune-std-lr0.002-s0": [1.0, 2.0, 3.0, 4.0]}}
