@@ -239,3 +239,33 @@ def test_the_grid_runs_windows_are_committed_even_when_all_would_be_too_many(tmp
     results.write_committed(data, tmp_path)
     kept = json.loads((tmp_path / "val_windows.json").read_text())
     assert kept == {"tokens": {"*": [4.0] * 4}, "nll": {"tune-std-lr0.002-s0": [1.0, 2.0, 3.0, 4.0]}}
+
+
+def test_what_a_report_commits_is_what_its_checks_recompute_from(tmp_path: Path):
+    """A finished run whose last spike count and token count were logged before its last step (logging every 10
+    steps, 31 steps, validations at 10 and 30) and whose late train loss holds a nan: the committed curves keep those
+    last counts and the late window, so the folder the report wrote reads back with the same numbers."""
+    import math
+
+    from lightning_cqk.sweep.estimators import run_stability
+    from lightning_cqk.sweep.results import read_committed, write_committed
+    from lightning_cqk.sweep.study_data import StudyData
+
+    scalars = {
+        "val/loss": [(10, 2.5), (30, 2.0)],
+        "val/ppl": [(10, math.exp(2.5)), (30, math.exp(2.0))],
+        "val/bpb": [(10, 3.6), (30, 2.9)],
+        "train/spikes": [(9, 1.0), (29, 3.0)],
+        "train/tokens_seen": [(9, 5120.0), (19, 10240.0), (29, 15360.0)],
+        "train/loss": [(s, math.nan if s == 27 else 3.0 - s / 50 + (s % 3) / 10) for s in range(31)],
+    }
+    manifest = {"study": "toy", "spec": {}, "runs": [{"name": "a-s1", "group": "a", "seed": 1, "levels": {}}]}
+    manifest["runs"][0]["overrides"] = {"model.optim.lr": 0.002}
+    budget = {"tokens": 31 * 512, "steps": 31, "tokens_per_step": 512}
+    run = {"name": "a-s1", "seed": 1, "scalars": scalars, "budget": budget, "windows": None, "lr": 0.002}
+    run["stability"] = run_stability(scalars)
+    write_committed(StudyData(manifest, groups={"a": {"levels": {}, "runs": [run]}}), tmp_path)
+    _, finished, _ = read_committed(tmp_path)
+    assert finished["a-s1"]["stability"] == run["stability"] and finished["a-s1"]["budget"]["tokens"] == 31 * 512
+    assert finished["a-s1"]["scalars"]["train/spikes"][-1] == (29, 3.0)
+    assert [s for s, _ in finished["a-s1"]["scalars"]["train/loss"]] == list(range(24, 31))  # from 0.8 x 30
