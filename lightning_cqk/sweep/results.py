@@ -437,6 +437,26 @@ def _check_finals(rows: list[tuple[int, dict[str, str]]], scalars: dict[str, Any
                 )
 
 
+def _read_windows(path: Path) -> dict[str, Any]:
+    """A committed val_windows.json: {"tokens": {run or "*": [numbers]}, "nll": {run: [numbers]}} (the source of
+    the grid runs' held-out losses and the paired window errors), refusing anything else."""
+    try:
+        windows = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        windows = None
+    shape_ok = isinstance(windows, dict) and all(isinstance(windows.get(k), dict) for k in ("tokens", "nll"))
+    if not shape_ok or not all(
+        isinstance(values, list) and all(type(x) in (int, float) for x in values)
+        for key in ("tokens", "nll")
+        for values in windows[key].values()
+    ):
+        raise _refuse(
+            f'{path} is not the {WINDOWS_FILE} a report writes ({{"tokens": {{run: [numbers]}}, "nll": '
+            f"{{run: [numbers]}}}}). {_put_back(path)}"
+        )
+    return windows
+
+
 def read_committed(folder: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, str]]:
     """(manifest, {run name: {"seed", "scalars", "budget", "windows", "heldout_loss", "lr"}} of the finished runs,
     {run name: status} of the others) from a folder of committed results, cross-checked (module docstring)."""
@@ -448,7 +468,7 @@ def read_committed(folder: str | Path) -> tuple[dict[str, Any], dict[str, dict[s
     _check_rows(rows, manifest, runs_path)
     _check_finals(rows, scalars, runs_path)
     windows_path = _plain_file(folder, WINDOWS_FILE)
-    windows = json.loads(windows_path.read_text()) if windows_path.is_file() else {}
+    windows = _read_windows(windows_path) if windows_path.is_file() else {}
     from lightning_cqk.sweep.second_sources import disagreements, run_windows
 
     for line, what in disagreements(rows, scalars, windows, manifest):

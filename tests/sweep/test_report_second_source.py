@@ -269,3 +269,12 @@ def test_what_a_report_commits_is_what_its_checks_recompute_from(tmp_path: Path)
     assert finished["a-s1"]["stability"] == run["stability"] and finished["a-s1"]["budget"]["tokens"] == 31 * 512
     assert finished["a-s1"]["scalars"]["train/spikes"][-1] == (29, 3.0)
     assert [s for s, _ in finished["a-s1"]["scalars"]["train/loss"]] == list(range(24, 31))  # from 0.8 x 30
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "{not json", '{"tokens": {"*": [1]}, "nll": {"a-s1": ["x"]}}'])
+def test_a_val_windows_json_that_is_not_one_is_named_not_a_traceback(text: str, tmp_path: Path):
+    """The held-out losses' source is read as untrusted too: `[1, 2]` was an AttributeError traceback."""
+    folder = _copy("logit_control", tmp_path)
+    (folder / "val_windows.json").write_text(text)
+    message = _refused_report(folder)
+    assert f"{folder / 'val_windows.json'} is not the val_windows.json a report writes" in message, message
