@@ -184,16 +184,25 @@ def test_every_committed_report_reads_without_a_refusal():
         read_committed(folder)
 
 
-def test_a_folder_committed_before_the_train_loss_says_its_late_sd_is_unchecked(tmp_path: Path, capsys, monkeypatch):
-    """The nine folders committed before issue 45 hold no train/loss (the runs' event files are not committed): their
-    late_loss_sd_pct has no second source, and `report` says so, naming the claims that read it."""
+def test_the_issue_trigger_on_the_committed_logit_control(tmp_path: Path, capsys, monkeypatch):
+    """Issue 45's trigger as filed: late_loss_sd_pct of the six mha-lr3e-2-quack rows x 0.45 turned
+    quack-steadier-mha from +39.8% 'not replicated' to -37.1% 'inconclusive', exit 0 and no word. A logit_control
+    folder whose curves.csv holds the late train loss refuses it naming the line. The one committed at issue 45 holds
+    none (its runs' event files were never committed; all nine folders are so): its late sd has no second source, so
+    `report` reads it as recorded and says so, naming the claims that read it and the commands that give it one."""
     import lightning_cqk.sweep.figures
 
     monkeypatch.setattr(lightning_cqk.sweep.figures, "figures", lambda *args, **kwargs: [])
     folder = _copy("logit_control", tmp_path)
+    runs = folder / "runs.csv"
+    _edit_rows(runs, _scale(QUACK, "late_loss_sd_pct", 0.45))
+    if "train/loss" in (folder / "curves.csv").read_text():  # regenerated from its runs since issue 45
+        message = _refused_report(folder)
+        assert f"{runs}, line {_line(runs, QUACK[0])}: run {QUACK[0]}'s late_loss_sd_pct is " in message, message
+        return
     main(["report", str(folder)])
     out = capsys.readouterr().out
-    assert f"Note: late_loss_sd_pct of {folder / 'runs.csv'}, all 30 runs: no second source" in out, out[-2000:]
+    assert f"Note: late_loss_sd_pct of {runs}, all 30 runs: no second source" in out, out[-2000:]
     assert "unchecked, by the claims quack-steadier-mha, quack-steadier-than-qk-clip." in out
     assert "lightning_cqk sweep configs/ablations/logit_control.yaml --profile cpu, then lightning_cqk report " in out
 
