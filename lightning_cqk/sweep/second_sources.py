@@ -18,9 +18,10 @@ refuses the first, naming the file and line):
     val_loss/ppl/bpb  (results.py) the run's last value of the tag in curves.csv
 
 The final validation values are checked by results.py. Not recomputed: wallclock and flops (shown, read by no
-verdict), tokens_per_step (read only to recompute tokens above and by a control's predicted size when its baseline
-curve gives no step count), and the rate of a run whose study.json gives no `model.optim.lr` (its config files',
-which the folder does not hold).
+verdict), tokens_per_step (the tokens check above reads it; a token control's predicted size scales the baseline's
+validation steps by it, a constant factor that cancels in its log-log slope: logit_control's prediction is the same
+with it doubled), and the rate of a run whose study.json gives no `model.optim.lr` (its config files', which the
+folder does not hold).
 
 Folders committed before train/loss was (the nine of docs/results at issue 45, whose runs' event files were never
 committed): no source holds their late train loss, so their late_loss_sd_pct is read as recorded and the report
