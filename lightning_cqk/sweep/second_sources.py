@@ -17,11 +17,14 @@ refuses the first, naming the file and line):
                       that count plus the steps after it at `tokens_per_step`
     val_loss/ppl/bpb  (results.py) the run's last value of the tag in curves.csv
 
+    tokens_per_step   the rate of the run's train/tokens_seen in curves.csv, (step + 1) x rate at every committed
+                      step (a token control's predicted size puts the baseline's validations at (step + 1) x it:
+                      one run's doubled moved logit_control's from +13.23% to +2.02%); a run whose counts are at
+                      no one rate (resumed at another, an epoch ending mid-accumulation) is not checked
+
 The final validation values are checked by results.py. Not recomputed: wallclock and flops (shown, read by no
-verdict), tokens_per_step (the tokens check above reads it; a token control's predicted size scales the baseline's
-validation steps by it, a constant factor that cancels in its log-log slope: logit_control's prediction is the same
-with it doubled), and the rate of a run whose study.json gives no `model.optim.lr` (its config files', which the
-folder does not hold).
+verdict), and the rate of a run whose study.json gives no `model.optim.lr` (its config files', which the folder
+does not hold).
 
 Folders committed before train/loss was (the nine of docs/results at issue 45, whose runs' event files were never
 committed): no source holds their late train loss, so their late_loss_sd_pct is read as recorded and the report
@@ -110,6 +113,18 @@ def _held_out(tuning: dict[str, Any]) -> tuple[int, int] | None:
     return bounds[0], bounds[1]
 
 
+def _rate_disagrees(series: dict[str, list[tuple[int, float]]], per_step: float) -> str:
+    """Why a run's `tokens_per_step` is not the one rate of its train/tokens_seen in curves.csv ('' when it is, or
+    when its counts are at no one rate)."""
+    seen = series.get(TOKENS_TAG) or []
+    if not seen:
+        return ""
+    rate = seen[0][1] / (seen[0][0] + 1)
+    if any(value != (step + 1) * rate for step, value in seen) or _same(per_step, rate):
+        return ""
+    return f"its train/tokens_seen in curves.csv is (step + 1) x {_shown(rate)} at each of its {len(seen)} steps"
+
+
 def disagreements(
     rows: list[tuple[int, dict[str, str]]],
     scalars: dict[str, dict[str, list[tuple[int, float]]]],
@@ -163,6 +178,9 @@ def disagreements(
             why = _tokens_disagree(series, given["tokens"], given["steps"], per_step)
             if why:
                 yield line, f"run {name}'s tokens is {row['tokens']!r}, but {why}"
+        why = _rate_disagrees(series, per_step) if per_step is not None else ""
+        if why:
+            yield line, f"run {name}'s tokens_per_step is {row['tokens_per_step']!r}, but {why}"
     yield from _rate_disagreements(done, manifest, held)
 
 

@@ -91,8 +91,15 @@ QUACK = [f"mha-lr3e-2-quack-s{seed}" for seed in range(1, 7)]
             "run mha-lr3e-2-default-s2's steps is '250', but its last validation in curves.csv is at step index "
             "499, after 500 steps",
         ),
+        (
+            "logit_control",  # the control's predicted size went from +13.23% to +2.02%
+            "mha-lr3e-2-default-s1",
+            _put("mha-lr3e-2-default-s1", "tokens_per_step", "4096"),
+            "run mha-lr3e-2-default-s1's tokens_per_step is '4096', but its train/tokens_seen in curves.csv is "
+            "(step + 1) x 512 at each of its ",
+        ),
     ],
-    ids=["spikes", "heldout_loss", "lr", "tokens", "steps"],
+    ids=["spikes", "heldout_loss", "lr", "tokens", "steps", "tokens_per_step"],
 )
 def test_an_edited_committed_number_is_refused_naming_file_and_line(study, run, edit, words, tmp_path: Path):
     """Each trigger of issue 45 items 2-3 on a copy of the committed results: `report` exited 0 and published it."""
@@ -213,6 +220,28 @@ def _row(run: str, **values: str) -> dict[str, str]:
     row = dict.fromkeys(RUN_FIELDS, "nan")
     row.update(run=run, status="done", **values)
     return row
+
+
+@pytest.mark.parametrize(
+    "counts, per_step, refused",
+    [
+        ([(3, 2048.0), (7, 4096.0)], "512", False),
+        ([(3, 2048.0), (7, 4096.0)], "256", True),
+        ([(3, 2048.0), (7, 3072.0)], "256", False),
+    ],
+    ids=["one rate", "another rate", "no one rate: resumed at another"],
+)
+def test_tokens_per_step_is_the_one_rate_of_the_logged_token_counts(counts, per_step: str, refused: bool):
+    """A token control's predicted size reads tokens_per_step; the counts give it back unless the rate changed."""
+    from lightning_cqk.sweep.second_sources import disagreements
+
+    scalars = {"a-s1": {"val/loss": [(9, 2.0)], "train/tokens_seen": counts}}
+    tokens = str(int(counts[-1][1]) + 2 * int(per_step))
+    rows = [(2, _row("a-s1", steps="10", tokens=tokens, tokens_per_step=per_step, val_loss="2.0"))]
+    found = [what for _, what in disagreements(rows, scalars, {}, {"runs": [], "spec": {}})]
+    why = "but its train/tokens_seen in curves.csv is (step + 1) x 512 at each of its 2 steps"
+    expected = [f"run a-s1's tokens_per_step is '256', {why}"] if refused else []
+    assert [w for w in found if "tokens_per_step" in w] == expected
 
 
 @pytest.mark.parametrize("tokens, refused", [("5120", False), ("5000", True)])
