@@ -149,8 +149,9 @@ def disagreements(
         given = {column: _value(row[column]) for column in (*STABILITY, "heldout_loss", "steps", "tokens")}
         checks: list[tuple[str, float, str]] = []
         last_val = max((series[tag][-1][0] for tag in VAL_TAGS if series.get(tag)), default=None)
-        if last_val is None:
-            checks.append(("steps", math.nan, "curves.csv holds no validation of this run"))
+        if last_val is None:  # a run counts as finished by its last validation (report_read.unfinished_reason)
+            yield line, f"run {name} is listed as done, but curves.csv holds no validation of it"
+            continue
         else:
             after = f"its last validation in curves.csv is at step index {last_val}, after {last_val + 1} steps"
             checks.append(("steps", last_val + 1.0, after))

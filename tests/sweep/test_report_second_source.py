@@ -139,6 +139,15 @@ def test_a_study_json_that_cannot_be_a_source_is_named_not_a_traceback(edit, wor
     assert f"{folder / 'study.json'}: {words}. Put back the file the report wrote" in message, message
 
 
+def test_a_run_never_started_relabelled_done_is_refused(committed: Path):
+    """var-s4 never started (no curves); marked done with its numbers left nan it entered the verdicts as a diverged
+    seed of var."""
+    runs = committed / "runs.csv"
+    _edit_rows(runs, _put("var-s4", "status", "done"))
+    message = _refused_report(committed)
+    assert f"{runs}, line {_line(runs, 'var-s4')}: run var-s4 is listed as done, but curves.csv holds no " in message
+
+
 def test_late_loss_sd_is_recomputed_from_the_committed_late_train_loss(committed: Path):
     """Issue 45's critical trigger (late_loss_sd_pct of one arm's rows x 0.45 reversed a verdict), on a report that
     commits the late train-loss window in curves.csv."""
