@@ -15,12 +15,12 @@ refuses the first, naming the file and line):
     steps             the step after the run's last validation in curves.csv (step index N - 1 after N steps)
     tokens            the run's last train/tokens_seen in curves.csv when logged at its last step; logged earlier,
                       that count plus the steps after it at `tokens_per_step`
-    val_loss/ppl/bpb  (results.py) the run's last value of the tag in curves.csv
-
     tokens_per_step   the rate of the run's train/tokens_seen in curves.csv, (step + 1) x rate at every committed
                       step (a token control's predicted size puts the baseline's validations at (step + 1) x it:
                       one run's doubled moved logit_control's from +13.23% to +2.02%); a run whose counts are at
                       no one rate (resumed at another, an epoch ending mid-accumulation) is not checked
+    status            'done' only for a run with a validation in curves.csv (a finished run's last one is its result)
+    val_loss/ppl/bpb  (results.py) the run's last value of the tag in curves.csv
 
 The final validation values are checked by results.py. Not recomputed: wallclock and flops (shown, read by no
 verdict), and the rate of a run whose study.json gives no `model.optim.lr` (its config files', which the folder
