@@ -30,6 +30,7 @@ Write (report.py runs the three stages in order)
   report.py        the `lightning_cqk report` command: reads, estimates, renders and writes (finished runs only)
   report_folder.py the report written beside its folder and swapped in whole
   results.py       the committed result files, and the report's input read back from them
+  second_sources.py  each committed runs.csv number a verdict, grid or control reads, recomputed from its source
   figures.py       the report's PNG figures
   claims_table.py  the table of every claim and verdict in docs/results/README.md
 """

@@ -110,6 +110,15 @@ def settle_pct(run: dict[str, Any], tag: str, fraction: float = SETTLE_FRACTION)
 STABILITY = ("spikes", "late_loss_sd_pct")  # per run: cumulative loss spikes; sd of train/loss over the last 20%
 
 
+def late_loss_points(series: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The points of a train/loss series that `run_stability` reads: from SETTLE_FRACTION of its last finite step
+    on (non-finite ones included; it skips them). A report commits them to curves.csv, its late sd's source."""
+    finite = [s for s, v in series if math.isfinite(v)]
+    if not finite:
+        return []
+    return [(s, v) for s, v in series if s >= SETTLE_FRACTION * finite[-1]]
+
+
 def run_stability(scalars: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
     """{"spikes": the run's final cumulative loss-spike count, "late_loss_sd_pct": the sd of train/loss over the last
     20% of its logged steps, in % of their mean} (nan where not logged)."""

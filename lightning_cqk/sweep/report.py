@@ -159,6 +159,11 @@ def write_report(
         print(md)
         pngs = ", ".join(p.name for p in paths.values() if p.suffix == ".png")
         print(f"Report: {paths['markdown']}, {paths['csv']}, {paths['claims']}; figures ({out}): {pngs}")
+        from lightning_cqk.sweep.second_sources import unchecked_note
+
+        note = unchecked_note(data)
+        if note:
+            print(note)
     return paths
 
 

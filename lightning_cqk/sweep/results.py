@@ -8,10 +8,14 @@
                       loss / ppl / bpb, the held-out loss of a grid run, tokens, steps, train seconds, FLOPs, code
                       revision, config hash, status ('done', or why the run is not scored)
     curves.csv        run, tag, step, value: every validation (val/ppl, val/bpb, val/loss) and, at those steps, the
-                      training tokens, cumulative loss spikes and gradient norm (what the figures draw)
+                      training tokens, cumulative loss spikes and gradient norm (what the figures draw); the tokens
+                      and spikes also at the last step they were logged, and train/loss over the late window
+                      (estimators.late_loss_points): the sources runs.csv's tokens, spikes and late_loss_sd_pct are
+                      recomputed from (second_sources.py)
     val_windows.json  the final validation's per-window losses of every run ({"tokens": {run: [...]}, "nll":
                       {run: [...]}}; the tokens most runs share once, under "*"), when at most
-                      MAX_WINDOW_VALUES numbers
+                      MAX_WINDOW_VALUES numbers, else of the learning-rate grid's runs only (their held-out
+                      losses' source)
 
 `lightning_cqk report docs/results/<study>` then reads these files instead of run directories and recomputes every
 number, verdict and figure: nothing else is needed. Floats are written with repr, so they read back bit-identical.
@@ -21,8 +25,10 @@ writes; the manifest's runs must be one per name and per (group, seed), named `<
 (`check_manifest`, for a sweep's manifest.json too); curves.csv holds one value per run, tag and step, each one a
 float32 TensorBoard can have logged (perplexity at least 1, loss and bits per byte at least 0); and runs.csv holds one
 row per run of the manifest, with its group, seed, role, config hash and code revision, and, for a finished run, the
-final validation values of curves.csv, exactly. Anything else is refused, naming the file and line: the report copies
-runs.csv into its new folder, so a value that disagrees with the curves the verdicts come from would be published.
+final validation values of curves.csv, exactly, and every other number a verdict, a grid choice or a control reads as
+recomputed from its second committed source (second_sources.py: spikes, late train-loss sd, held-out loss, learning
+rate, tokens, steps). Anything else is refused, naming the file and line: the report copies runs.csv into its new
+folder and reads its numbers, so a value that disagrees with its source would be published and judged.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.atomic_files import write_text_atomically
+from lightning_cqk.sweep.estimators import late_loss_points
 from lightning_cqk.sweep.study_data import StudyData
 from lightning_cqk.sweep.tuning import all_grid_runs
 
@@ -47,6 +54,8 @@ LOWEST = {"val/ppl": 1.0, "val/loss": 0.0, "val/bpb": 0.0}  # a perplexity is ex
 COMMITTED = (STUDY_FILE, RUNS_FILE, CURVES_FILE, WINDOWS_FILE)
 VAL_TAGS = ("val/ppl", "val/bpb", "val/loss")
 AT_VAL_TAGS = ("train/tokens_seen", "train/spikes", "train/grad_norm/total")  # thinned to the validation steps
+SOURCE_TAGS = ("train/tokens_seen", "train/spikes")  # and at their last logged step: runs.csv's tokens, spikes
+LOSS_TAG = "train/loss"  # its late window (estimators.late_loss_points): runs.csv's late_loss_sd_pct
 MAX_WINDOW_VALUES = 200_000
 RUN_FIELDS = (
     "run",
@@ -175,10 +184,14 @@ def write_committed(data: StudyData, out: Path) -> list[Path]:
             for step, value in run["scalars"].get(tag) or []:
                 cw.writerow([name, tag, step, repr(float(value))])
         for tag in AT_VAL_TAGS:
-            series = dict(run["scalars"].get(tag) or [])
-            for step in val_steps:
+            logged = run["scalars"].get(tag) or []
+            series = dict(logged)
+            kept = set(val_steps) | ({logged[-1][0]} if logged and tag in SOURCE_TAGS else set())
+            for step in sorted(kept):
                 if step in series:
                     cw.writerow([name, tag, step, repr(float(series[step]))])
+        for step, value in late_loss_points(run["scalars"].get(LOSS_TAG) or []):
+            cw.writerow([name, LOSS_TAG, step, repr(float(value))])
         w = run.get("windows")
         if w and w.get("nll"):
             windows["tokens"][name], windows["nll"][name] = list(w["tokens"]), list(w["nll"])
@@ -186,18 +199,31 @@ def write_committed(data: StudyData, out: Path) -> list[Path]:
     write_text_atomically(paths[0], json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     write_text_atomically(paths[1], buf.getvalue())
     write_text_atomically(paths[2], curves.getvalue())
-    if windows["tokens"]:  # most runs' windows hold the same tokens (one validation set): stored once, under "*"
-        counts: dict[str, int] = {}
-        for t in windows["tokens"].values():
-            counts[json.dumps(t)] = counts.get(json.dumps(t), 0) + 1
-        common = max(counts, key=counts.get)
-        others = {name: t for name, t in windows["tokens"].items() if json.dumps(t) != common}
-        windows["tokens"] = {"*": json.loads(common), **others}
-    n_values = sum(len(v) for v in windows["nll"].values()) + sum(len(v) for v in windows["tokens"].values())
-    if windows["nll"] and n_values <= MAX_WINDOW_VALUES:
+    shared = _shared_tokens(windows)
+    if _n_values(shared) > MAX_WINDOW_VALUES:  # too many to commit: the grid runs' (their held-out losses' source)
+        shared = _shared_tokens(
+            {key: {n: v for n, v in by_run.items() if n in tuning_names} for key, by_run in windows.items()}
+        )
+    if shared["nll"]:
         paths.append(out / WINDOWS_FILE)
-        write_text_atomically(paths[-1], json.dumps(windows, separators=(",", ":")) + "\n")
+        write_text_atomically(paths[-1], json.dumps(shared, separators=(",", ":")) + "\n")
     return paths
+
+
+def _shared_tokens(windows: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, list[float]]]:
+    """val_windows.json's content: most runs' windows hold the same tokens (one validation set), stored once, "*"."""
+    if not windows["tokens"]:
+        return {"tokens": {}, "nll": dict(windows["nll"])}
+    counts: dict[str, int] = {}
+    for t in windows["tokens"].values():
+        counts[json.dumps(t)] = counts.get(json.dumps(t), 0) + 1
+    common = max(counts, key=counts.get)
+    others = {name: t for name, t in windows["tokens"].items() if json.dumps(t) != common}
+    return {"tokens": {"*": json.loads(common), **others}, "nll": dict(windows["nll"])}
+
+
+def _n_values(windows: dict[str, dict[str, list[float]]]) -> int:
+    return sum(len(v) for v in windows["nll"].values()) + sum(len(v) for v in windows["tokens"].values())
 
 
 def _float(text: str) -> float:
@@ -411,6 +437,26 @@ def _check_finals(rows: list[tuple[int, dict[str, str]]], scalars: dict[str, Any
                 )
 
 
+def _read_windows(path: Path) -> dict[str, Any]:
+    """A committed val_windows.json: {"tokens": {run or "*": [numbers]}, "nll": {run: [numbers]}} (the source of
+    the grid runs' held-out losses and the paired window errors), refusing anything else."""
+    try:
+        windows = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        windows = None
+    shape_ok = isinstance(windows, dict) and all(isinstance(windows.get(k), dict) for k in ("tokens", "nll"))
+    if not shape_ok or not all(
+        isinstance(values, list) and all(type(x) in (int, float) for x in values)
+        for key in ("tokens", "nll")
+        for values in windows[key].values()
+    ):
+        raise _refuse(
+            f'{path} is not the {WINDOWS_FILE} a report writes ({{"tokens": {{run: [numbers]}}, "nll": '
+            f"{{run: [numbers]}}}}). {_put_back(path)}"
+        )
+    return windows
+
+
 def read_committed(folder: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, str]]:
     """(manifest, {run name: {"seed", "scalars", "budget", "windows", "heldout_loss", "lr"}} of the finished runs,
     {run name: status} of the others) from a folder of committed results, cross-checked (module docstring)."""
@@ -422,7 +468,13 @@ def read_committed(folder: str | Path) -> tuple[dict[str, Any], dict[str, dict[s
     _check_rows(rows, manifest, runs_path)
     _check_finals(rows, scalars, runs_path)
     windows_path = _plain_file(folder, WINDOWS_FILE)
-    windows = json.loads(windows_path.read_text()) if windows_path.is_file() else {}
+    windows = _read_windows(windows_path) if windows_path.is_file() else {}
+    from lightning_cqk.sweep.second_sources import disagreements, run_windows
+
+    for line, what in disagreements(rows, scalars, windows, manifest):
+        if line is None:
+            raise _refuse(f"{study_path}: {what}. {_put_back(study_path)}")
+        raise _refuse(f"{runs_path}, line {line}: {what}; the two must agree. {_put_back(runs_path)}")
     runs, other = {}, {}
     for line, r in rows:
         if r["status"] != "done":
@@ -434,10 +486,7 @@ def read_committed(folder: str | Path) -> tuple[dict[str, Any], dict[str, dict[s
         for key in ("steps", "tokens", "tokens_per_step"):  # integers in budget.json: read back as integers
             if key in budget and "." not in r[key] and "e" not in r[key]:
                 budget[key] = int(r[key])
-        w = None
-        if name in (windows.get("nll") or {}):
-            tokens = windows["tokens"]
-            w = {"nll": windows["nll"][name], "tokens": tokens[name] if name in tokens else tokens["*"]}
+        w = run_windows(windows, name)
         runs[name] = {
             "seed": int(r["seed"]),
             "scalars": scalars.get(name, {}),

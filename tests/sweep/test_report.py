@@ -30,8 +30,19 @@ def f32(x: float) -> float:
     return float(np.float32(x))  # TensorBoard stores scalars as float32
 
 
-def _write_run(run_dir: Path, group: str, seed: int, final: float, steps=STEPS, budget_steps: int = STEPS[-1]) -> None:
+LOG_EVERY = 10  # train/tokens_seen is logged on logging steps (LitLM), train/loss at every step
+
+
+def _write_run(
+    run_dir: Path, group: str, seed: int, final: float, steps=STEPS, budget_steps: int = STEPS[-1] + 1
+) -> None:
+    """A finished run of `budget_steps` optimizer steps (its last validation, after the last step, is logged at
+    step index budget_steps - 1, as a real run's is)."""
     with SummaryWriter(str(run_dir)) as w:
+        for step in range(budget_steps):
+            w.add_scalar("train/loss", 3.0 + 0.25 * math.sin(step * seed) - step / 100.0, step, walltime=500.0 + step)
+            if (step + 1) % LOG_EVERY == 0 or step == budget_steps - 1:
+                w.add_scalar("train/tokens_seen", (step + 1) * TOKENS_PER_STEP, step, walltime=500.0 + step)
         for i, step in enumerate(steps):
             ppl = final + 10.0 * (len(steps) - 1 - i) + seed
             ppl = final if step == steps[-1] else ppl
@@ -69,7 +80,7 @@ def sweep_dir(tmp_path: Path) -> Path:
     runs.append({"name": "var-s4", "group": "var", "seed": 4, "levels": {"arm": "var"}})  # never ran
     # var-s5 was killed during its final validation: its last validation (step 20) is not its last step (30)
     runs.append({"name": "var-s5", "group": "var", "seed": 5, "levels": {"arm": "var"}})
-    _write_run(sweep / "var-s5", "var", 5, 5.0, steps=(10, 20))
+    _write_run(sweep / "var-s5", "var", 5, 5.0, steps=(10, 20), budget_steps=30)
     # base-s1 was killed after its last validation and resumed: the resumed attempt re-logged step 30 (last wins)
     with SummaryWriter(str(sweep / "base-s1"), filename_suffix=".resumed") as w:
         w.add_scalar("val/ppl", RESUMED, 30, walltime=5000.0)
@@ -96,7 +107,7 @@ def test_table_numbers_equal_the_scalars(sweep_dir: Path, capsys):
         # base-s1's resumed attempt re-logged only val/ppl at step 30: its bpb stays the first attempt's
         bpb = [f32(math.log2(v) / 3.0) for v in FINAL[group]]
         assert float(row["val/bpb_mean"]) == pytest.approx(statistics.fmean(bpb), rel=1e-6)
-        assert float(row["tokens"]) == STEPS[-1] * TOKENS_PER_STEP
+        assert float(row["tokens"]) == (STEPS[-1] + 1) * TOKENS_PER_STEP
         assert float(row["flops"]) == pytest.approx(3.0e9 * 2)  # mean over seeds 1, 2, 3
         assert float(row["wallclock"]) == pytest.approx(21.0)
     var_row = rows["var"]
