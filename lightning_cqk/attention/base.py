@@ -61,6 +61,7 @@ from torch import nn
 
 from lightning_cqk.attention.functional import softmax_map_stats
 from lightning_cqk.attention.options import check_option_names
+from lightning_cqk.errors import ConfigError
 
 if TYPE_CHECKING:
     from lightning_cqk.attention.cache import LayerCache
@@ -348,12 +349,14 @@ class AttentionBackend(nn.Module):
         """Turn a plain dict into this backend's `Options`, with a readable error for unknown keys."""
         if isinstance(options, cls.Options):
             return options
+        from lightning_cqk.attention.registry import label
+
         options = dict(options or {})
-        check_option_names(options, cls.Options, f"attention backend {cls.name!r}")
+        check_option_names(options, cls.Options, f"attention backend {label(cls)!r}")
         try:
             return cls.Options(**options)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"Invalid options for attention backend {cls.name!r}: {err}") from err
+            raise ConfigError(f"Invalid options for attention backend {label(cls)!r}: {err}") from err
 
     def extra_repr(self) -> str:
         return f"layer={self.layer_idx}, options={self.options}"

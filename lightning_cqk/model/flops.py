@@ -13,7 +13,8 @@ Most work scales with the tokens of a batch (`forward_flops_per_token`). Backend
 
 from __future__ import annotations
 
-from lightning_cqk.attention import StandardAttention, get_attention
+from lightning_cqk.attention import get_attention
+from lightning_cqk.attention.standard import StandardAttention
 from lightning_cqk.config import ModelConfig
 
 MLP_MATRICES = {"gelu": 2, "swiglu": 3}
