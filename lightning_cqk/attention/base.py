@@ -206,10 +206,12 @@ class AttentionOptions:
 
 
 class AttentionBackend(nn.Module):
-    """Base class: fixes the constructor and forward contract of all backends.
+    """Base class: fixes the constructor and forward contract of all backends, built-in or plugin.
 
-    Subclasses set `name` (their registry key), `Options` (a dataclass derived from `AttentionOptions`) and
-    implement `forward`.
+    Public API (docs/your-attention.md: which members are required, which optional), changed only compatibly, like
+    `AttentionOptions` and `AttentionContext`. Subclasses set `name` (their registry key: a built-in is found by it
+    in its file, a plugin also declares it as an entry point, `registry.py`), `Options` (a dataclass derived from
+    `AttentionOptions`) and implement `forward`.
     """
 
     name: ClassVar[str] = ""
