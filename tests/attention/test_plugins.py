@@ -46,6 +46,14 @@ class MeanAttention(AttentionBackend):
 """
 
 
+#: The FLOPs a run needs (token budgets, throughput), appended to MEAN_BACKEND's class body.
+FLOPS = """
+    @classmethod
+    def forward_flops_per_token(cls, config, options, seq_len):
+        return 2 * config.n_embd * config.n_embd
+"""
+
+
 def install(
     site: Path, dist: str, entry_points: dict[str, dict[str, str]], modules: dict[str, str] | None = None
 ) -> None:
@@ -228,3 +236,47 @@ def test_generate_recomputes_for_a_backend_without_a_cache(site):
     assert not can_cache(model) and can_cache(GPT(ModelConfig(**TINY)))
     steps = list(generate(model, [[1, 2, 3]], 4))  # no NotImplementedError from new_cache: the window is recomputed
     assert [s.tokens for s in steps] == [s.tokens for s in generate_reference(model, [[1, 2, 3]], 4)]
+
+
+def test_validate_from_a_checkpoint_never_imports_the_path_it_names(site, tiny_shards, tmp_path, monkeypatch):
+    """The command-line side of the rule: `validate --ckpt_path` of a run trained with `resumelab:MeanAttention` (typed
+    then, so imported) is refused before the module is imported again, unless the path is typed again."""
+    from tiny_run import tiny_args, tiny_fit
+
+    from lightning_cqk.cli.main import main
+
+    marker = site / "imported"
+    module = f"open({str(marker)!r}, 'a').close()\n" + MEAN_BACKEND.format(name="") + FLOPS
+    install(site, "resumelab", {}, {"resumelab": module})
+    runs = tmp_path / "runs"
+    main(tiny_fit(tiny_shards, runs, "--model.config.attention=resumelab:MeanAttention", "--trainer.max_steps=2"))
+    (ckpt,) = runs.glob("*/*/checkpoints/last.ckpt")
+    assert ckpt.parts[-3].startswith("resumelab.MeanAttention-tiny")  # no colon in a run directory's name
+    marker.unlink()
+    monkeypatch.delitem(sys.modules, "resumelab")  # a new process: nothing imported yet
+    with pytest.raises(SystemExit) as done:
+        main(["validate", *tiny_args(tiny_shards, runs, f"--ckpt_path={ckpt}")])
+    message = str(done.value.code)
+    assert message.startswith(f"lightning_cqk validate: The checkpoint {ckpt} was made with the attention backend")
+    assert "export LIGHTNING_CQK_TRUSTED_MODULES=resumelab" in message and not marker.exists()
+    typed = "--model.config.attention=resumelab:MeanAttention"  # the user names it again: imported (trust: above)
+    main(["validate", *tiny_args(tiny_shards, runs, typed, f"--ckpt_path={ckpt}")])
+    assert marker.exists()
+
+
+def test_the_attention_command_lists_a_plugin_that_does_not_load_with_why(site, capsys):
+    from lightning_cqk.backends_doc import attention_command
+
+    install(site, "broken-lab2", {registry.ATTENTION_GROUP: {"broken2": "broken_lab2:X"}}, {"broken_lab2": "1 / 0\n"})
+    attention_command([])
+    out = capsys.readouterr().out
+    assert "broken2" in out and "(not usable)" in out and "ZeroDivisionError" in out and "standard " in out
+
+
+def test_a_plugin_without_declared_flops_cannot_train_and_says_why(site):
+    from lightning_cqk.model.flops import training_flops_per_batch
+
+    install(site, "noflops", {}, {"noflops": MEAN_BACKEND.format(name="")})
+    config = ModelConfig(**TINY, attention="noflops:MeanAttention")
+    with pytest.raises(ConfigError, match="'noflops:MeanAttention' does not define forward_flops_per_token, which"):
+        training_flops_per_batch(config, 1, 8)
