@@ -89,13 +89,14 @@ print-config: install ## print the resolved config: make print-config CONFIG=...
 	$(BIN)/lightning_cqk fit --config $(CONFIG) --print_config
 
 ALL_STUDIES := $(sort $(basename $(notdir $(wildcard configs/ablations/*.yaml))))
-ablations: install ## run a study and its report: make ablations [STUDY=coupling|all] [PROFILE=cpu] (--dry-run: its time; resumable)
+ARGS ?=
+ablations: install ## run a study and its report: make ablations [STUDY=coupling|all] [PROFILE=cpu] [ARGS=--dry-run] (its estimate first; asks before an hour from a terminal; resumable)
 ifeq ($(STUDY),all)
 	@failed=''; for s in $(ALL_STUDIES); do \
-		echo "== $$s"; $(BIN)/lightning_cqk sweep configs/ablations/$$s.yaml --profile $(PROFILE) || failed="$$failed $$s"; \
+		echo "== $$s"; $(BIN)/lightning_cqk sweep configs/ablations/$$s.yaml --profile $(PROFILE) --confirm $(ARGS) || failed="$$failed $$s"; \
 	done; if [ -n "$$failed" ]; then echo "studies with failed runs:$$failed (run the same command again to resume)"; exit 1; fi
 else
-	$(BIN)/lightning_cqk sweep configs/ablations/$(STUDY).yaml --profile $(PROFILE)
+	$(BIN)/lightning_cqk sweep configs/ablations/$(STUDY).yaml --profile $(PROFILE) --confirm $(ARGS)
 endif
 
 .PHONY: gpu-stratum

@@ -209,7 +209,7 @@ def markdown() -> str:
     from lightning_cqk import attention
     from lightning_cqk.attention.transform import transform_registry
 
-    names = attention.available()
+    names = attention.available(plugins=False)  # the package's own: installed plugins are not its docs
     sizes = _sizes(names)
     p0, f0, _ = sizes["standard"]
     ref = REFERENCE
@@ -285,9 +285,19 @@ def attention_command(argv: list[str]) -> None:
             print_backend(name)
         return
     print("Attention backends (model.config.attention) and their options (model.config.attention_options):\n")
+    from lightning_cqk.attention.registry import ATTENTION
+    from lightning_cqk.errors import ConfigError
+
+    plugins = ATTENTION.plugins()
     for name in attention.available():
-        cls = attention.get_attention(name)
+        try:
+            cls = attention.get_attention(name)
+        except ConfigError as err:  # a plugin that does not load (or clashes) is listed with its reason
+            print(textwrap.fill(f"{name:<16} (not usable) {err}", width=116, subsequent_indent=" " * 17))
+            continue
         doc = (cls.__doc__ or "").strip().splitlines()[0].replace(f"`{name}`: ", "")
+        if name in plugins and name not in attention.available(plugins=False):
+            doc += f" [plugin: {', '.join(p.distribution for p in plugins[name])}]"
         print(f"{name:<16} {doc}")
         options = [f"{key}={default!r}" for key, default in option_defaults(cls.Options).items()]
         print(textwrap.fill(", ".join(options), width=116, initial_indent=" " * 17, subsequent_indent=" " * 17))
@@ -323,12 +333,13 @@ def check_backend_name(name: str) -> None:
     from lightning_cqk import attention
     from lightning_cqk.errors import ConfigError
 
-    if name in attention.ATTENTION_BACKENDS:
-        return
-    hint = recipe_hint(name)
-    if hint is None:
-        attention.get_attention(name)  # the registry's own message: did-you-mean and the list
-    raise ConfigError(f"Unknown attention backend {name!r}: {hint}")
+    try:
+        attention.get_attention(name)  # a built-in, an installed plugin or a module:Class path
+    except ConfigError:
+        hint = recipe_hint(name)
+        if hint is None:
+            raise  # the registry's own message: did-you-mean, the list, how plugins are found
+        raise ConfigError(f"Unknown attention backend {name!r}: {hint}") from None
 
 
 def recipe_hint(name: str) -> str | None:

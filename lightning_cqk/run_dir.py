@@ -195,9 +195,11 @@ def checkpoint_run_name(checkpoint: str | Path) -> str:
 def base_run_name(attention: Any, size: Any, seed: Any) -> str:
     """The run name of a language-model run: `{attention}-{size}-s{seed}`.
 
-    `size` is the preset, plus any shape field set against it (`config.size_label`: `60m`, `60m-L6`).
+    `size` is the preset, plus any shape field set against it (`config.size_label`: `60m`, `60m-L6`). A backend named
+    by its `package.module:Class` path is written with a dot for the colon (`mylab.sigattn.SigmoidAttention`): a
+    colon in a directory name breaks TensorBoard's `name:path` logdir syntax and Windows paths.
     """
-    return f"{attention}-{size}-s{seed}"
+    return f"{str(attention).replace(':', '.')}-{size}-s{seed}"
 
 
 def numbered_dirs(root: Path, base: str) -> list[Path]:

@@ -15,39 +15,18 @@ missing, when a registered backend has no case, or when an option value its `Opt
 (NotImplementedError from `AttentionBackend.new_cache`) naming who implements it; the owner removes `owner=` when the
 backend decodes (a strict xfail that passes fails the suite, so a forgotten mark is caught).
 
+`Case`, `model_config` and `build_model` live in the package (`lightning_cqk/contract/cases.py`), with the checks
+themselves (`lightning_cqk/contract/checks.py`): `lightning_cqk check-backend` runs the same code on any backend.
 This file is importable from every test folder (`tests/` is on sys.path through the root conftest).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import torch
 
-from lightning_cqk.config import ModelConfig
-from lightning_cqk.model.gpt import GPT
-
-#: The tiny model every case builds (fp64): 2 layers, width 32, 4 heads of 8, a 16-token context.
-BASE_CONFIG = dict(n_layer=2, n_head=4, n_embd=32, mlp_hidden=64, block_size=16, vocab_size=61)
-
-
-@dataclass(frozen=True)
-class Case:
-    """One test case: `backend` with `options` in every layer, `config` overrides, `owner` while decode is pending."""
-
-    backend: str
-    options: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
-    owner: str | None = None
-    name: str = ""
-
-    @property
-    def id(self) -> str:
-        settings = {**self.options, **self.config}
-        return self.name or "-".join([self.backend, *(f"{k}={v}" for k, v in settings.items())])
-
+from lightning_cqk.contract.cases import BASE_CONFIG, Case, build_model, model_config  # noqa: F401 - for the tests
 
 _INVERTIBLE = {"kind": "invertible"}
 _COUPLED = {"kind": "coupled"}
@@ -197,19 +176,3 @@ def case_params(cases: list[Case] | None = None, *, decode: bool = False) -> lis
             marks.append(pytest.mark.xfail(raises=NotImplementedError, strict=True, reason=reason))
         params.append(pytest.param(case, id=case.id, marks=marks))
     return params
-
-
-def model_config(case: Case, **overrides: Any) -> ModelConfig:
-    """The tiny model's config for `case` (BASE_CONFIG, the case's overrides, then `overrides`)."""
-    settings = {**BASE_CONFIG, **case.config, **overrides}
-    return ModelConfig(**settings, attention=case.backend, attention_options=dict(case.options))
-
-
-def build_model(case: Case, seed: int = 0, dtype: torch.dtype = torch.float64) -> GPT:
-    """The tiny GPT of `case` in eval mode and `dtype`, with non-trivial values everywhere (seeded)."""
-    torch.manual_seed(seed)
-    model = GPT(model_config(case)).to(dtype).eval()
-    with torch.no_grad():  # zero-initialised or tiny parameters (gains, last layers) would hide mistakes
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return model

@@ -18,7 +18,8 @@ first, in the order data flows from settings to the command line (docs/layout.md
     6  module                                   the LightningModule
     7  callbacks                                instruments and checkpoints, writing beside the run
     8  inference, evaluation, downstream        what reads a trained checkpoint (inference/pretrained.py loads it)
-    9  backends_doc, sweep                      the backend table, studies and their reports
+    9  backends_doc, contract, sweep            the backend table, the contract checks (check-backend), studies and
+                                                their reports
     10 cli                                      the command line: every command enters here
     -  lightning_cqk/__init__.py, __main__.py   the package's doors (not counted)
 
@@ -57,7 +58,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("module", "versions", "memory_check"),
     ("callbacks",),
     ("inference", "evaluation", "downstream"),
-    ("backends_doc", "sweep"),
+    ("backends_doc", "contract", "sweep"),
     ("cli",),
 ]
 LAYER = {unit: level for level, units in enumerate(LAYERS) for unit in units}

@@ -1,13 +1,16 @@
-"""Attention backends, found by name.
+"""Attention backends, found by name (`registry.py`: built-ins, installed plugins, `package.module:Class` paths).
 
-The registry is the explicit tuple below: adding a backend means writing one file with an `AttentionBackend`
-subclass and listing it here. Everything else (config validation, the transformer block, the CLI) goes through
-`available()`, `get_attention()` and `build_attention()`, never through if/else on the name.
+A backend declares its name once, in its class (``name = "..."``); the registry finds every built-in by walking this
+package, and plugins through the entry-point group `lightning_cqk.attention`. Everything else (config validation, the
+transformer block, the CLI) goes through `available()`, `get_attention()` and `build_attention()`, never through
+if/else on the name.
+
+Public API (documented in docs/your-attention.md, changed only compatibly): `AttentionBackend`, its options base
+`AttentionOptions` (a backend's `Options`), `AttentionContext`, and the functions below.
 
     >>> from lightning_cqk import attention
-    >>> attention.available()  # doctest: +NORMALIZE_WHITESPACE
-    ['approximate', 'coupled', 'differential', 'fixed_seq_qk', 'mla', 'mlp', 'non_approximate', 'rnd_emb_qk',
-     'standard', 'static_emb_qk', 'uncoupled_mlp']
+    >>> "standard" in attention.available() and attention.get_attention("standard").name
+    'standard'
 """
 
 from __future__ import annotations
@@ -15,55 +18,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
-from lightning_cqk.attention.coupled import CoupledAttention, UncoupledMLPAttention
-from lightning_cqk.attention.deconstructed_mixing import (
-    ApproximateAttention,
-    DeconMLPAttention,
-    NonApproximateAttention,
-)
-from lightning_cqk.attention.deconstructed_qk import FixedSeqQKAttention, RndEmbQKAttention, StaticEmbQKAttention
-from lightning_cqk.attention.differential import DifferentialAttention
-from lightning_cqk.attention.mla import MultiHeadLatentAttention
-from lightning_cqk.attention.standard import StandardAttention
-from lightning_cqk.errors import ConfigError
+from lightning_cqk.attention.registry import ATTENTION, recorded_by
 
 if TYPE_CHECKING:
     from lightning_cqk.config import ModelConfig
 
-_BACKENDS: tuple[type[AttentionBackend], ...] = (
-    StandardAttention,
-    CoupledAttention,
-    UncoupledMLPAttention,
-    DifferentialAttention,
-    MultiHeadLatentAttention,
-    DeconMLPAttention,
-    ApproximateAttention,
-    NonApproximateAttention,
-    RndEmbQKAttention,
-    FixedSeqQKAttention,
-    StaticEmbQKAttention,
-)
 
-ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {cls.name: cls for cls in _BACKENDS}
-
-
-def available() -> list[str]:
-    """Sorted names of all registered attention backends."""
-    return sorted(ATTENTION_BACKENDS)
+def available(plugins: bool = True) -> list[str]:
+    """Sorted names of the built-in backends and (with `plugins`) of the installed plugins'."""
+    return ATTENTION.names(plugins)
 
 
 def get_attention(name: str) -> type[AttentionBackend]:
-    """The backend class registered under `name`; a clear error listing the choices otherwise."""
-    try:
-        return ATTENTION_BACKENDS[name]
-    except KeyError:
-        import difflib
-
-        close = difflib.get_close_matches(str(name), available(), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(
-            f"Unknown attention backend {name!r}.{hint} Available backends: {', '.join(available())}."
-        ) from None
+    """The backend class a registered name or `package.module:Class` path stands for; a one-paragraph ConfigError
+    otherwise (unknown name with did-you-mean, a module that does not import, not a subclass, a clash)."""
+    return ATTENTION.resolve(name)
 
 
 def validate_attention(name: str, options: dict[str, Any], config: ModelConfig, layer_idx: int) -> None:
@@ -79,24 +48,23 @@ def build_attention(config: ModelConfig, layer_idx: int) -> AttentionBackend:
     return cls(config, layer_idx, cls.parse_options(options))
 
 
-__all__ = [
-    "ATTENTION_BACKENDS",
-    "ApproximateAttention",
+def __getattr__(attr: str) -> Any:
+    """`ATTENTION_BACKENDS` (name -> built-in class) and the built-in classes by their class names, found lazily."""
+    if attr == "ATTENTION_BACKENDS":
+        return ATTENTION.builtins
+    for cls in ATTENTION.builtins.values():
+        if cls.__name__ == attr:
+            return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+__all__ = [  # the public API; built-in classes are reached by attribute (see __getattr__), not listed
     "AttentionBackend",
     "AttentionContext",
     "AttentionOptions",
-    "CoupledAttention",
-    "DeconMLPAttention",
-    "DifferentialAttention",
-    "FixedSeqQKAttention",
-    "MultiHeadLatentAttention",
-    "NonApproximateAttention",
-    "RndEmbQKAttention",
-    "StandardAttention",
-    "StaticEmbQKAttention",
-    "UncoupledMLPAttention",
     "available",
     "build_attention",
     "get_attention",
+    "recorded_by",
     "validate_attention",
 ]

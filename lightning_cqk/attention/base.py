@@ -61,6 +61,7 @@ from torch import nn
 
 from lightning_cqk.attention.functional import softmax_map_stats
 from lightning_cqk.attention.options import check_option_names
+from lightning_cqk.errors import ConfigError
 
 if TYPE_CHECKING:
     from lightning_cqk.attention.cache import LayerCache
@@ -205,10 +206,12 @@ class AttentionOptions:
 
 
 class AttentionBackend(nn.Module):
-    """Base class: fixes the constructor and forward contract of all backends.
+    """Base class: fixes the constructor and forward contract of all backends, built-in or plugin.
 
-    Subclasses set `name` (their registry key), `Options` (a dataclass derived from `AttentionOptions`) and
-    implement `forward`.
+    Public API (docs/your-attention.md: which members are required, which optional), changed only compatibly, like
+    `AttentionOptions` and `AttentionContext`. Subclasses set `name` (their registry key: a built-in is found by it
+    in its file, a plugin also declares it as an entry point, `registry.py`), `Options` (a dataclass derived from
+    `AttentionOptions`) and implement `forward`.
     """
 
     name: ClassVar[str] = ""
@@ -348,12 +351,14 @@ class AttentionBackend(nn.Module):
         """Turn a plain dict into this backend's `Options`, with a readable error for unknown keys."""
         if isinstance(options, cls.Options):
             return options
+        from lightning_cqk.attention.registry import label
+
         options = dict(options or {})
-        check_option_names(options, cls.Options, f"attention backend {cls.name!r}")
+        check_option_names(options, cls.Options, f"attention backend {label(cls)!r}")
         try:
             return cls.Options(**options)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"Invalid options for attention backend {cls.name!r}: {err}") from err
+            raise ConfigError(f"Invalid options for attention backend {label(cls)!r}: {err}") from err
 
     def extra_repr(self) -> str:
         return f"layer={self.layer_idx}, options={self.options}"

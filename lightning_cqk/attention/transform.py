@@ -41,7 +41,6 @@ checkpoints), `tests/optim/test_qk_seam.py`.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -127,27 +126,32 @@ class QKTransform(nn.Module):
 
 
 def transform_registry() -> dict[str, type[QKTransform]]:
-    """kind -> transform class (imported here so that `transform.py` has no import cycle with its users)."""
-    from lightning_cqk.attention.coupling import InvertibleCoupling
-    from lightning_cqk.attention.dynamics import CoupledDynamics, UncoupledDynamics
+    """kind -> built-in transform class (every `QKTransform` subclass of this package that sets `kind`, found by
+    `registry.TRANSFORMS`); plugins (entry-point group `lightning_cqk.qk_transform`) and `module:Class` paths are
+    resolved by `parse_transform`."""
+    from lightning_cqk.attention.registry import TRANSFORMS
 
-    return {cls.kind: cls for cls in (CoupledDynamics, UncoupledDynamics, InvertibleCoupling)}
+    return TRANSFORMS.builtins
 
 
 def parse_transform(spec: dict[str, Any] | None) -> tuple[type[QKTransform], TransformOptions] | None:
-    """`{kind: ..., **options}` -> (class, parsed options); None -> None. Unknown kinds/keys get did-you-mean errors."""
+    """`{kind: ..., **options}` -> (class, parsed options); None -> None. `kind` is a built-in's, an installed plugin's
+    (entry-point group `lightning_cqk.qk_transform`) or a `package.module:Class` path; unknown kinds/keys get
+    did-you-mean errors."""
+    from lightning_cqk.attention.registry import TRANSFORMS
+
     if spec is None:
         return None
     if not isinstance(spec, dict):
         raise ValueError(f"qk_transform must be a mapping like {{kind: invertible, layers: 2}} or null, got {spec!r}.")
-    registry = transform_registry()
     spec = dict(spec)
     kind = spec.pop("kind", None)
-    if kind not in registry:
-        close = difflib.get_close_matches(str(kind), list(registry), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"qk_transform kind={kind!r} is unknown.{hint} Choose one of: {', '.join(sorted(registry))}.")
-    cls = registry[kind]
+    if not isinstance(kind, str):
+        raise ValueError(
+            f"qk_transform kind={kind!r} is unknown. Choose one of: {', '.join(TRANSFORMS.names())} (or a plugin's "
+            "package.module:Class)."
+        )
+    cls = TRANSFORMS.resolve(kind)
     check_option_names(spec, cls.Options, f"qk_transform kind {kind!r}")
     return cls, cls.Options(**spec)
 

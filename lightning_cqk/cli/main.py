@@ -86,6 +86,18 @@ def _attention_command(argv: list[str]) -> None:
     attention_command(argv)
 
 
+def _check_backend_command(argv: list[str]) -> None:
+    from lightning_cqk.contract.command import check_backend_command
+
+    check_backend_command(argv)
+
+
+def _new_study_command(argv: list[str]) -> None:
+    from lightning_cqk.sweep.new_study import new_study_command
+
+    new_study_command(argv)
+
+
 def _sweep_command(argv: list[str]) -> None:
     from lightning_cqk.sweep.runner import sweep_command
 
@@ -137,6 +149,8 @@ def _consolidate_command(argv: list[str]) -> None:
 EXTRA_COMMANDS = {
     "prepare": _prepare_command,
     "attention": _attention_command,
+    "check-backend": _check_backend_command,
+    "new-study": _new_study_command,
     "sweep": _sweep_command,
     "report": _report_command,
     "glue": _glue_command,
@@ -148,7 +162,7 @@ EXTRA_COMMANDS = {
 }
 
 USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,sweep,report,glue,glue-table,mc-eval,
-                     generate,eval,consolidate} ...
+                     generate,eval,consolidate,check-backend,new-study} ...
 
   fit        train:                     lightning_cqk fit --config configs/quickstart.yaml
   validate   evaluate a checkpoint:     lightning_cqk validate --config <run>/config.yaml --ckpt_path <ckpt>
@@ -156,6 +170,9 @@ USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,swe
   predict    run predictions
   prepare    text -> token shards:      lightning_cqk prepare --source 'corpus/*.txt' --output_dir data/x
   attention  list attention backends and their options
+  check-backend  the attention contract on any backend, as a table (exit 1 on a failure):
+                  lightning_cqk check-backend NAME_OR_PACKAGE.MODULE:CLASS [--options JSON]
+  new-study  a study spec of your backend vs standard: lightning_cqk new-study NAME --attention X --effect -2
   sweep      run an ablation study:     lightning_cqk sweep configs/ablations/coupling.yaml --profile cpu
   report     tables + figures of it:    lightning_cqk report runs/coupling-cpu
   glue       GLUE fine-tuning of a checkpoint, every task x seeds -> glue.json/glue.md beside it:

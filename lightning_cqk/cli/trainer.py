@@ -24,6 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa:
 from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
 from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
 
+from lightning_cqk.attention.registry import check_recorded  # noqa: E402
 from lightning_cqk.callbacks import RunSummary, TokenBudget  # noqa: E402
 from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO  # noqa: E402
 from lightning_cqk.callbacks.data_guard import DataFolderGuard  # noqa: E402
@@ -38,6 +39,7 @@ from lightning_cqk.cli import class_paths, slurm  # noqa: E402
 from lightning_cqk.cli.presets import PresetArgumentParser, unset_shape_defaults  # noqa: E402
 from lightning_cqk.cli.strategy import refuse_folder_without_fsdp2, resolve_strategy  # noqa: E402
 from lightning_cqk.config import size_label, upgrade_config_dict, upgrade_run_config  # noqa: E402
+from lightning_cqk.errors import ConfigError  # noqa: E402
 from lightning_cqk.launch import detect_launch, publish_failure, publish_plan, receive_plan  # noqa: E402
 from lightning_cqk.module import LitLM  # noqa: E402
 from lightning_cqk.run_dir import (  # noqa: E402
@@ -299,6 +301,11 @@ class CQKCLI(LightningCLI):
             sys.exit(f"lightning_cqk {sub}: {err}")
         if isinstance(hparams.get("config"), dict):  # a checkpoint of an older version: today's field names
             hparams["config"] = upgrade_config_dict(hparams["config"])
+            typed = (self.config[sub] if sub else self.config).get("model.config")
+            try:  # a plugin it names is imported only when installed or trusted, or typed again now
+                check_recorded(hparams["config"], f"The checkpoint {ckpt}", typed)
+            except ConfigError as err:
+                sys.exit(f"lightning_cqk {sub}: {err}")
         if not hparams or sub not in self._argv:
             return {}
         at = self._argv.index(sub) + 1

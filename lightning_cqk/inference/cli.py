@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from lightning_cqk.inference.generate import CONTEXT_POLICIES, ContextTooLong, generate
+from lightning_cqk.inference.generate import CONTEXT_POLICIES, ContextTooLong, can_cache, generate
 from lightning_cqk.inference.pretrained import load_pretrained
 from lightning_cqk.inference.sampling import SamplingConfig, make_generator
 from lightning_cqk.inference.text import TextStream
@@ -137,6 +137,8 @@ def run(args: argparse.Namespace) -> None:
         slide_shift=args.slide_shift,
     )
     generate(model, ids, args.max_new_tokens, **options)  # every prompt checked (block_size) before any output
+    if not can_cache(model):
+        print("[no cache: a layer's backend defines no new_cache; every token recomputes its window]", file=sys.stderr)
     out = sys.stdout
     for first in range(0, len(jobs), args.batch_size):
         rows = list(range(first, min(first + args.batch_size, len(jobs))))

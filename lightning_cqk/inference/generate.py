@@ -32,6 +32,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from lightning_cqk.attention import AttentionBackend
 from lightning_cqk.inference.sampling import SamplingConfig, make_generator, sample
 
 ContextPolicy = Literal["refuse", "slide"]
@@ -114,7 +115,9 @@ def generate(
             `stop(row, new_ids) -> bool` called after every token of that row.
         context_policy: "refuse" or "slide" (module docstring).
         slide_shift: tokens dropped per slide (1 <= slide_shift < block_size); None: max(1, block_size // 4).
-        use_cache: False runs the cache-free reference (`generate_reference`).
+        use_cache: False runs the cache-free reference (`generate_reference`); so does a model with a layer whose
+            backend defines no decode cache (`can_cache`: a plugin may leave `new_cache` out; it then recomputes the
+            window every token).
 
     Returns:
         An iterator of `Step`s; the new ids of row r are `[s.tokens[s.rows.index(r)] for s in steps if r in
@@ -133,7 +136,14 @@ def generate(
     device = next(model.parameters()).device
     if generator is None and not sampling.greedy:
         generator = make_generator(seed, device)
+    use_cache = use_cache and can_cache(model)
     return _generate(model, prompts, max_new_tokens, sampling, generator, eos_id, stop, shift, use_cache, device)
+
+
+def can_cache(model: nn.Module) -> bool:
+    """Whether every attention layer of `model` defines a decode cache (`AttentionBackend.new_cache`)."""
+    blocks = getattr(model, "blocks", ())
+    return all(type(block.attn).new_cache is not AttentionBackend.new_cache for block in blocks)
 
 
 def _generate(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.attention.registry import check_recorded
 from lightning_cqk.checkpoint_files import load_checkpoint, refuse_checkpoint_folder
 from lightning_cqk.config import ModelConfig, upgrade_config_dict
 from lightning_cqk.data.manifest import Manifest
@@ -91,7 +92,9 @@ def load_pretrained(
     """
     path = Path(path)
     checkpoint = read_checkpoint(path)
-    config = ModelConfig(**upgrade_config_dict(checkpoint["hyper_parameters"]["config"]))
+    saved = upgrade_config_dict(checkpoint["hyper_parameters"]["config"])
+    check_recorded(saved, f"The checkpoint {path}")  # a plugin imported only when installed or trusted
+    config = ModelConfig(**saved)
     data_hparams = checkpoint.get("datamodule_hyper_parameters") or {}
     recorded = data_hparams.get("tokenizer")
     if tokenizer is not None and recorded is not None and tokenizer != recorded:

@@ -13,10 +13,26 @@ Most work scales with the tokens of a batch (`forward_flops_per_token`). Backend
 
 from __future__ import annotations
 
-from lightning_cqk.attention import StandardAttention, get_attention
+from lightning_cqk.attention import get_attention
+from lightning_cqk.attention.registry import label
+from lightning_cqk.attention.standard import StandardAttention
 from lightning_cqk.config import ModelConfig
+from lightning_cqk.errors import ConfigError
 
 MLP_MATRICES = {"gelu": 2, "swiglu": 3}
+
+
+def _backend_flops(cls, config: ModelConfig, options, seq_len: int) -> int:
+    """`cls.forward_flops_per_token`, or a ConfigError saying why a run needs it (a plugin may leave it out)."""
+    try:
+        return cls.forward_flops_per_token(config, options, seq_len)
+    except NotImplementedError:
+        raise ConfigError(
+            f"The attention backend {label(cls)!r} does not define forward_flops_per_token, which training needs "
+            "(token budgets, compute-matched runs, throughput in FLOPs): define it as the analytic forward matmul "
+            "FLOPs per token of one layer (docs/your-attention.md; `lightning_cqk check-backend` checks it against a "
+            "FLOP counter)."
+        ) from None
 
 
 def _layer_backends(config: ModelConfig):
@@ -35,7 +51,7 @@ def forward_flops_per_token(config: ModelConfig, seq_len: int | None = None) -> 
     seq_len = config.block_size if seq_len is None else seq_len
     total = 2 * config.n_embd * config.padded_vocab_size  # lm_head
     for cls, options in _layer_backends(config):
-        total += cls.forward_flops_per_token(config, options, seq_len) + _mlp_flops(config)
+        total += _backend_flops(cls, config, options, seq_len) + _mlp_flops(config)
     return total
 
 
@@ -58,7 +74,7 @@ def forward_flops_per_step(config: ModelConfig) -> int:
         if layer_cls.uses_reference_stream:
             attn = StandardAttention.forward_flops_per_token(config, StandardAttention.Options(), L)
         else:
-            attn = layer_cls.forward_flops_per_token(config, layer_options, L)
+            attn = _backend_flops(layer_cls, config, layer_options, L)
         total += L * (attn + _mlp_flops(config))
     return total + len(readers) * L * 2 * 2 * C * C  # q and k projections of the stream in each reading layer
 

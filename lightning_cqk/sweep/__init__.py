@@ -10,7 +10,9 @@ Design
   identity.py      what a run *is*, whatever its level is called: no run computed twice
   tuning.py        each mechanism's own learning rate, from a grid the verdicts never read
   units.py         a paper's change of perplexity in the study's unit (bytes)
-  estimate.py      the CPU time of a sweep from analytic FLOPs and a measured step time (`--dry-run`)
+  estimate.py      the CPU time of a sweep from analytic FLOPs and a measured step time (`--dry-run`); when runs
+                   last validate
+  new_study.py     `lightning_cqk new-study`: a spec of your backend against standard, ready to dry-run
 Run
   runner.py        local (sequential or N at a time) launching, skip and resume, the `lightning_cqk sweep` command
   ledger.py        a sweep's bookkeeping: status files, manifest.json, code revisions and package versions per run

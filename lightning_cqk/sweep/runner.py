@@ -515,6 +515,28 @@ def dry_run(sweep: Sweep) -> None:
     print("\n".join(summary_lines(sweep, sweep.jobs)))
 
 
+CONFIRM_MINUTES = 60  # `--confirm` asks before a study estimated longer than this
+
+
+def confirm_start(sweep: Sweep, jobs: int) -> None:
+    """Print the study's estimate; from a terminal, ask before one over CONFIRM_MINUTES (exit when not confirmed)."""
+    from lightning_cqk.sweep.estimate import estimate_runs, study_seconds
+
+    runs = estimate_runs(sweep)
+    minutes = study_seconds(runs, jobs) / 60
+    done = sum(Ledger(sweep).is_done(run) for run in sweep.runs)
+    print(
+        f"{sweep.study} ({sweep.profile} profile): {len(runs)} runs ({done} done before: skipped), about {minutes:.0f} "
+        f"min wall with {jobs} jobs on an idle machine (estimate; --dry-run lists every run).",
+        flush=True,
+    )
+    if minutes <= CONFIRM_MINUTES or not sys.stdin.isatty():
+        return
+    answer = input("Start it now? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        sys.exit("lightning_cqk sweep: not started.")
+
+
 def sweep_command(argv: list[str]) -> None:
     """`lightning_cqk sweep SPEC [--profile cpu] [--dry-run] [--jobs N] [--output DIR] [--slurm] [--run NAME]`."""
     parser = argparse.ArgumentParser(
@@ -522,7 +544,7 @@ def sweep_command(argv: list[str]) -> None:
         description="Expand an ablation spec (configs/ablations/*.yaml) into runs and run them, resumably.",
     )
     parser.add_argument("spec", help="the spec YAML, e.g. configs/ablations/coupling.yaml")
-    parser.add_argument("--profile", default="cpu", help="profile of the spec: cpu (default) or paper")
+    parser.add_argument("--profile", default="cpu", help="profile of the spec (default cpu; shipped: also paper)")
     parser.add_argument("--output", default=None, help="sweep directory (default runs/<study>-<profile>)")
     parser.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the profile's jobs, else 1)")
     parser.add_argument("--dry-run", "--dry_run", action="store_true", help="print the runs and commands, run nothing")
@@ -537,6 +559,12 @@ def sweep_command(argv: list[str]) -> None:
         "sweep's runs are adopted once each arm's lowest seed reproduces its twin to the last digit here (repeatable)",
     )
     parser.add_argument("--no-report", "--no_report", action="store_true", help="do not write the report afterwards")
+    parser.add_argument(
+        "--confirm",
+        action="store_true",
+        help=f"print the study's estimated time first and, from a terminal, ask before a study over {CONFIRM_MINUTES} "
+        "min (make ablations passes it)",
+    )
     parser.add_argument(
         "--start",
         choices=worker.START_MODES,
@@ -557,6 +585,15 @@ def sweep_command(argv: list[str]) -> None:
         sweep = expand(args.spec, args.profile, args.output)
         if args.jobs is not None and args.jobs < 1:
             raise SpecError(f"--jobs must be at least 1, got {args.jobs}.")
+        from lightning_cqk.sweep.estimate import final_validation
+
+        refusals, warnings = final_validation(sweep)  # before anything runs, the dry run included
+        more = f" ({len(warnings) - 1} more runs alike)" if len(warnings) > 1 else ""
+        if warnings:
+            print(f"warning: {warnings[0]}{more}", file=sys.stderr)
+        if refusals:
+            more = f" ({len(refusals) - 1} more runs alike)" if len(refusals) > 1 else ""
+            raise SpecError(refusals[0] + more)
         if args.dry_run:
             dry_run(sweep)
             return
@@ -564,6 +601,8 @@ def sweep_command(argv: list[str]) -> None:
             files = write_slurm(sweep, args.spec, args.max_parallel)
             print("Wrote " + ", ".join(str(f) for f in files) + f"\nSubmit with: bash {files[-1]}")
             return
+        if args.confirm:
+            confirm_start(sweep, args.jobs or sweep.jobs)
         result = run_local(sweep, args.jobs or sweep.jobs, args.run, args.restart_changed, args.adopt)
     except SpecError as err:
         sys.exit(f"lightning_cqk sweep: {err}")

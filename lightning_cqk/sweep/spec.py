@@ -101,8 +101,6 @@ from lightning_cqk.sweep.tuning_grid import check_tuning, tuning_runs
 
 __all__ = ["SHARED_DATA_ENV", "Run", "SpecError", "Sweep", "expand", "format_value", "load_spec", "shared_data_dir"]
 
-PROFILES_REQUIRED = ("paper", "cpu")
-
 
 _NAME = spec_checks.NAME
 
@@ -134,9 +132,11 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     if not _NAME.match(str(spec["study"])):
         raise SpecError(f"{where}: study {spec['study']!r} must be a plain name (letters, digits, _ . + = -).")
     _check_axes(spec["axes"], where)
-    missing = [p for p in PROFILES_REQUIRED if p not in spec["profiles"]]
-    if missing:
-        raise SpecError(f"{where}: every spec needs the profiles {PROFILES_REQUIRED}; missing {missing}.")
+    if not isinstance(spec["profiles"], dict) or not spec["profiles"]:
+        raise SpecError(
+            f"{where}: `profiles:` must name at least one profile (any names: the shipped studies use `paper` and "
+            "`cpu`), each with its `configs:`; `--profile NAME` picks one."
+        )
     for name, profile in spec["profiles"].items():
         if not isinstance(profile, dict) or not profile.get("configs"):
             raise SpecError(

@@ -14,29 +14,15 @@ states by their layer index and hit the limit at 8.
 from __future__ import annotations
 
 import pytest
-import torch
-import torch._dynamo
 from backend_cases import CASES, model_config
-from torch._dynamo.utils import counters
 
 from lightning_cqk.attention import available
+from lightning_cqk.contract.checks import unique_graphs  # the check-backend row's counter
 from lightning_cqk.model.gpt import GPT
 
 FIRST_CASE = {}
 for _case in CASES:
     FIRST_CASE.setdefault(_case.backend, _case)
-
-
-def unique_graphs(case, n_layer: int) -> int:
-    model = GPT(model_config(case, n_layer=n_layer))
-    for block in model.blocks:
-        block.compile(backend="eager")
-    torch._dynamo.reset()
-    counters.clear()
-    idx = torch.randint(0, model.config.vocab_size, (2, 16))
-    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-        model(idx).float().mean().backward()
-    return counters["stats"]["unique_graphs"]
 
 
 def test_every_registered_backend_is_checked():

@@ -365,7 +365,7 @@ def test_one_run_of_each_spec_trains(spec: Path, tmp_path: Path, request):
     "edit, message",
     [
         (lambda s: s.pop("profiles"), "missing top-level key 'profiles'"),
-        (lambda s: s["profiles"].pop("paper"), "missing \\['paper'\\]"),
+        (lambda s: s.update(profiles={}), "must name at least one profile"),  # any names (issue 42)
         (lambda s: s["axes"]["arm"].update({"bad name": {}}), "not a plain name"),
         (lambda s: s.update(baseline={"nope": "a"}), "baseline names unknown axes"),
         (lambda s: s.update(baseline={"arm": "zzz"}), "baseline level arm='zzz'"),
