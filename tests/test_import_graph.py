@@ -40,7 +40,16 @@ NAME = "lightning_cqk"
 
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "config", "strict_yaml", "package_versions", "atomic_files"),
-    ("resources", "run_lock", "checkpoint_files", "checkpoint_consolidate", "launch", "run_dir", "device_info"),
+    (
+        "resources",
+        "run_lock",
+        "checkpoint_files",
+        "checkpoint_consolidate",
+        "launch",
+        "run_dir",
+        "device_info",
+        "slurm_job",
+    ),
     ("attention",),
     ("model",),
     ("optim",),

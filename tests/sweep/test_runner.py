@@ -159,9 +159,16 @@ def test_dry_run_prints_every_run_and_its_command(tmp_path: Path, capsys):
 
 def test_slurm_scripts_chain_the_waves(tmp_path: Path):
     sweep = expand(_write_spec(tmp_path), "cpu", tmp_path / "out")
+    sweep.slurm = ["#SBATCH --no-requeue"]  # a profile's line comes after the defaults: sbatch takes the last
     files = write_slurm(sweep, "mini.yaml", max_parallel=4)
-    assert [f.name for f in files] == ["wave0.sbatch", "wave1.sbatch", "submit.sh"]
-    wave0, wave1, submit = (f.read_text() for f in files)
+    assert [f.name for f in files] == ["wave0.sbatch", "wave1.sbatch", "report.sbatch", "submit.sh"]
+    wave0, wave1, report, submit = (f.read_text() for f in files)
+    defaults = ["#SBATCH --signal=USR1@90", "#SBATCH --requeue", "#SBATCH --open-mode=append"]
+    lines = wave0.splitlines()
+    assert all(line in lines for line in defaults)  # the stop signal, requeue on preemption, one log per task
+    assert lines.index("#SBATCH --no-requeue") > lines.index("#SBATCH --requeue")
+    assert f"python -m lightning_cqk report {tmp_path / 'out'}" in report
+    assert submit.index("wave1.sbatch") < submit.index("report.sbatch")
     assert "#SBATCH --array=0-1%4" in wave0 and "RUNS=(ref-s1 other-s1)" in wave0
     assert "#SBATCH --array=0-0%4" in wave1 and "RUNS=(matched-s1)" in wave1
     assert '--run "${RUNS[$SLURM_ARRAY_TASK_ID]}"' in wave0
