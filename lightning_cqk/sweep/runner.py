@@ -3,6 +3,7 @@
     lightning_cqk sweep configs/ablations/coupling.yaml --profile cpu [--dry-run] [--jobs 2] [--output runs/x]
     lightning_cqk sweep configs/ablations/coupling.yaml --profile paper --slurm     # writes SLURM array scripts
     lightning_cqk sweep configs/ablations/coupling.yaml --profile paper --run standard-s1   # one run (array task)
+    lightning_cqk sweep configs/ablations/coupling.yaml --profile paper --status   # each run, and its SLURM state
 
 Layout of a sweep directory (default `runs/<study>-<profile>/`):
     manifest.json       the plan and the state: study, profile, spec, git revision, package versions, and per run its
@@ -604,6 +605,11 @@ def sweep_command(argv: list[str]) -> None:
     parser.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the profile's jobs, else 1)")
     parser.add_argument("--dry-run", "--dry_run", action="store_true", help="print the runs and commands, run nothing")
     parser.add_argument("--slurm", action="store_true", help="write SLURM array scripts instead of running")
+    parser.add_argument(
+        "--status",
+        action="store_true",
+        help="print each run's state and step, and its SLURM task's state (squeue), then exit (sweep/slurm_status.py)",
+    )
     parser.add_argument("--max-parallel", "--max_parallel", type=int, default=None, help="SLURM array %% limit")
     parser.add_argument("--run", action="append", default=None, help="run only this run (repeatable)")
     parser.add_argument(
@@ -636,6 +642,11 @@ def sweep_command(argv: list[str]) -> None:
             raise SpecError(f"--jobs must be at least 1, got {args.jobs}.")
         if args.dry_run:
             dry_run(sweep)
+            return
+        if args.status:
+            from lightning_cqk.sweep.slurm_status import status_lines
+
+            print("\n".join(status_lines(sweep)))
             return
         if args.slurm:
             files = write_slurm(sweep, args.spec, args.max_parallel)

@@ -20,6 +20,22 @@ from pathlib import Path
 from lightning_cqk.sweep.ledger import Ledger
 from lightning_cqk.sweep.spec import Run, Sweep
 
+#: `submit.sh` appends one line per job it submits, "<script> <job id>": the newest line of a script is its job.
+JOBS_FILE = "jobs.txt"
+
+
+def wave_runs(sweep: Sweep) -> list[list[Run]]:
+    """The runs of each wave, in array-task order: a wave's runs wait only for runs of earlier waves."""
+    waves: list[list[Run]] = []
+    wave_of: dict[str, int] = {}
+    for run in sweep.runs:  # already in dependency order
+        k = max((wave_of[d] + 1 for d in run.depends_on), default=0)
+        wave_of[run.name] = k
+        while len(waves) <= k:
+            waves.append([])
+        waves[k].append(run)
+    return waves
+
 
 def write_slurm(sweep: Sweep, spec_arg: str, max_parallel: int | None = None) -> list[Path]:
     """Write one SLURM array script per wave (runs whose waits are all in earlier waves), `report.sbatch` and
@@ -29,14 +45,7 @@ def write_slurm(sweep: Sweep, spec_arg: str, max_parallel: int | None = None) ->
     logic as a local sweep, one run per task. `submit.sh` submits the waves chained with `--dependency=afterok`, then
     the report job (`lightning_cqk report DIR`) after the last wave. Returns the files written.
     """
-    waves: list[list[Run]] = []
-    wave_of: dict[str, int] = {}
-    for run in sweep.runs:  # already in dependency order
-        k = max((wave_of[d] + 1 for d in run.depends_on), default=0)
-        wave_of[run.name] = k
-        while len(waves) <= k:
-            waves.append([])
-        waves[k].append(run)
+    waves = wave_runs(sweep)
     out = sweep.sweep_dir / "slurm"
     out.mkdir(parents=True, exist_ok=True)
     files = []
@@ -97,8 +106,10 @@ def write_slurm(sweep: Sweep, spec_arg: str, max_parallel: int | None = None) ->
     files.append(out / "report.sbatch")
     submit = ["#!/bin/bash", "# Submit the sweep's waves, each after the previous one succeeded.", "set -euo pipefail"]
     submit.append("dep=''")
+    jobs = shlex.quote(str(out / JOBS_FILE))
     for path in files:
         submit.append(f'jid=$(sbatch --parsable $dep {shlex.quote(str(path))}); echo "submitted {path.name}: $jid"')
+        submit.append(f'echo "{path.name} ${{jid%%;*}}" >> {jobs}  # read by `lightning_cqk sweep ... --status`')
         submit.append('dep="--dependency=afterok:${jid%%;*}"')
     (out / "submit.sh").write_text("\n".join(submit) + "\n")
     (out / "submit.sh").chmod(0o755)
