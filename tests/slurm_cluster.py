@@ -207,22 +207,30 @@ class SlurmCluster:
         self._kill_stragglers()
 
     def _kill_stragglers(self) -> None:
-        """slurmstepd processes left by slurmd's end (each in a session of its own): those whose command line names
-        this cluster's spool folder or config, found by /proc, never by a broad name."""
-        mine = (str(self.root),)
+        """Processes of this cluster left after slurmd's end (a slurmstepd or a job's process, each in a session of
+        its own): found by /proc, never by a broad name, and killed by pid."""
+        for pid in self.leftovers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def leftovers(self) -> list[int]:
+        """Live processes that belong to this cluster: their command line or environment names its folder (the
+        daemons name their config; every job process has SLURM_CONF in its environment)."""
+        mine = str(self.root).encode()
+        found = []
         for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
                 continue
             try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                environ = (entry / "environ").read_bytes().decode(errors="replace")
-            except OSError:
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue  # a zombie: already ended, waiting for its parent
+                if mine in (entry / "cmdline").read_bytes() or mine in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except (OSError, IndexError):
                 continue
-            if "slurmstepd" in cmdline and any(m in cmdline or m in environ for m in mine):
-                try:
-                    os.kill(int(entry.name), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        return found
 
     # ------------------------------------------------------------------------------------------- clients
     def run(self, cmd: list[str], check: bool = True, **kwargs) -> subprocess.CompletedProcess:

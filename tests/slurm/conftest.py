@@ -17,6 +17,7 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if Path(str(item.fspath)).resolve().parent == HERE:
             item.add_marker(pytest.mark.xdist_group("slurm"))
+            item.add_marker(pytest.mark.slow)  # jobs of several processes: `make test` runs them, test-fast not
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +32,4 @@ def slurm_cluster(tmp_path_factory) -> SlurmCluster:
         pytest.fail(f"the private SLURM cluster did not start: {err}")
     yield cluster
     cluster.stop()
+    assert not cluster.leftovers(), f"processes of the test cluster outlived it: {cluster.leftovers()}"

@@ -204,3 +204,12 @@ def test_a_failing_run_shows_as_failed_with_its_logs(slurm_cluster: SlurmCluster
     assert "failed" in line and f"slurm {wave}_0 FAILED" in line, shown
     assert f"log {out / 'logs' / 'bad-s1.log'}, slurm log {out / 'slurm' / f'broken-cpu-w0-{wave}_0.out'}" in line
     assert (out / "slurm" / f"broken-cpu-w0-{wave}_0.out").is_file()
+
+
+def test_without_slurm_the_tests_skip_saying_how_to_install(monkeypatch):
+    import slurm_cluster
+
+    monkeypatch.setattr(slurm_cluster, "binary", lambda name: None if name in ("slurmctld", "munged") else name)
+    reason = slurm_cluster.missing_reason()
+    assert reason.startswith("munged, slurmctld not found")
+    assert "apt-get update && apt-get install -y slurm-wlm munge" in reason
