@@ -402,6 +402,7 @@ def _run_owned(ledger: Ledger, jobs: int, only: list[str] | None, restart_change
     failed: set[str] = set()
     running: list[_Launch] = []
     stop = StopSignal(running)
+    stop.name = _early_stops[0] if _early_stops else None  # came while the sweep was starting: no run starts
     main_thread = threading.current_thread() is threading.main_thread()
     previous = {s: signal.getsignal(s) for s in StopSignal.SIGNALS} if main_thread else {}
     for signum in previous:
@@ -470,6 +471,14 @@ class StopSignal:
         if " requeued" not in outcome:
             for run in runs:
                 ledger.set_status(run, status=STOPPED, requeued_job=None, reason=outcome)
+
+
+_early_stops: list[str] = []  # stop signals that came before the runner's own handler (`sweep_command`)
+
+
+def _note_early_stop(signum: int, frame: Any) -> None:
+    """A stop signal while the sweep reads its spec: kept, so that no run starts and SLURM still requeues the task."""
+    _early_stops.append(signal.Signals(signum).name)
 
 
 def _exit_code(signal_name: str) -> int:
@@ -636,6 +645,19 @@ def sweep_command(argv: list[str]) -> None:
     )
     args = parser.parse_args(argv)
     worker.mode = args.start
+    previous = {}
+    if args.run and threading.current_thread() is threading.main_thread():  # an array task: stops count from here
+        previous = {signum: signal.signal(signum, _note_early_stop) for signum in StopSignal.SIGNALS}
+    try:
+        _sweep(args)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _early_stops.clear()
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    """`sweep_command` once its arguments are parsed."""
     try:
         sweep = expand(args.spec, args.profile, args.output)
         if args.jobs is not None and args.jobs < 1:

@@ -280,3 +280,19 @@ def test_seeds_of_one_data_setting_run_two_at_a_time(tmp_path: Path, monkeypatch
     # runs in flight as each started: the second waits for the first only while the shards are being prepared
     assert concurrency[0] == 1 and concurrency[1] == second_starts_with
     assert max(concurrency) == 2  # the seeds share the shards: never one at a time throughout
+
+
+def test_a_stop_signal_while_an_array_task_starts_starts_no_run(tmp_path: Path, monkeypatch, capsys):
+    """SIGUSR1 / SIGTERM that reach `sweep --run` before its runner handles them are kept (`_note_early_stop`): no
+    run starts, the run stays pending (outside SLURM nothing is requeued) and the sweep says how to resume."""
+    from lightning_cqk.sweep import runner
+
+    for name in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(runner, "_early_stops", ["SIGUSR1"])
+    sweep = expand(_write_spec(tmp_path), "cpu", tmp_path / "out")
+    result = runner.run_local(sweep, only=["ref-s1"])
+    assert result["stopped_by"] == ["SIGUSR1"] and result["stopped"] == [] and result["done"] == []
+    assert Ledger(sweep).status(sweep.run("ref-s1"))["status"] == "pending"
+    assert "[sweep] stopped by SIGUSR1: run the same command again to resume" in capsys.readouterr().out
+    assert runner._exit_code("SIGUSR1") == 138 and runner._exit_code("SIGTERM") == 143
