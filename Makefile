@@ -61,17 +61,17 @@ test-latest: ## run the suite against the newest releases pyproject.toml allows 
 	.venv-latest/bin/python -m pip install --quiet --upgrade pip
 	.venv-latest/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager $(PIP_ARGS) -e '.[$(EXTRAS)]'
 	$(call UNINSTALL_TORCHVISION,.venv-latest/bin/)
-	LIGHTNING_CQK_UNLOCKED=1 .venv-latest/bin/python -m pytest -m "not gpu" -q -n $(TEST_JOBS) --dist loadgroup
+	LIGHTNING_CQK_UNLOCKED=1 .venv-latest/bin/python -m pytest -m "not gpu" -q -n $(TEST_JOBS)
 
 quickstart: install ## train configs/quickstart.yaml (tiny model on the built-in corpus; ~70 s on 2 idle CPU cores, more when busy)
 	$(BIN)/lightning_cqk fit --config configs/quickstart.yaml
 
 TEST_JOBS ?= 2
 test: install ## run every CPU test, the multi-process and SLURM tests included, in TEST_JOBS processes (what CI runs; ~14 min on 2 cores)
-	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_JOBS) --dist loadgroup
+	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_JOBS)
 
 test-fast: install ## the test suite without the slow multi-process tests
-	$(BIN)/python -m pytest -m "not slow and not gpu" -q -n $(TEST_JOBS) --dist loadgroup
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q -n $(TEST_JOBS)
 
 test-slow: install ## only the slow multi-process tests
 	$(BIN)/python -m pytest -m "slow and not gpu" -q

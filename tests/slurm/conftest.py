@@ -1,23 +1,12 @@
-"""The SLURM tests' one cluster per test process (tests/slurm_cluster.py), started at the first test that asks for
-it and stopped, with every process it started, at the session's end; skipped with how to install SLURM where the
-binaries are absent. Every test here is in the xdist group "slurm" (`make test` runs `--dist loadgroup`), so one
-test process runs them all against one cluster."""
+"""The SLURM tests' cluster (tests/slurm_cluster.py), started at the first test that asks for it and stopped, with
+every process it started, at the session's end (checked: none outlives it); skipped with how to install SLURM where
+the binaries are absent. The tests that use it are one test item (test_slurm_study.py), so under `make test`'s
+2 processes one cluster runs."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from slurm_cluster import ClusterUnavailable, SlurmCluster, missing_reason
-
-HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if Path(str(item.fspath)).resolve().parent == HERE:
-            item.add_marker(pytest.mark.xdist_group("slurm"))
-            item.add_marker(pytest.mark.slow)  # jobs of several processes: `make test` runs them, test-fast not
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,12 @@
-"""A study swept with `--slurm` on a real controller (tests/slurm_cluster.py): `submit.sh` runs the array of each
-wave and the report job; a run stopped by SLURM's stop signal saves, requeues itself and ends equal to its
-uninterrupted twin to the last digit; a task cancelled outright resumes when `submit.sh` runs again, finished runs
-skipped; the sweep's `--status` reads each run's state from the scheduler."""
+"""Studies on a real controller (tests/slurm_cluster.py), in one test so that one test process owns the one cluster
+(pytest-xdist's `--dist loadgroup` does not group tests under this pytest):
+
+- a study swept with `--slurm`: `submit.sh` runs the array of each wave and the report job; a run stopped by
+  SLURM's stop signal saves, requeues itself and ends equal to its uninterrupted twin to the last digit; a task
+  cancelled outright resumes when `submit.sh` runs again, finished runs skipped; `--status` reads each run's state
+  from the scheduler;
+- a study whose run fails, submitted beside it: `--status` shows it failed with its logs;
+- then the documented `srun` line with 2 tasks: one run."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from slurm_cluster import SlurmCluster
@@ -104,8 +110,17 @@ def _status(sweep_dir: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in (sweep_dir / "status").glob("*.json")}
 
 
-def test_study_survives_a_stop_signal_and_a_cancelled_task(slurm_cluster: SlurmCluster, tmp_path: Path):
+@pytest.mark.slow
+def test_studies_on_a_real_cluster(slurm_cluster: SlurmCluster, tmp_path: Path):
     shards = prepare_tiny_shards(tmp_path)
+    failing = _submit_failing_study(slurm_cluster, shards, tmp_path / "failing")  # runs beside wave 0 below
+    _study_survives_a_stop_signal_and_a_cancelled_task(slurm_cluster, shards, tmp_path / "study")
+    _check_failing_study(slurm_cluster, *failing)
+    _srun_of_two_tasks_is_one_run(slurm_cluster, shards, tmp_path / "srun")
+
+
+def _study_survives_a_stop_signal_and_a_cancelled_task(slurm_cluster: SlurmCluster, shards: Path, tmp_path: Path):
+    tmp_path.mkdir()
     spec = _spec(tmp_path, shards)
     out = tmp_path / "runs" / "mini"
     env = _env(slurm_cluster)
@@ -161,9 +176,10 @@ def test_study_survives_a_stop_signal_and_a_cancelled_task(slurm_cluster: SlurmC
         assert torch.equal(weights[0][name], tensor) and torch.equal(weights[2][name], tensor), name
 
 
-def test_srun_of_two_tasks_is_one_run(slurm_cluster: SlurmCluster, tiny_shards: Path, tmp_path: Path):
+def _srun_of_two_tasks_is_one_run(slurm_cluster: SlurmCluster, tiny_shards: Path, tmp_path: Path):
     """The documented srun line (docs/scaling-out.md), 2 tasks on the node, CPU and gloo: one run directory, whose
     one attempt finished at the last step."""
+    tmp_path.mkdir()
     runs = tmp_path / "runs"
     fit = [sys.executable, "-m", "lightning_cqk", "fit", "--config", str(QUICKSTART)]
     fit += ["--trainer.devices=2", "--trainer.num_nodes=1", "--trainer.strategy=ddp", "--ckpt_path=last"]
@@ -177,9 +193,10 @@ def test_srun_of_two_tasks_is_one_run(slurm_cluster: SlurmCluster, tiny_shards: 
     assert [(a["status"], a.get("step")) for a in attempts] == [("finished", 4)]
 
 
-def test_a_failing_run_shows_as_failed_with_its_logs(slurm_cluster: SlurmCluster, tiny_shards: Path, tmp_path: Path):
-    """A run whose settings fail (3 heads do not divide width 16): its task fails, and `--status` says so beside the
-    run's log and the task's SLURM log."""
+def _submit_failing_study(cluster: SlurmCluster, tiny_shards: Path, tmp_path: Path) -> tuple[list[str], Path, str, str]:
+    """A study of one run whose settings fail (3 heads do not divide width 16), submitted: its sweep command, its
+    directory and its job ids."""
+    tmp_path.mkdir()
     spec = {
         "study": "broken",
         "metric": "val/loss",
@@ -194,9 +211,14 @@ def test_a_failing_run_shows_as_failed_with_its_logs(slurm_cluster: SlurmCluster
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     out = tmp_path / "runs" / "broken"
     sweep = [sys.executable, "-m", "lightning_cqk", "sweep", str(path), "--output", str(out)]
-    env = _env(slurm_cluster)
+    env = _env(cluster)
     assert subprocess.run([*sweep, "--slurm"], env=env, cwd=tmp_path, capture_output=True).returncode == 0
-    wave, report = _submit(slurm_cluster, out, tmp_path)
+    return sweep, out, *_submit(cluster, out, tmp_path)
+
+
+def _check_failing_study(slurm_cluster: SlurmCluster, sweep: list[str], out: Path, wave: str, report: str) -> None:
+    """The failing run's task failed, and `--status` says so beside the run's log and the task's SLURM log."""
+    env, tmp_path = _env(slurm_cluster), out.parent.parent
     assert _wait(slurm_cluster, [f"{wave}_0"]) == {f"{wave}_0": "FAILED"}
     slurm_cluster.run(["scancel", report])
     shown = subprocess.run([*sweep, "--status"], env=env, cwd=tmp_path, capture_output=True, text=True).stdout
