@@ -424,9 +424,11 @@ def _run_owned(ledger: Ledger, jobs: int, only: list[str] | None, restart_change
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    if stop.name is not None:
+    if stop.name is not None and (result["stopped"] or todo):
         result["stopped_by"] = [stop.name]
         stop.requeue(ledger, result["stopped"], unstarted=[r.name for r in todo])
+    elif stop.name is not None:  # e.g. a time limit's warning after the task's run finished: nothing to requeue
+        print(f"[sweep] {stop.name} came when every run was finished: nothing to stop or requeue", flush=True)
     ledger.write_manifest()
     return result
 
@@ -468,7 +470,7 @@ class StopSignal:
         ledger.write_manifest()
         outcome = requeue_job(by="sweep")
         print(f"[sweep] {outcome}", flush=True)
-        if " requeued" not in outcome:
+        if " requeued" not in outcome and "pending execution" not in outcome:  # pending: SLURM requeued it already
             for run in runs:
                 ledger.set_status(run, status=STOPPED, requeued_job=None, reason=outcome)
 

@@ -296,3 +296,19 @@ def test_a_stop_signal_while_an_array_task_starts_starts_no_run(tmp_path: Path, 
     assert Ledger(sweep).status(sweep.run("ref-s1"))["status"] == "pending"
     assert "[sweep] stopped by SIGUSR1: run the same command again to resume" in capsys.readouterr().out
     assert runner._exit_code("SIGUSR1") == 138 and runner._exit_code("SIGTERM") == 143
+
+
+def test_a_stop_signal_after_the_runs_finished_is_no_stop(tmp_path: Path, monkeypatch, capsys):
+    """A time limit's SIGUSR1 that comes after the array task's run finished: the task ends as done (exit 0), not
+    stopped, so SLURM marks it completed and the next wave starts (seen on a real cluster: the task failed)."""
+    from lightning_cqk.sweep import runner
+
+    monkeypatch.setattr(runner, "_early_stops", ["SIGUSR1"])
+    sweep = expand(_write_spec(tmp_path), "cpu", tmp_path / "out")
+    ledger, run = Ledger(sweep), sweep.run("ref-s1")
+    ledger.run_dir(run).mkdir(parents=True)
+    (ledger.run_dir(run) / "budget.json").write_text("{}")
+    ledger.set_status(run, status="done", config_hash=run.config_hash())
+    result = runner.run_local(sweep, only=["ref-s1"])
+    assert result["skipped"] == ["ref-s1"] and "stopped_by" not in result
+    assert "SIGUSR1 came when every run was finished: nothing to stop or requeue" in capsys.readouterr().out
