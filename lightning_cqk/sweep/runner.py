@@ -654,7 +654,10 @@ def sweep_command(argv: list[str]) -> None:
         _sweep(args)
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            # in a SLURM job a late SIGUSR1 (a time limit's warning while the finished task exits) is ignored: its
+            # default action would end the task "User defined signal 1", failed, after its run was recorded done
+            late_warning = signum == signal.SIGUSR1 and slurm_job_id() is not None
+            signal.signal(signum, signal.SIG_IGN if late_warning else handler)
         _early_stops.clear()
 
 

@@ -312,3 +312,28 @@ def test_a_stop_signal_after_the_runs_finished_is_no_stop(tmp_path: Path, monkey
     result = runner.run_local(sweep, only=["ref-s1"])
     assert result["skipped"] == ["ref-s1"] and "stopped_by" not in result
     assert "SIGUSR1 came when every run was finished: nothing to stop or requeue" in capsys.readouterr().out
+
+
+def test_an_array_task_ignores_a_late_stop_warning_once_its_run_is_recorded(tmp_path: Path, monkeypatch):
+    """After `sweep --run` returns in a SLURM job, SIGUSR1 is ignored: a time limit's warning while the task's
+    process exits would otherwise end it "User defined signal 1", failed, with its run done (seen on a real cluster).
+    Outside SLURM the handler the process had comes back."""
+    import signal
+
+    sweep = expand(_write_spec(tmp_path), "cpu", tmp_path / "out")
+    ledger, run = Ledger(sweep), sweep.run("ref-s1")
+    ledger.run_dir(run).mkdir(parents=True)
+    (ledger.run_dir(run) / "budget.json").write_text("{}")
+    ledger.set_status(run, status="done", config_hash=run.config_hash())
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        for job, expected in ((None, before), ("77", signal.SIG_IGN)):
+            if job is None:
+                monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+            else:
+                monkeypatch.setenv("SLURM_JOB_ID", job)
+            monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+            main(["sweep", str(tmp_path / "mini.yaml"), "--output", str(tmp_path / "out"), "--run", "ref-s1"])
+            assert signal.getsignal(signal.SIGUSR1) == expected
+    finally:
+        signal.signal(signal.SIGUSR1, before)
