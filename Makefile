@@ -67,7 +67,7 @@ quickstart: install ## train configs/quickstart.yaml (tiny model on the built-in
 	$(BIN)/lightning_cqk fit --config configs/quickstart.yaml
 
 TEST_JOBS ?= 2
-test: install ## run every CPU test, the multi-process tests included, in TEST_JOBS processes (what CI runs; ~9 min on 2 cores)
+test: install ## run every CPU test, the multi-process and SLURM tests included, in TEST_JOBS processes (what CI runs; ~14 min on 2 cores)
 	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_JOBS)
 
 test-fast: install ## the test suite without the slow multi-process tests

@@ -19,7 +19,9 @@ os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
 # The probe callbacks that the subprocess tests load (tests/reliability/*.py, tests/sweep/sweep_helpers.py) are outside
 # the package's allow-list of class paths (lightning_cqk/cli/class_paths.py): added the documented way, for every
 # process the tests start.
-os.environ["LIGHTNING_CQK_TRUSTED_MODULES"] = "launch_probe,loss_recorder,signal_probe,sweep_helpers,validation_killer"
+os.environ["LIGHTNING_CQK_TRUSTED_MODULES"] = (
+    "launch_probe,loss_recorder,signal_probe,slurm_helpers,sweep_helpers,validation_killer"
+)
 # Test shapes are tiny: one intra-op thread is faster for them and keeps timings stable when cores are shared.
 torch.set_num_threads(1)
 

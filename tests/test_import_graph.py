@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, ...]] = [
         "launch",
         "run_dir",
         "device_info",
+        "slurm_job",
     ),
     ("attention",),
     ("model",),

@@ -14,18 +14,17 @@ the requeue, is done here with the run's own checkpoint:
   in a note and left alone.
 - `SIGUSR1` (the sbatch script's `#SBATCH --signal=SIGUSR1@90`) stops training like SIGTERM: at the end of the batch
   in progress, a checkpoint saved into the run's own `checkpoints/` (`callbacks/run_session.py`); then `requeue_job`
-  asks SLURM to requeue the job, whose `srun ... --ckpt_path last` resumes that run.
+  (`slurm_job.py`) asks SLURM to requeue the job, whose `srun ... --ckpt_path last` resumes that run; a run that a
+  sweep's array task started leaves the requeue to that task, which records the run as requeued first.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
+
+from lightning_cqk.slurm_job import requeue_job, slurm_job_id  # noqa: F401 (the fit's stop requeues with them)
 
 HPC_PATTERN = "hpc_ckpt_*.ckpt"
 REQUEUE_SIGNAL_NAME = "SIGUSR1"
@@ -75,24 +74,3 @@ def stray_note(files: list[Path]) -> str:
         "never restored into a run (a new run starts at step 0; a resume reads its own run directory's "
         "checkpoints/) and are left as they are: delete them once nothing needs them."
     )
-
-
-def slurm_job_id() -> str | None:
-    """The id `scontrol requeue` takes: `<array job>_<task>` in an array job, else SLURM_JOB_ID (None outside SLURM)."""
-    array_job, array_task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    job = f"{array_job}_{array_task}" if array_job and array_task else os.environ.get("SLURM_JOB_ID")
-    return job if job and re.fullmatch(r"[0-9_]+", job) else None
-
-
-def requeue_job() -> str:
-    """Ask SLURM to requeue this job (after the checkpoint is saved); returns what happened, in one line."""
-    job = slurm_job_id()
-    if job is None:
-        return "SIGUSR1 outside a SLURM job: not requeued (run the same command with --ckpt_path last to resume)"
-    scontrol = shutil.which("scontrol")
-    if scontrol is None:
-        return f"SLURM job {job}: scontrol is not on PATH, so the job was not requeued; resubmit it to resume"
-    result = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True)
-    if result.returncode != 0:
-        return f"SLURM job {job}: `scontrol requeue {job}` failed ({result.stderr.strip() or result.returncode})"
-    return f"SLURM job {job} requeued: its srun line (--ckpt_path last) resumes this run from the checkpoint above"

@@ -18,7 +18,8 @@ Run
   ledger.py        a sweep's bookkeeping: status files, manifest.json, code revisions and package versions per run
   sharing.py       no run computed twice, at launch: the same run of this sweep, a sibling's, or an adopted twin
   shard_settings.py  which runs may prepare token shards at the same time
-  slurm.py         SLURM array scripts (one task per run)
+  slurm.py         SLURM array scripts (one task per run), the report job, submit.sh
+  slurm_status.py  `sweep --status`: each run's state, step and SLURM job state (squeue, no accounting needed)
   worker.py        a fork server that pays a run's imports once per sweep
   adopt.py         runs whose committed twin exists are adopted, not computed again
 Judge

@@ -27,6 +27,10 @@ def utc_now() -> str:
 MANIFEST = "manifest.json"
 SWEEP_LOCK = ".sweep.lock"  # held by a whole-sweep invocation for its life (runner.run_local)
 DONE, RUNNING, FAILED, PENDING = "done", "running", "failed", "pending"
+# A run a stop signal ended after its save (runner.StopSignal): "requeued" when its SLURM job was requeued for it,
+# "stopped" otherwise (a SIGTERM: scancel, a preemption, `timeout`; a SIGUSR1 outside SLURM). Either resumes from
+# its checkpoint at the next attempt, like an interrupted run.
+REQUEUED, STOPPED = "requeued", "stopped"
 
 
 def stop_advice(owner: LockOwner, lock: Path) -> str:

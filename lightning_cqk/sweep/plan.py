@@ -83,6 +83,8 @@ class Sweep:
     slurm: list[str]
     claims: list[Claim] = dataclasses.field(default_factory=list)  # the profile's claims, parsed once (claim.py)
     control_claim: Claim | None = None  # the planted control, parsed likewise (outside the family)
+    # the array script's `#SBATCH --signal=USR1@<this>`: seconds before the time limit that a run is told to save
+    slurm_signal_seconds: int = 90
 
     def run(self, name: str) -> Run:
         for run in self.runs:

@@ -3,6 +3,7 @@
     lightning_cqk sweep configs/ablations/coupling.yaml --profile cpu [--dry-run] [--jobs 2] [--output runs/x]
     lightning_cqk sweep configs/ablations/coupling.yaml --profile paper --slurm     # writes SLURM array scripts
     lightning_cqk sweep configs/ablations/coupling.yaml --profile paper --run standard-s1   # one run (array task)
+    lightning_cqk sweep configs/ablations/coupling.yaml --profile paper --status   # each run, and its SLURM state
 
 Layout of a sweep directory (default `runs/<study>-<profile>/`):
     manifest.json       the plan and the state: study, profile, spec, git revision, package versions, and per run its
@@ -56,13 +57,16 @@ from typing import Any
 from lightning_cqk.package_versions import package_versions
 from lightning_cqk.run_dir import config_files, resumable_checkpoint
 from lightning_cqk.run_lock import RunDirectoryInUse, acquire, holder
+from lightning_cqk.slurm_job import REQUEUE_BY_ENV, requeue_job, slurm_job_id
 from lightning_cqk.sweep import worker
 from lightning_cqk.sweep.adopt import committed_folders, index_committed
 from lightning_cqk.sweep.ledger import (
     DONE,
     FAILED,
     MANIFEST,
+    REQUEUED,
     RUNNING,
+    STOPPED,
     SWEEP_LOCK,
     Ledger,
     stop_advice,
@@ -113,6 +117,7 @@ class _Launch:
             raise
         env = dict(os.environ)
         env.setdefault("LIGHTNING_CQK_DEBUG", "1")  # the run's log keeps a user error's traceback (cli/errors.py)
+        env[REQUEUE_BY_ENV] = "sweep"  # after a SIGUSR1 the run saves and exits; this runner requeues (StopSignal)
         if threads is not None and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = str(threads)
         ledger.log_dir.mkdir(parents=True, exist_ok=True)
@@ -144,13 +149,19 @@ class _Launch:
         verb = f"resuming from {self.resumed_from}" if self.resumed_from else "starting"
         print(f"[sweep] {run.name}: {verb} (attempt {attempts})", flush=True)
 
-    def finish(self) -> bool:
+    def finish(self, stopped_by: str | None = None) -> bool:
+        """Record how the run ended: done, failed, or (`stopped_by` a signal's name, the sweep's stop) stopped."""
         rc = self.proc.wait()
         self.log.close()
         seconds = time.perf_counter() - self.start
         run_dir = self.ledger.run_dir(self.run)
         ok = rc == 0 and (run_dir / "budget.json").is_file()
-        fields: dict[str, Any] = {"status": DONE if ok else FAILED, "returncode": rc, "finished": utc_now()}
+        stopped = stopped_by is not None and not ok
+        status = DONE if ok else STOPPED if stopped else FAILED
+        fields: dict[str, Any] = {"status": status, "returncode": rc, "finished": utc_now()}
+        if stopped:
+            ckpt, _ = resumable_checkpoint(run_dir)
+            fields.update(stopped_by=stopped_by, resume_from=str(ckpt) if ckpt else None)
         fields["device"] = device_of(run_dir)
         fields["seconds"] = round(self.ledger.status(self.run).get("seconds", 0.0) + seconds, 1)
         configs = config_files(run_dir)  # config.yaml, then config.resume-<n>.yaml per resume: the latest
@@ -163,6 +174,12 @@ class _Launch:
         self.lock.release()
         if ok:
             print(f"[sweep] {self.run.name}: done in {seconds:.0f} s", flush=True)
+        elif stopped:
+            where = f"resumes from {fields['resume_from']}" if fields["resume_from"] else "starts again (no checkpoint)"
+            print(
+                f"[sweep] {self.run.name}: stopped by {stopped_by} (exit code {rc}); its next attempt {where}",
+                flush=True,
+            )
         else:
             log = self.ledger.log_dir / f"{self.run.name}.log"
             print(f"[sweep] {self.run.name}: FAILED (exit code {rc}); see {log}", flush=True)
@@ -304,7 +321,10 @@ def run_local(
     of a killed runner) and an interrupted run whose settings were edited since are refused by name, so nothing is
     deleted or resumed under other settings.
 
-    Returns {'skipped': [...], 'done': [...], 'failed': [...]} (names).
+    A stop signal (SIGUSR1, SIGTERM) is forwarded to the runs in flight, which save and exit; they are recorded
+    stopped (or requeued: `StopSignal`) and no other run starts.
+
+    Returns {'skipped': [...], 'done': [...], 'failed': [...], 'stopped': [...]} (names).
     """
     missing = sweep.missing_needs()
     if missing:
@@ -357,7 +377,7 @@ def _run_owned(ledger: Ledger, jobs: int, only: list[str] | None, restart_change
     """`run_local` once the sweep directory is owned."""
     sweep = ledger.sweep
     runs = [sweep.run(n) for n in only] if only else list(sweep.runs)
-    result: dict[str, list[str]] = {"skipped": [], "done": [], "failed": []}
+    result: dict[str, list[str]] = {"skipped": [], "done": [], "failed": [], "stopped": []}
     todo = []
     for run in runs:
         if ledger.is_done(run):
@@ -381,12 +401,14 @@ def _run_owned(ledger: Ledger, jobs: int, only: list[str] | None, restart_change
     finished = {r.name for r in sweep.runs if ledger.is_done(r)}
     failed: set[str] = set()
     running: list[_Launch] = []
+    stop = StopSignal(running)
+    stop.name = _early_stops[0] if _early_stops else None  # came while the sweep was starting: no run starts
     main_thread = threading.current_thread() is threading.main_thread()
-    previous_term = signal.getsignal(signal.SIGTERM)
-    if main_thread:
-        signal.signal(signal.SIGTERM, _raise_interrupt)  # SLURM / timeout send SIGTERM: stop the children too
+    previous = {s: signal.getsignal(s) for s in StopSignal.SIGNALS} if main_thread else {}
+    for signum in previous:
+        signal.signal(signum, stop.handle)  # SLURM / timeout: the runs save, then this runner records them
     try:
-        _schedule(ledger, todo, running, finished, failed, result, jobs, threads, restart_changed)
+        _schedule(ledger, todo, running, finished, failed, result, jobs, threads, restart_changed, stop)
     except KeyboardInterrupt:
         for launch in running:
             launch.proc.terminate()  # Lightning stops; the run stays "running" and resumes from last.ckpt next time
@@ -400,14 +422,70 @@ def _run_owned(ledger: Ledger, jobs: int, only: list[str] | None, restart_change
         print("[sweep] interrupted: run the same command again to resume", flush=True)
         raise
     finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous_term)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if stop.name is not None and (result["stopped"] or todo):
+        result["stopped_by"] = [stop.name]
+        stop.requeue(ledger, result["stopped"], unstarted=[r.name for r in todo])
+    elif stop.name is not None:  # e.g. a time limit's warning after the task's run finished: nothing to requeue
+        print(f"[sweep] {stop.name} came when every run was finished: nothing to stop or requeue", flush=True)
     ledger.write_manifest()
     return result
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+class StopSignal:
+    """A stop asked of the sweep by a signal, handled without losing a step or a record:
+
+    - SIGUSR1: SLURM's warning before a time limit (the array script's `#SBATCH --signal=USR1@<margin>`, sweep/
+      slurm.py) or `scancel --signal=USR1`; SIGTERM: `scancel`, a preemption, `timeout`. SLURM signals every process
+      of the job step, the runs included; the signal is forwarded to each run in flight all the same (a `kill` of
+      this process alone reaches them too). A run saves at the end of its optimizer step and exits
+      (`callbacks/run_session.py`); this runner waits for it and records it "stopped" (`_Launch.finish`). No run
+      starts after the signal.
+    - Then, for SIGUSR1 inside a SLURM job, `requeue` records each stopped run "requeued" and asks SLURM to requeue
+      the job (`scontrol requeue`): its next attempt resumes the run from its own checkpoint. The runs leave the
+      requeue to this runner (REQUEUE_BY_ENV), so the status is written before SLURM ends the job.
+    """
+
+    SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+    def __init__(self, running: list[_Launch]) -> None:
+        self.running, self.name = running, None
+
+    def handle(self, signum: int, frame: Any) -> None:
+        self.name = self.name or signal.Signals(signum).name
+        for launch in self.running:
+            launch.proc.send_signal(signum)
+
+    def requeue(self, ledger: Ledger, stopped: list[str], unstarted: list[str]) -> None:
+        """After the runs in flight ended: requeue the SLURM job for them and the runs not started yet (SIGUSR1 in a
+        job), or say how to resume."""
+        job = slurm_job_id()
+        if self.name != "SIGUSR1" or job is None or not (stopped or unstarted):
+            print(f"[sweep] stopped by {self.name}: run the same command again to resume", flush=True)
+            return
+        runs = [ledger.sweep.run(name) for name in stopped]
+        for run in runs:  # recorded first: SLURM ends this job once it is requeued
+            ledger.set_status(run, status=REQUEUED, requeued_job=job)
+        ledger.write_manifest()
+        outcome = requeue_job(by="sweep")
+        print(f"[sweep] {outcome}", flush=True)
+        if " requeued" not in outcome and "pending execution" not in outcome:  # pending: SLURM requeued it already
+            for run in runs:
+                ledger.set_status(run, status=STOPPED, requeued_job=None, reason=outcome)
+
+
+_early_stops: list[str] = []  # stop signals that came before the runner's own handler (`sweep_command`)
+
+
+def _note_early_stop(signum: int, frame: Any) -> None:
+    """A stop signal while the sweep reads its spec: kept, so that no run starts and SLURM still requeues the task."""
+    _early_stops.append(signal.Signals(signum).name)
+
+
+def _exit_code(signal_name: str) -> int:
+    """What a sweep stopped by a signal exits with (the fit's: 128 + the signal's number)."""
+    return 128 + int(signal.Signals[signal_name])
 
 
 def _schedule(
@@ -420,22 +498,33 @@ def _schedule(
     jobs: int,
     threads: int | None,
     restart_changed: bool = False,
+    stop: StopSignal | None = None,
 ) -> None:
-    """Launch runs as slots, waits and data preparation allow, until every run has finished or failed."""
+    """Launch runs as slots, waits and data preparation allow, until every run has finished or failed (after a stop
+    signal: until the runs in flight have ended; the others stay as they are)."""
     data_ready: set[str] = set()  # data settings whose shards a finished run has prepared
     preparing: str | None = None  # the data setting of the one run now allowed to prepare shards
     progress = Progress(ledger, todo, jobs)
     while todo or running:
         for launch in [x for x in running if x.proc.poll() is not None]:
             running.remove(launch)
-            ok = launch.finish()
+            stopped_by = stop.name if stop is not None else None
+            ok = launch.finish(stopped_by) if stopped_by else launch.finish()
             progress.finished(launch, ok)
+            if not ok and stopped_by is not None:
+                result["stopped"].append(launch.run.name)
+                continue
             (finished if ok else failed).add(launch.run.name)
             result["done" if ok else "failed"].append(launch.run.name)
             if ok:  # its shards exist now; after a failure the next run of that data setting prepares alone again
                 data_ready.add(data_key(launch.run))
             if preparing == data_key(launch.run):
                 preparing = None
+        if stop is not None and stop.name is not None:
+            if not running:
+                return
+            time.sleep(0.5)
+            continue
         launched = False
         for run in list(todo):
             if len(running) >= jobs:
@@ -549,6 +638,11 @@ def sweep_command(argv: list[str]) -> None:
     parser.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the profile's jobs, else 1)")
     parser.add_argument("--dry-run", "--dry_run", action="store_true", help="print the runs and commands, run nothing")
     parser.add_argument("--slurm", action="store_true", help="write SLURM array scripts instead of running")
+    parser.add_argument(
+        "--status",
+        action="store_true",
+        help="print each run's state and step, and its SLURM task's state (squeue), then exit (sweep/slurm_status.py)",
+    )
     parser.add_argument("--max-parallel", "--max_parallel", type=int, default=None, help="SLURM array %% limit")
     parser.add_argument("--run", action="append", default=None, help="run only this run (repeatable)")
     parser.add_argument(
@@ -581,6 +675,22 @@ def sweep_command(argv: list[str]) -> None:
     )
     args = parser.parse_args(argv)
     worker.mode = args.start
+    previous = {}
+    if args.run and threading.current_thread() is threading.main_thread():  # an array task: stops count from here
+        previous = {signum: signal.signal(signum, _note_early_stop) for signum in StopSignal.SIGNALS}
+    try:
+        _sweep(args)
+    finally:
+        for signum, handler in previous.items():
+            # in a SLURM job a late SIGUSR1 (a time limit's warning while the finished task exits) is ignored: its
+            # default action would end the task "User defined signal 1", failed, after its run was recorded done
+            late_warning = signum == signal.SIGUSR1 and slurm_job_id() is not None
+            signal.signal(signum, signal.SIG_IGN if late_warning else handler)
+        _early_stops.clear()
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    """`sweep_command` once its arguments are parsed."""
     try:
         sweep = expand(args.spec, args.profile, args.output)
         if args.jobs is not None and args.jobs < 1:
@@ -597,6 +707,11 @@ def sweep_command(argv: list[str]) -> None:
         if args.dry_run:
             dry_run(sweep)
             return
+        if args.status:
+            from lightning_cqk.sweep.slurm_status import status_lines
+
+            print("\n".join(status_lines(sweep)))
+            return
         if args.slurm:
             files = write_slurm(sweep, args.spec, args.max_parallel)
             print("Wrote " + ", ".join(str(f) for f in files) + f"\nSubmit with: bash {files[-1]}")
@@ -608,11 +723,14 @@ def sweep_command(argv: list[str]) -> None:
         sys.exit(f"lightning_cqk sweep: {err}")
     except KeyboardInterrupt:
         sys.exit(130)
+    stopped = f", {len(result['stopped'])} stopped by a signal" if result["stopped"] else ""
     print(
         f"[sweep] {sweep.study}-{sweep.profile}: {len(result['done'])} run, {len(result['skipped'])} skipped (done "
-        f"before), {len(result['failed'])} failed; manifest {sweep.sweep_dir / MANIFEST}",
+        f"before), {len(result['failed'])} failed{stopped}; manifest {sweep.sweep_dir / MANIFEST}",
         flush=True,
     )
+    if result.get("stopped_by"):  # no report of a study that is not finished; the job may already be requeued
+        sys.exit(_exit_code(result["stopped_by"][0]))
     report_failed = False
     if not args.no_report and not args.run:
         from lightning_cqk.sweep.report import ReportError, write_report

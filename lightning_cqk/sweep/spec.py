@@ -23,6 +23,7 @@ A spec (`configs/ablations/<study>.yaml`) names one study of the papers:
         exclude: [{size: d64, attention: differential}]   # optional: combinations left out of this profile's grid
                                           # ({corpus: web, seeds: [6, 7]}: left out at those seeds only)
         slurm: ["#SBATCH --gpus-per-node=1"]          # optional: lines added to the SLURM array script
+        slurm_signal_seconds: 90          # optional: SIGUSR1 this long before a SLURM time limit: save and requeue
         tuning:                           # optional: each level of an axis its own learning rate (sweep/tuning.py)
           axis: attention                 # levels: [...] (default all), same_as: {level: tuned}, at: {axis: level}
           lrs: [1.0e-3, 2.0e-3, 4.0e-3]   # 3 or more; one run each at `seed` (not a verdict seed), or at each
@@ -96,7 +97,7 @@ from lightning_cqk.sweep.plan import (
     format_value,
     shared_data_dir,
 )
-from lightning_cqk.sweep.spec_checks import SpecError
+from lightning_cqk.sweep.spec_checks import SLURM_SIGNAL_SECONDS, SpecError
 from lightning_cqk.sweep.tuning_grid import check_tuning, tuning_runs
 
 __all__ = ["SHARED_DATA_ENV", "Run", "SpecError", "Sweep", "expand", "format_value", "load_spec", "shared_data_dir"]
@@ -337,6 +338,7 @@ def expand(
         jobs=int(prof.get("jobs", 1)),
         needs=[fill_placeholders(p, placeholders) for p in as_list(prof.get("needs", []))],
         slurm=[str(line) for line in prof.get("slurm", [])],
+        slurm_signal_seconds=int(prof.get("slurm_signal_seconds", SLURM_SIGNAL_SECONDS)),
         claims=[parse_claim(c, where) for c in spec.get("claims") or []],
         control_claim=parsed_control(spec.get("control"), where),
     )

@@ -9,7 +9,7 @@
   that shape cannot put a sweep directory outside `runs/`, and `owned_run_dir` lets the runner delete only
   directories directly inside its own sweep directory;
 - `slurm:` lines are `#SBATCH` directives only (they are copied into the array script, where any other line would
-  run as shell code on the cluster);
+  run as shell code on the cluster); `slurm_signal_seconds` is a whole number of seconds sbatch takes (1-65535);
 - seeds are integers in numpy's range [0, 2**32 - 1] (a float 1.9 would become 1, a bool True 1, and Lightning
   replaces an out-of-range seed by 0, each silently); `jobs` is a positive integer;
 - a claim compares two different groups (`group == vs`, or a group in both `plus` and `minus`, cancels itself out)
@@ -104,6 +104,7 @@ def check(spec: dict[str, Any], where: str, lines: dict[tuple[str, ...], int]) -
                 f"time, a positive integer; got {jobs!r}."
             )
         _check_slurm(profile.get("slurm", []), name, where, lines)
+        _check_signal_seconds(profile.get("slurm_signal_seconds", SLURM_SIGNAL_SECONDS), name, where, lines)
     groups = {name: profile_groups(spec, name) for name in spec["profiles"]}
     # the spec's claims are judged at the profiles without claims of their own
     users = [name for name, profile in spec["profiles"].items() if "claims" not in profile]
@@ -226,6 +227,23 @@ def _check_slurm(value: Any, profile: str, where: str, lines: dict[tuple[str, ..
                 "anything else would run as shell code on the cluster (and end sbatch's reading of the directives "
                 'after it). Give a list of directives, e.g. slurm: ["#SBATCH --gpus-per-node=1"].'
             )
+
+
+#: A profile's `slurm_signal_seconds` default: SIGUSR1 90 s before a SLURM time limit (the array script's
+#: `#SBATCH --signal=USR1@90`), time for a run to finish its step and save, however SLURM rounds (its docs: the signal
+#: may come up to 60 s earlier than asked). Raise it where one optimizer step plus a checkpoint's save takes longer.
+SLURM_SIGNAL_SECONDS = 90
+SLURM_SIGNAL_MAX = 65535  # sbatch --signal's largest time
+
+
+def _check_signal_seconds(value: Any, profile: str, where: str, lines: dict[tuple[str, ...], int]) -> None:
+    if type(value) is not int or not 1 <= value <= SLURM_SIGNAL_MAX:
+        raise _spec_error(
+            f"{_at(where, lines, 'profiles', profile, 'slurm_signal_seconds')}: profile {profile!r}: "
+            f"slurm_signal_seconds is how long before a SLURM time limit the runs are told to save (SIGUSR1), a whole "
+            f"number of seconds from 1 to {SLURM_SIGNAL_MAX}; got {value!r}. E.g. slurm_signal_seconds: "
+            f"{SLURM_SIGNAL_SECONDS} (the default)."
+        )
 
 
 def _check_seeds(seeds: Any, profile: str, where: str, lines: dict[tuple[str, ...], int]) -> None:

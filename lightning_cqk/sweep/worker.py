@@ -10,17 +10,18 @@ core); a fork of a process that has already imported them starts a run in millis
 (no thread pool exists yet: the server checks it has one thread), the child gets the run's environment (the server
 is started with that same environment, so what torch and OpenMP read at import is the run's: `OMP_NUM_THREADS`, one
 thread per run with `--jobs` > 1), its working directory, `sys.argv` as `-m lightning_cqk` sets it, the default
-SIGINT/SIGTERM handling, stdin from /dev/null and stdout + stderr appended to the run's log, and exits through the
-interpreter's exit handlers with the CLI's exit status. So a run's numbers are identical to a fresh process's to the
-last digit (tests/sweep/test_worker.py compares the final validation loss and every weight).
+SIGINT/SIGTERM/SIGUSR1 handling, stdin from /dev/null and stdout + stderr appended to the run's log, and exits
+through the interpreter's exit handlers with the CLI's exit status. So a run's numbers are identical to a fresh
+process's to the last digit (tests/sweep/test_worker.py compares the final validation loss and every weight).
 
 The runner talks to the server over two pipes, one JSON line per message: a request {"argv", "env", "cwd", "log"}
 is answered {"pid"}; when a child ends the server sends {"exited": pid, "returncode"} (a signal's death is -signum,
 as `subprocess` reports it). `ForkedRun` is the runner's handle of one run, with `subprocess.Popen`'s `poll`, `wait`,
 `terminate`, `kill` and `pid`, so the runner's scheduling and interrupt code treat both kinds alike. The server
-ignores SIGINT and SIGTERM (a Ctrl-C or `timeout` sent to the sweep's process group reaches each run itself, as
-before, and the runner then collects their exit statuses through the server) and exits when the runner closes its
-pipe or dies; runs in flight then go on, as a fresh process would after its runner was killed.
+ignores SIGINT, SIGTERM and SIGUSR1 (a Ctrl-C, `timeout` or SLURM's stop signal sent to the sweep's process group
+reaches each run itself, as before, and the runner then collects their exit statuses through the server) and exits
+when the runner closes its pipe or dies; runs in flight then go on, as a fresh process would after its runner was
+killed.
 
 `--start fork` needs `os.fork` (Linux; elsewhere runs start fresh). Servers are per environment: runs of one sweep
 share one (a run whose environment differs gets its own).
@@ -56,6 +57,9 @@ PRELOAD = (
     "tensorboard.backend.event_processing.event_accumulator",
 )
 _servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
+#: What the server ignores: Ctrl-C, SIGTERM and SIGUSR1 (SLURM's stop before a time limit, sent to every process of
+#: the job step) reach each run itself and its runner, which collects the runs' exits through the server.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 def start_run(cmd: list[str], env: dict[str, str], log: Any) -> Any:
@@ -182,8 +186,8 @@ def serve() -> None:
 
     replies = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # anything printed while importing goes to stderr, never into the replies
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for stop in STOP_SIGNALS:  # the runner forwards a stop to its runs; the server itself stays
+        signal.signal(stop, signal.SIG_IGN)
     for name in PRELOAD:
         importlib.import_module(name)
     if threading.active_count() != 1:
@@ -222,6 +226,7 @@ def _child(request: dict[str, Any]) -> None:
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])

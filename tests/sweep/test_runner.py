@@ -159,9 +159,16 @@ def test_dry_run_prints_every_run_and_its_command(tmp_path: Path, capsys):
 
 def test_slurm_scripts_chain_the_waves(tmp_path: Path):
     sweep = expand(_write_spec(tmp_path), "cpu", tmp_path / "out")
+    sweep.slurm = ["#SBATCH --no-requeue"]  # a profile's line comes after the defaults: sbatch takes the last
     files = write_slurm(sweep, "mini.yaml", max_parallel=4)
-    assert [f.name for f in files] == ["wave0.sbatch", "wave1.sbatch", "submit.sh"]
-    wave0, wave1, submit = (f.read_text() for f in files)
+    assert [f.name for f in files] == ["wave0.sbatch", "wave1.sbatch", "report.sbatch", "submit.sh"]
+    wave0, wave1, report, submit = (f.read_text() for f in files)
+    defaults = ["#SBATCH --signal=USR1@90", "#SBATCH --requeue", "#SBATCH --open-mode=append"]
+    lines = wave0.splitlines()
+    assert all(line in lines for line in defaults)  # the stop signal, requeue on preemption, one log per task
+    assert lines.index("#SBATCH --no-requeue") > lines.index("#SBATCH --requeue")
+    assert f"python -m lightning_cqk report {tmp_path / 'out'}" in report
+    assert submit.index("wave1.sbatch") < submit.index("report.sbatch")
     assert "#SBATCH --array=0-1%4" in wave0 and "RUNS=(ref-s1 other-s1)" in wave0
     assert "#SBATCH --array=0-0%4" in wave1 and "RUNS=(matched-s1)" in wave1
     assert '--run "${RUNS[$SLURM_ARRAY_TASK_ID]}"' in wave0
@@ -273,3 +280,60 @@ def test_seeds_of_one_data_setting_run_two_at_a_time(tmp_path: Path, monkeypatch
     # runs in flight as each started: the second waits for the first only while the shards are being prepared
     assert concurrency[0] == 1 and concurrency[1] == second_starts_with
     assert max(concurrency) == 2  # the seeds share the shards: never one at a time throughout
+
+
+def test_a_stop_signal_while_an_array_task_starts_starts_no_run(tmp_path: Path, monkeypatch, capsys):
+    """SIGUSR1 / SIGTERM that reach `sweep --run` before its runner handles them are kept (`_note_early_stop`): no
+    run starts, the run stays pending (outside SLURM nothing is requeued) and the sweep says how to resume."""
+    from lightning_cqk.sweep import runner
+
+    for name in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(runner, "_early_stops", ["SIGUSR1"])
+    sweep = expand(_write_spec(tmp_path), "cpu", tmp_path / "out")
+    result = runner.run_local(sweep, only=["ref-s1"])
+    assert result["stopped_by"] == ["SIGUSR1"] and result["stopped"] == [] and result["done"] == []
+    assert Ledger(sweep).status(sweep.run("ref-s1"))["status"] == "pending"
+    assert "[sweep] stopped by SIGUSR1: run the same command again to resume" in capsys.readouterr().out
+    assert runner._exit_code("SIGUSR1") == 138 and runner._exit_code("SIGTERM") == 143
+
+
+def test_a_stop_signal_after_the_runs_finished_is_no_stop(tmp_path: Path, monkeypatch, capsys):
+    """A time limit's SIGUSR1 that comes after the array task's run finished: the task ends as done (exit 0), not
+    stopped, so SLURM marks it completed and the next wave starts (seen on a real cluster: the task failed)."""
+    from lightning_cqk.sweep import runner
+
+    monkeypatch.setattr(runner, "_early_stops", ["SIGUSR1"])
+    sweep = expand(_write_spec(tmp_path), "cpu", tmp_path / "out")
+    ledger, run = Ledger(sweep), sweep.run("ref-s1")
+    ledger.run_dir(run).mkdir(parents=True)
+    (ledger.run_dir(run) / "budget.json").write_text("{}")
+    ledger.set_status(run, status="done", config_hash=run.config_hash())
+    result = runner.run_local(sweep, only=["ref-s1"])
+    assert result["skipped"] == ["ref-s1"] and "stopped_by" not in result
+    assert "SIGUSR1 came when every run was finished: nothing to stop or requeue" in capsys.readouterr().out
+
+
+def test_an_array_task_ignores_a_late_stop_warning_once_its_run_is_recorded(tmp_path: Path, monkeypatch):
+    """After `sweep --run` returns in a SLURM job, SIGUSR1 is ignored: a time limit's warning while the task's
+    process exits would otherwise end it "User defined signal 1", failed, with its run done (seen on a real cluster).
+    Outside SLURM the handler the process had comes back."""
+    import signal
+
+    sweep = expand(_write_spec(tmp_path), "cpu", tmp_path / "out")
+    ledger, run = Ledger(sweep), sweep.run("ref-s1")
+    ledger.run_dir(run).mkdir(parents=True)
+    (ledger.run_dir(run) / "budget.json").write_text("{}")
+    ledger.set_status(run, status="done", config_hash=run.config_hash())
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        for job, expected in ((None, before), ("77", signal.SIG_IGN)):
+            if job is None:
+                monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+            else:
+                monkeypatch.setenv("SLURM_JOB_ID", job)
+            monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+            main(["sweep", str(tmp_path / "mini.yaml"), "--output", str(tmp_path / "out"), "--run", "ref-s1"])
+            assert signal.getsignal(signal.SIGUSR1) == expected
+    finally:
+        signal.signal(signal.SIGUSR1, before)

@@ -171,6 +171,27 @@ def test_slurm_lines_are_sbatch_directives_only(tmp_path: Path, slurm: str):
     assert "line 18: profile 'paper': slurm line" in message and "is not one `#SBATCH ...` directive" in message
 
 
+@pytest.mark.parametrize("seconds", ["0", "1.5", "'90'", "70000"])
+def test_slurm_signal_seconds_is_a_whole_number_sbatch_takes(tmp_path: Path, seconds: str):
+    message = _refused(
+        tmp_path, BASE.replace("seeds: [1]\n", f"seeds: [1]\n    slurm_signal_seconds: {seconds}\n"), "paper"
+    )
+    assert "line 18: profile 'paper': slurm_signal_seconds is how long before a SLURM time limit" in message
+    assert "slurm_signal_seconds: 90 (the default)" in message
+
+
+def test_slurm_signal_seconds_sets_the_array_scripts_stop_signal(tmp_path: Path):
+    from lightning_cqk.sweep.slurm import write_slurm
+
+    sweep = expand(
+        _spec(tmp_path, BASE.replace("seeds: [1]\n", "seeds: [1]\n    slurm_signal_seconds: 300\n")), "paper"
+    )
+    assert sweep.slurm_signal_seconds == 300 and expand(_spec(tmp_path, BASE), "paper").slurm_signal_seconds == 90
+    sweep.sweep_dir = tmp_path / "out"
+    wave0 = write_slurm(sweep, "t.yaml")[0].read_text()
+    assert "#SBATCH --signal=USR1@300" in wave0.splitlines()
+
+
 def test_unsafe_profile_names_never_leave_runs(tmp_path: Path):
     """A spec profile named like a path, and --profile like a path, are refused by a real `sweep` before it writes
     anything: runs/t-../../../esc would be <work>/esc, outside runs/ (neither appears)."""
