@@ -278,21 +278,18 @@ def training_corpora(data: StudyData, claims: list[dict[str, Any]]) -> dict[str,
     """claim name -> the corpus its baseline group's runs train on (units.BYTES_PER_UNIT key), from the runs' config
     files (found as `--config` finds them) and overrides; claims whose corpus is none of the measured ones are left
     out."""
-    from lightning_cqk.resources import find_config
-    from lightning_cqk.sweep.identity import resolved_settings
+    from lightning_cqk.cli.resolve import ConfigUnresolvable
+    from lightning_cqk.sweep.estimate import resolve
     from lightning_cqk.sweep.units import training_corpus
-
-    def read(config: str) -> str | None:
-        try:
-            return find_config(config).read_text()
-        except (FileNotFoundError, OSError, ValueError):
-            return None
 
     by_group: dict[str, str | None] = {}
     for run in data.manifest["runs"]:
         if run["group"] not in by_group:
-            settings = resolved_settings(list(run.get("configs") or []), dict(run.get("overrides") or {}), read)
-            by_group[run["group"]] = training_corpus(settings)
+            try:
+                settings = resolve(list(run.get("configs") or []), dict(run.get("overrides") or {}))["data"]
+            except (ConfigUnresolvable, ValueError):
+                settings = {}  # a config file that is gone: its corpus is not known
+            by_group[run["group"]] = training_corpus({f"data.{k}": v for k, v in settings.items()})
     out = {}
     for claim in claims:
         base = str(claim.get("vs") or (claim.get("minus") or [""])[0]).split("@")[0]
