@@ -84,7 +84,7 @@ def _detectable(row: dict[str, str]) -> str:
     mde, level = _num(row.get("mde_pct")), _num(row.get("level"))
     if math.isnan(mde):
         return "–"
-    return f"{mde:.1f}%" + ("" if math.isnan(level) else f" (α {level:.2g})")
+    return f"{mde:+.2f}%" + ("" if math.isnan(level) else f" (α {level:.2g})")  # signed like the claim
 
 
 def _verdict(row: dict[str, str]) -> str:

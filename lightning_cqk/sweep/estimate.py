@@ -37,6 +37,9 @@ WORKER_START_S = 8.0  # --start fork: the worker's interpreter and imports, once
 FORKED_START_S = 2.0  # --start fork: a forked run's Lightning and data start-up and final save (measured 1-2 s)
 PER_WINDOW_PASS = 1.5  # ValWindowLosses scoring each final window alone, in final-set validations (see above)
 VOCAB = {"bytes": 257, "gpt2": 50257}
+# Settings that change a run's numbers but not its time: left out when a run is resolved for its estimate, so the
+# runs of one group (seeds) and of one grid level (rates) are parsed once (cli/resolve.py caches by arguments).
+TIME_NEUTRAL = ("data.seed", "model.optim.lr", "seed_everything")
 # Per-step work that analytic FLOPs do not count, as a share of the step (docs/instruments.md, "Overheads"):
 LOGIT_CONTROL_OVERHEAD = {"qk_clip": 0.155, "quack": 0.010}
 
@@ -103,7 +106,7 @@ def estimate_runs(sweep, start: str | None = None) -> list[RunEstimate]:
 
     out: dict[str, RunEstimate] = {}
     for run in sweep.runs:  # dependency order: a referenced run comes first
-        r = resolve(run.configs, run.overrides)
+        r = resolve(run.configs, {k: v for k, v in run.overrides.items() if k not in TIME_NEUTRAL})
         cfg = model_config(r)
         data, trainer, budget = r["data"], r["trainer"], r["budget"]
         seq, batch = int(data.get("seq_len", 256)), int(data.get("batch_size", 16))

@@ -26,7 +26,7 @@ def test_control_in_the_study_cell_and_a_missed_control_marks_the_null_rows(tmp_
     control = {"claim": "control-fewer", "control": "True", "plus": "fewer", "delta_pct": "3.8", "verdict": "detected"}
     control["expected_pct"] = "3.55"
     claim = {"claim": "b-vs-a", "control": "False", "published_pct": "-6.6", "delta_pct": "-0.2"}
-    claim.update(published_unit="token_ppl", converted_pct="-1.491", mde_pct="0.9", level="0.00714")
+    claim.update(published_unit="token_ppl", converted_pct="-1.491", mde_pct="-0.9", level="0.00714")
     claim.update(ci_low_pct="-0.5", ci_high_pct="0.1", verdict="not replicated at this scale", excluded_pct="-0.61")
     _study(tmp_path, "good", [control, claim])
     missed = dict(control, delta_pct="1.5", verdict="not detected")
@@ -36,7 +36,7 @@ def test_control_in_the_study_cell_and_a_missed_control_marks_the_null_rows(tmp_
     good = next(x for x in lines if x.startswith("| [good]"))
     assert good == (
         "| [good](r/good/good.md)<br>control fewer (planted +3.5%): +3.8%, detected | b-vs-a | -6.6% token PPL → "
-        "E -1.49% | -0.2% [-0.5, +0.1] | 0.9% (α 0.0071) | **not replicated at this scale**: beyond -0.6% excluded |"
+        "E -1.49% | -0.2% [-0.5, +0.1] | -0.90% (α 0.0071) | **not replicated at this scale**: beyond -0.6% excluded |"
     )
     weak = next(x for x in lines if x.startswith("| [weak]"))
     assert "control fewer (planted +3.5%): +1.5%, **not detected: sensitivity not shown**" in weak
