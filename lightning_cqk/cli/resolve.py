@@ -1,15 +1,16 @@
-"""A run's configuration as `lightning_cqk fit` itself resolves it, without running anything: the one resolver.
+"""The one resolver: a run's configuration as `lightning_cqk fit` itself resolves it, without running anything.
 
 `resolved_config(configs, overrides, seed)` parses `fit --config <file> ... --<key>=<value> ...
 --seed_everything=<seed>` with the parser of `CQKCLI` (cli/trainer.py: the same parser, links, presets and defaults
 a run gets), and returns the configuration that run would save as its `config.yaml` (`parser.dump`), as a nested
 dict. Nothing is instantiated: no model, data module, trainer or run directory is made, no lock is taken. The
-parser is built once per process (a few seconds), and each parse takes a fraction of a second (cached per files'
-contents and arguments).
+parser is built once per process (a few seconds), and each parse takes a fraction of a second.
 
-Everything that decides what a sweep's run *is* reads a run's settings here: the identity (sweep/identity.py) and
-the dry-run estimate (sweep/estimate.py), so a setting spelled two ways, given in two files, or left to a code
-default resolves one way for all of them (issue 43).
+    python -m lightning_cqk.cli.resolve     # serves requests, one JSON line each, on stdin (sweep/settings.py)
+
+The sweep, below the command line, asks this module through that process (lightning_cqk/sweep/settings.py): its
+identities (sweep/identity.py) and dry-run estimates (sweep/estimate.py) read every run's settings here, so a
+setting spelled two ways, given in two files, or left to a code default resolves one way for all of them (issue 43).
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ from typing import Any
 
 import yaml
 
-
-class ConfigUnresolvable(ValueError):
-    """The parser refused a run's configuration (its message is the parser's)."""
+from lightning_cqk.sweep.settings import ConfigUnresolvable, section  # noqa: F401 (section: one definition)
 
 
 @functools.lru_cache(maxsize=1)
@@ -106,11 +105,26 @@ def resolved_config(configs: list[str], overrides: Mapping[str, Any], seed: int 
     return yaml.safe_load(text) or {}
 
 
-def section(tree: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """A resolved config's section as a flat mapping of its arguments (`init_args` unwrapped when present)."""
-    node: Any = tree
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, Mapping) else None
-    if not isinstance(node, Mapping):
-        return {}
-    return dict(node.get("init_args") or {}) if "class_path" in node else dict(node)
+def serve() -> None:
+    """Answer resolve requests (sweep/settings.py), one JSON line in, one out, until stdin closes."""
+    import sys
+
+    from lightning_cqk.cli.class_paths import TRUSTED_MODULES, trusted_modules
+
+    trusted = [m for m in trusted_modules() if m not in TRUSTED_MODULES]
+    out, sys.stdout = sys.stdout, sys.stderr  # only answers on stdout: whatever the parser prints goes to stderr
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            tree = resolved_config(request["configs"], request["overrides"], request.get("seed"))
+            answer = {"text": yaml.safe_dump(tree, sort_keys=False), "trusted": trusted}
+        except ConfigUnresolvable as err:
+            answer = {"error": str(err)}
+        except Exception as err:  # the parser's own failure: said, never a hang of the asking sweep
+            answer = {"error": f"{type(err).__name__}: {err}"}
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    serve()

@@ -65,7 +65,7 @@ def resolve(configs: list[str], overrides: dict[str, Any]) -> dict[str, Any]:
     """{'model': {'config', 'optim'}, 'data', 'trainer', 'budget'} of one run, each a flat mapping of its arguments,
     as `lightning_cqk fit` resolves them (cli/resolve.py: the one resolver). A grid-chosen rate, not known before
     its grid ran, is left to the config files (the rate does not change a step's time)."""
-    from lightning_cqk.cli.resolve import ConfigUnresolvable, resolved_config, section
+    from lightning_cqk.sweep.settings import ConfigUnresolvable, resolved_config, section
     from lightning_cqk.sweep.spec_checks import SpecError
     from lightning_cqk.sweep.tuning import is_tuned_rate
 

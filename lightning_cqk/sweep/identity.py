@@ -251,12 +251,13 @@ def module_source(name: str) -> str:
 def outside_modules(settings: Mapping[str, Any]) -> dict[str, str]:
     """{top-level module: its source (`module_source`)} for every module a run imports from outside this package
     and its libraries: the roots of the class paths in its settings, and `$LIGHTNING_CQK_TRUSTED_MODULES`."""
-    from lightning_cqk.cli.class_paths import TRUSTED_MODULES, trusted_modules
+    from lightning_cqk.sweep.settings import trusted_modules
 
-    names = {m for m in trusted_modules() if m not in TRUSTED_MODULES}
-    for value in _class_paths(list(settings.values())):
+    names = set(trusted_modules())
+    paths = [v for k, v in settings.items() if k.endswith("class_path") and isinstance(v, str)]
+    for value in paths + _class_paths(list(settings.values())):
         names.add(value.split(".", 1)[0])
-    return {name: module_source(name) for name in sorted(names - set(TRUSTED_MODULES))}
+    return {name: module_source(name) for name in sorted(names - {"lightning_cqk"})}  # the package: its checkout
 
 
 def _class_paths(values: list[Any]) -> list[str]:
@@ -432,7 +433,7 @@ def resolved_flat(configs: list[str], overrides: Mapping[str, Any], seed: int) -
     """{canonical dotted key: value}: the run's configuration as `lightning_cqk fit` resolves it (cli/resolve.py),
     flattened, all keys kept. The seed is set as the run sets it (`--seed_everything`, after every override), so
     the runs of one point of the grid are parsed once. Raises ConfigUnresolvable."""
-    from lightning_cqk.cli.resolve import resolved_config
+    from lightning_cqk.sweep.settings import resolved_config
 
     flat = flatten(resolved_config(configs, overrides))
     flat["seed_everything"] = int(seed)

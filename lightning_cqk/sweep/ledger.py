@@ -135,7 +135,7 @@ class Ledger:
         """The run's configuration as `lightning_cqk fit` resolves it (cli/resolve.py), flattened, as it would be
         launched now (a tuned rate filled in), with the paths of this sweep's other runs (`budget.match_to`) replaced
         by their identities. Raises SpecError when a grid has not chosen yet or the parser refuses it."""
-        from lightning_cqk.cli.resolve import ConfigUnresolvable
+        from lightning_cqk.sweep.settings import ConfigUnresolvable
         from lightning_cqk.sweep.tuning import resolve_overrides
 
         if run.name not in self._settings:

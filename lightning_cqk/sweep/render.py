@@ -411,10 +411,10 @@ def markdown(data: StudyData, rows: list[dict[str, Any]], judgements: list[Judge
     once = computed_once(data.manifest)
     if once:
         notes.append(
-            "Runs computed once and shared (the same resolved training configuration and seed, on the same code, "
-            "packages and device: lightning_cqk/sweep/identity.py; each counted once per contrast): "
-            + "; ".join(once)
-            + "."
+            "Runs not computed here (shared within the sweep or reused from a sibling sweep: the same recorded "
+            "identity, i.e. settings, seed, code, data, packages, device and threads; adopted: the same settings and "
+            "data as a committed twin, vouched for by its arm's probe; lightning_cqk/sweep/identity.py; each counted "
+            "once per contrast): " + "; ".join(once) + "."
         )
     same = data.same_results
     if same:
@@ -496,6 +496,7 @@ CLAIM_FIELDS = (
     "alt_verdict",
     "p_effect",
     "p_holm_effect",
+    "tests",
     "family",
     "level",
     "v_low_pct",
@@ -554,7 +555,12 @@ def claims_csv(judgements: list[Judgement]) -> str:
             "mde_pct": j.mde_pct,
             "verdict": j.verdict,
             "why": j.why,
-            **{k: getattr(j, k) for k in CLAIM_FIELDS[CLAIM_FIELDS.index("published_unit") :] if k not in ("mde_pct",)},
+            **{
+                k: getattr(j, k)
+                for k in CLAIM_FIELDS[CLAIM_FIELDS.index("published_unit") :]
+                if k not in ("mde_pct", "tests")
+            },
+            "tests": " ".join(f"{kind}:{p!r}" for kind, p in j.raw_tests.items()),  # raw p per test (claims_table)
         }
         writer.writerow({k: _cell(x) for k, x in row.items()})
     return buf.getvalue()

@@ -579,7 +579,10 @@ def dry_run(sweep: Sweep) -> None:
         print(f"      {shlex.join(['lightning_cqk', 'fit', *run.cli_args(sweep.sweep_dir)])}")
     from lightning_cqk.sweep.estimate import summary_lines
 
-    print("\n".join(summary_lines(sweep, sweep.jobs)))
+    try:
+        print("\n".join(summary_lines(sweep, sweep.jobs)))
+    except SpecError as err:  # a run's settings the CLI cannot resolve here (a module it cannot import): said
+        print(f"Estimate: not made, a run's settings do not resolve here ({err}).")
 
 
 def sweep_command(argv: list[str]) -> None:

@@ -139,6 +139,7 @@ class Judgement:
     alt_verdict: str = ""  # the verdict under the relative-loss rule, when it differs
     p_effect: float = math.nan  # two-sided p against E (raw), and Holm-adjusted
     p_holm_effect: float = math.nan
+    raw_tests: dict[str, float] = dataclasses.field(default_factory=dict)  # test -> raw p (zero, effect, tost, ...)
     family: int = 0  # k: the number of tests in the study's Holm family
     level: float = math.nan  # alpha / k
     mde_pct: float = math.nan  # detectable Delta% at 80% power at alpha / k, signed like the claim (lower: < 0)
@@ -415,6 +416,7 @@ def _judge_rule(measured, values, alpha: float, metric: str, rule: str, power: b
             effect=eff,
             variance=var,
             p_holm=h.get("zero", h.get("tost", h.get("margin", math.nan))),
+            raw_tests=dict(r),
             verdict=INCONCLUSIVE,
             why="",
             published_pct=c.published_pct,

@@ -116,6 +116,7 @@ def test_a_changed_user_callback_module_changes_the_identity(tmp_path: Path, mon
         "        self.factor = factor\n"
     )
     monkeypatch.syspath_prepend(str(lab))
+    monkeypatch.setenv("PYTHONPATH", str(lab))  # where the runs (and the CLI's resolver) import it from
     monkeypatch.setenv("LIGHTNING_CQK_TRUSTED_MODULES", "mylab_callbacks")
     callbacks = tmp_path / "callbacks.yaml"
     callbacks.write_text(yaml.safe_dump({"trainer": {"callbacks": [{"class_path": "mylab_callbacks.Scale"}]}}))
@@ -195,23 +196,30 @@ def test_another_thread_count_is_another_run(tmp_path: Path, monkeypatch):
 
 # --------------------------------------------------------------------------------------------------------- settings
 def test_a_changed_code_default_is_another_identity(tmp_path: Path, monkeypatch):
-    from lightning_cqk.cli import resolve
-    from lightning_cqk.data import TokenDataModule
+    """The same spec and config files; the default of a class the config names changed in its code: the CLI's parser
+    resolves the new default, so the settings part (not only the code part) differs."""
+    from lightning_cqk.sweep import settings
 
-    sweep = _sweep(tmp_path)
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    source = "import lightning as L\n\n\nclass Scale(L.Callback):\n    def __init__(self, factor: float = {}):\n" + (
+        "        self.factor = factor\n"
+    )
+    (lab / "mylab_defaults.py").write_text(source.format("1.0"))
+    monkeypatch.syspath_prepend(str(lab))
+    monkeypatch.setenv("PYTHONPATH", str(lab))
+    monkeypatch.setenv("LIGHTNING_CQK_TRUSTED_MODULES", "mylab_defaults")
+    callbacks = tmp_path / "callbacks.yaml"
+    callbacks.write_text(yaml.safe_dump({"trainer": {"callbacks": [{"class_path": "mylab_defaults.Scale"}]}}))
+    path = _twin_spec(tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    spec["profiles"]["cpu"]["configs"].append(str(callbacks))
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    sweep = expand(path, "cpu", str(tmp_path / "out"))
     before = Ledger(sweep).identity(sweep.run("ref-s1"))
-    defaults = list(TokenDataModule.__init__.__defaults__)
-    names = TokenDataModule.__init__.__code__.co_varnames[1 : TokenDataModule.__init__.__code__.co_argcount]
-    at = list(names)[-len(defaults) :].index("shuffle")
-    defaults[at] = False  # the same spec and config files; the code's default changed
-    monkeypatch.setattr(TokenDataModule.__init__, "__defaults__", tuple(defaults))
-    resolve._cli.cache_clear()
-    resolve._resolve_text.cache_clear()
-    try:
-        after = Ledger(sweep).identity(sweep.run("ref-s1"))
-    finally:
-        resolve._cli.cache_clear()
-        resolve._resolve_text.cache_clear()
+    (lab / "mylab_defaults.py").write_text(source.format("2.0"))
+    settings.reset()  # a new sweep invocation: a new resolver imports the edited code
+    after = Ledger(sweep).identity(sweep.run("ref-s1"))
     assert after.parts["settings"] != before.parts["settings"]
 
 
