@@ -91,7 +91,11 @@ def test_a_sweep_computes_one_run_per_identity_and_a_sibling_sweep_reuses_it(tmp
     monkeypatch.setattr(figures, "figures", lambda *args, **kwargs: [])
     write_report(second.sweep_dir, quiet=True)
     markdown = (second.sweep_dir / "report" / "mini.md").read_text()
-    assert "Runs computed once and shared" in markdown and f"ref-s1 = {first.sweep_dir / 'ref-s1'}" in markdown
+    assert (
+        "Runs not computed here" in markdown
+        and "2 reused" in markdown
+        and f"ref-s1 = {first.sweep_dir / 'ref-s1'}" in markdown
+    )
 
     other_code = {"revision": "1" * 40, "files": {}}  # other code: no reuse, a fresh run
     monkeypatch.setattr(identity_module, "checkout_code", lambda: other_code)
