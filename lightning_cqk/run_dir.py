@@ -85,6 +85,8 @@ __all__ = [
 ]
 
 RECORD_NAME = "run.json"
+# A sweep's run: the identity the sweep computed for it (lightning_cqk/sweep/identity.py), recorded in each attempt.
+RUN_IDENTITY_ENV = "LIGHTNING_CQK_RUN_IDENTITY"
 CONFIG_NAME = "config.yaml"
 RUNNING, FINISHED, INTERRUPTED, FAILED = "running", "finished", "interrupted", "failed"
 ON_UNFINISHED = ("resume", "new", "refuse")
@@ -659,6 +661,7 @@ class RunDirectory:
             "argv": list(sys.argv),
             "revision": code_revision(),
             "packages": package_versions(),
+            **({"identity": os.environ[RUN_IDENTITY_ENV]} if os.environ.get(RUN_IDENTITY_ENV) else {}),
             **fields,
         }
         record["attempts"].append(attempt)

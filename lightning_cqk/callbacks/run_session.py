@@ -37,6 +37,7 @@ import threading
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_cqk.device_info import describe_device
@@ -116,9 +117,10 @@ class RunSession(L.Callback):
         (self.run.path / name).write_text(self.config_text)
         changed = {k: [a, b] for k, (a, b) in self.changes.items()}
         device = describe_device(trainer.strategy.root_device)  # numbers agree to the last digit on one device kind
+        threads = torch.get_num_threads()  # the 7th digit of a validation loss depends on it (sweep/identity.py)
         self.run.start_attempt(
             config=name, ckpt_path=self.resumed_from, from_step=trainer.global_step, changed=changed, notes=self.notes,
-            device=device, **extra,
+            device=device, threads=threads, **extra,
         )  # fmt: skip
         what = f"resumed from {self.resumed_from} at step {trainer.global_step}" if self.resumed_from else "new"
         if self.changes:

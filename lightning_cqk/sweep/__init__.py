@@ -7,7 +7,8 @@ Design
   tuning_grid.py   a profile's learning-rate grid as runs, and the tuned runs set to wait for it
   spec_checks.py   what keeps a spec from silently changing the experiment (duplicate keys, names, seeds, claims)
   claim.py         a claim, parsed once into a typed object (the spec check, the power plan and the verdict share it)
-  identity.py      what a run *is*, whatever its level is called: no run computed twice
+  identity.py      what a run *is*: the same code, data and settings computed it (one sha256, recorded, checked)
+  settings.py      a run's settings as the CLI's own parser resolves them, asked of one resolver process
   tuning.py        each mechanism's own learning rate, from a grid the verdicts never read
   units.py         a paper's change of perplexity in the study's unit (bytes)
   estimate.py      the CPU time of a sweep from analytic FLOPs and a measured step time (`--dry-run`); when runs

@@ -8,7 +8,10 @@ Each `docs/results/<study>/claims.csv` is the `report/claims.csv` that `lightnin
 stands in the study's cell (the study's name links its report): its planted size, its change, and whether the report
 detected it (when it did not, the null-type verdicts say `sensitivity not shown`). The paper's
 change is given in its own unit with E, the same change in ours (byte-level PPL, same nats per byte); the
-detectable change is at the level the verdict uses (alpha / k). The claim names say what
+detectable change is at the level the verdict uses (alpha / k), signed like the claim. The last column is Holm over
+every claim of every study at once (a claim two studies judge on the same runs counted once: `program_holm`), so a
+reader sees which verdicts survive multiplicity across studies; the verdicts themselves are each study's. The claim
+names say what
 is compared (`<group>-beats-<reference>`); the report of each study has the groups, expectations and tests behind them.
 The paper of a study comes from its spec (`configs/ablations/<study>.yaml`, `paper:`) when the spec is found.
 Nothing is computed here: every number and verdict is the report's. `tests/test_docs_generated.py` fails when the
@@ -84,7 +87,7 @@ def _detectable(row: dict[str, str]) -> str:
     mde, level = _num(row.get("mde_pct")), _num(row.get("level"))
     if math.isnan(mde):
         return "–"
-    return f"{mde:.1f}%" + ("" if math.isnan(level) else f" (α {level:.2g})")
+    return f"{mde:+.2f}%" + ("" if math.isnan(level) else f" (α {level:.2g})")  # signed like the claim
 
 
 def _verdict(row: dict[str, str]) -> str:
@@ -97,14 +100,63 @@ def _verdict(row: dict[str, str]) -> str:
     return text
 
 
+def _tests(row: dict[str, str]) -> dict[str, float]:
+    """{test: raw p} of a claims.csv row (`tests`: "zero:0.01 effect:0.3"; older files: p vs 0 and vs E)."""
+    items = [item.split(":", 1) for item in (row.get("tests") or "").split() if ":" in item]
+    if items:
+        return {kind: _num(p) for kind, p in items}
+    return {k: v for k, v in (("zero", _num(row.get("p"))), ("effect", _num(row.get("p_effect")))) if not math.isnan(v)}
+
+
+def program_holm(claims: list[tuple[str, dict[str, str]]]) -> dict[tuple[str, str], dict[str, float]]:
+    """{(study, claim): {test: Holm p}} over every claim of every study at once (stats.claims_holm: Holm's step-down
+    counting claims, a claim's tests excluding each other), the controls left out. A claim that two studies judge on
+    the same runs (the same raw p of every test and the same change: a shared run) counts once."""
+    from lightning_cqk.sweep.stats import claims_holm
+
+    hypotheses: dict[tuple, int] = {}
+    of_claim: dict[tuple[str, str], int] = {}
+    for study, row in claims:
+        tests = _tests(row)
+        key = (tuple(sorted(tests.items())), row.get("delta_pct"), row.get("var_ratio"))
+        of_claim[(study, row["claim"])] = hypotheses.setdefault(key, len(hypotheses))
+    flat = [(i, kind, p) for key, i in hypotheses.items() for kind, p in key[0]]
+    adjusted = claims_holm([p for _, _, p in flat], [i for i, _, _ in flat])
+    by_hypothesis: dict[int, dict[str, float]] = {}
+    for (i, kind, _), p_adj in zip(flat, adjusted, strict=True):
+        by_hypothesis.setdefault(i, {})[kind] = p_adj
+    return {claim: by_hypothesis.get(i, {}) for claim, i in of_claim.items()}
+
+
+def _program(row: dict[str, str], held: dict[str, float], alpha: float = 0.05) -> str:
+    """The program-wide Holm p against 0 (or the claim's one test) / against E, and whether the study's verdict leans
+    on a test that is significant in its study's family but not across the program."""
+    first = next((held[k] for k in ("zero", "tost", "margin") if k in held), math.nan)
+    effect = held.get("effect", math.nan)
+    text = "–" if math.isnan(first) else f"{first:.2g}"
+    if not math.isnan(effect):
+        text += f" / {effect:.2g}"
+    study = {"first": _num(row.get("p_holm")), "effect": _num(row.get("p_holm_effect"))}
+    lost = [
+        name for name, program in (("first", first), ("effect", effect)) if study[name] < alpha and not program < alpha
+    ]
+    return text + (" **not significant program-wide**" if lost else "")
+
+
 def claims_markdown(results: str | Path = "docs/results", link_root: str = "docs/results") -> str:
     """The generated section (markers included) for every `<results>/<study>/claims.csv`."""
     results = Path(results)
     rows = [
-        "| study (paper) | claim | paper → E (byte PPL) | ours: Δ val PPL [95% CI] | detectable (level) | verdict |",
-        "|---|---|---|---|---|---|",
+        "| study (paper) | claim | paper → E (byte PPL) | ours: Δ val PPL [95% CI] | detectable (level) | verdict "
+        "| program-wide Holm p (vs 0 / vs E) |",
+        "|---|---|---|---|---|---|---|",
     ]
     studies = sorted(p.parent for p in results.glob("*/claims.csv"))
+    every = []
+    for folder in studies:
+        with open(folder / "claims.csv", newline="") as handle:
+            every += [(folder.name, r) for r in csv.DictReader(handle) if r.get("control") != "True"]
+    program = program_holm(every)
     for folder in studies:
         study = folder.name
         paper = _paper(study)
@@ -125,13 +177,14 @@ def claims_markdown(results: str | Path = "docs/results", link_root: str = "docs
             size = "" if math.isnan(planted) else f" (planted {_pct(planted)})"
             cell += f"<br>control {row.get('plus', '')}{size}: {_pct(delta)}, {found}"
         if not claims:
-            rows.append(f"| {cell} | no claim judged at this profile | – | – | – | – |")
+            rows.append(f"| {cell} | no claim judged at this profile | – | – | – | – | – |")
         for i, row in enumerate(claims):
             first = cell if i == 0 else ""
             cells = [first, row["claim"], _published(row), _ours(row), _detectable(row), _verdict(row)]
+            cells.append(_program(row, program.get((study, row["claim"]), {})))
             rows.append("| " + " | ".join(cells) + " |")
     if not studies:
-        rows.append("| – | no study results under docs/results/ yet | | | | |")
+        rows.append("| – | no study results under docs/results/ yet | | | | | |")
     return "\n".join([BEGIN, *rows, END]) + "\n"
 
 

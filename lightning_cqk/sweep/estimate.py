@@ -18,9 +18,8 @@ The constants below are fitted to CPU step times measured with `benchmarks/cpu_s
 the fit and its check through the real CLI are in docs/speed.md ("Sweep time estimate"). GPUs are not modelled: the
 estimate is for `cpu` profiles.
 
-Runs are resolved without the CLI (fast enough for every run of a spec): the `--config` files are merged in order
-(`data` and `model` through their `init_args` when present), then the overrides; the model shape goes through
-`ModelConfig` (preset first, explicit fields win).
+Runs are resolved by the CLI's own parser (cli/resolve.py; a point of the grid is parsed once for all its seeds);
+the model shape goes through `ModelConfig` (preset first, explicit fields win).
 """
 
 from __future__ import annotations
@@ -28,10 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 STEP_MS_PER_GFLOP = 18.7
 STEP_MS_FIXED = 10.0
@@ -41,6 +37,9 @@ WORKER_START_S = 8.0  # --start fork: the worker's interpreter and imports, once
 FORKED_START_S = 2.0  # --start fork: a forked run's Lightning and data start-up and final save (measured 1-2 s)
 PER_WINDOW_PASS = 1.5  # ValWindowLosses scoring each final window alone, in final-set validations (see above)
 VOCAB = {"bytes": 257, "gpt2": 50257}
+# Settings that change a run's numbers but not its time: left out when a run is resolved for its estimate, so the
+# runs of one group (seeds) and of one grid level (rates) are parsed once (cli/resolve.py caches by arguments).
+TIME_NEUTRAL = ("data.seed", "model.optim.lr", "seed_everything")
 # Per-step work that analytic FLOPs do not count, as a share of the step (docs/instruments.md, "Overheads"):
 LOGIT_CONTROL_OVERHEAD = {"qk_clip": 0.155, "quack": 0.010}
 
@@ -62,41 +61,25 @@ class RunEstimate:
         return self.seconds / train if train > 0 else math.nan
 
 
-def _merge(into: dict, new: dict) -> None:
-    for key, value in new.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict) and key not in ("attention_options",):
-            _merge(into[key], value)
-        else:
-            into[key] = value
-
-
-def _unwrap(section: Any) -> dict:
-    """A config section with or without `class_path` / `init_args` as a flat dict of its arguments."""
-    if not isinstance(section, dict):
-        return {}
-    return dict(section.get("init_args") or {}) if "class_path" in section else dict(section)
-
-
 def resolve(configs: list[str], overrides: dict[str, Any]) -> dict[str, Any]:
-    """{'model': ModelConfig fields, 'optim', 'data', 'trainer', 'budget'} of one run (files, then overrides)."""
-    merged: dict[str, Any] = {"model": {"config": {}, "optim": {}}, "data": {}, "trainer": {}, "budget": {}}
-    for path in configs:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-        for section in ("trainer", "budget"):
-            _merge(merged[section], raw.get(section) or {})
-        _merge(merged["data"], _unwrap(raw.get("data")))
-        model = _unwrap(raw.get("model"))
-        _merge(merged["model"]["config"], model.get("config") or {})
-        _merge(merged["model"]["optim"], model.get("optim") or {})
-    for key, value in overrides.items():
-        parts = key.split(".")
-        if parts[0] == "data" and len(parts) > 2 and parts[1] == "init_args":
-            parts = ["data", *parts[2:]]
-        node = merged
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return merged
+    """{'model': {'config', 'optim'}, 'data', 'trainer', 'budget'} of one run, each a flat mapping of its arguments,
+    as `lightning_cqk fit` resolves them (cli/resolve.py: the one resolver). A grid-chosen rate, not known before
+    its grid ran, is left to the config files (the rate does not change a step's time)."""
+    from lightning_cqk.sweep.settings import ConfigUnresolvable, resolved_config, section
+    from lightning_cqk.sweep.spec_checks import SpecError
+    from lightning_cqk.sweep.tuning import is_tuned_rate
+
+    overrides = {k: v for k, v in overrides.items() if not (k == "model.optim.lr" and is_tuned_rate(v))}
+    try:
+        tree = resolved_config(configs, overrides)
+    except ConfigUnresolvable as err:
+        raise SpecError(str(err)) from None
+    return {
+        "model": {"config": section(tree, "model.config"), "optim": section(tree, "model.optim")},
+        "data": section(tree, "data"),
+        "trainer": section(tree, "trainer"),
+        "budget": section(tree, "budget"),
+    }
 
 
 def model_config(resolved: dict[str, Any]):
@@ -123,7 +106,7 @@ def estimate_runs(sweep, start: str | None = None) -> list[RunEstimate]:
 
     out: dict[str, RunEstimate] = {}
     for run in sweep.runs:  # dependency order: a referenced run comes first
-        r = resolve(run.configs, run.overrides)
+        r = resolve(run.configs, {k: v for k, v in run.overrides.items() if k not in TIME_NEUTRAL})
         cfg = model_config(r)
         data, trainer, budget = r["data"], r["trainer"], r["budget"]
         seq, batch = int(data.get("seq_len", 256)), int(data.get("batch_size", 16))

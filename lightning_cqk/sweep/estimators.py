@@ -26,7 +26,7 @@ def tuning_table(data: StudyData) -> dict[str, Any]:
 
     spec = data.manifest["spec"].get("tuning") or {}
     by_name = {r["name"]: r for r in data.tuning_runs}
-    rows, chosen, spread = [], {}, {}
+    rows, chosen, spread, seeds = [], {}, {}, {}
     for level, grid in (spec.get("grid") or {}).items():
         losses = {}
         for lr, point in grid.items():
@@ -34,9 +34,10 @@ def tuning_table(data: StudyData) -> dict[str, Any]:
             per_seed = [by_name[n]["heldout_loss"] if n in by_name else math.nan for n in names]
             losses[float(lr)] = mean_loss(per_seed)
             spread[(level, float(lr))] = std(per_seed) if len(per_seed) > 1 else math.nan
+            seeds[(level, float(lr))] = per_seed
             rows.append((level, float(lr), ", ".join(names), losses[float(lr)]))
         chosen[level] = choose(losses)
-    return {"rows": rows, "chosen": chosen, "spread": spread}
+    return {"rows": rows, "chosen": chosen, "spread": spread, "per_seed": seeds}
 
 
 def untuned_groups(data: StudyData) -> dict[str, str]:
@@ -95,16 +96,57 @@ def final(run: dict[str, Any], tag: str) -> float:
     return series[-1][1] if series else math.nan
 
 
-def settle_pct(run: dict[str, Any], tag: str, fraction: float = SETTLE_FRACTION) -> float:
-    """% change of `tag` from its last value at or before `fraction` of the run's last step to its final value."""
+def settle_pct(run: dict[str, Any], tag: str, subset: int | None = None, fraction: float = SETTLE_FRACTION) -> float:
+    """% change of `tag` from its last value at or before `fraction` of the run's last step to its final value, on
+    the same windows: where the final validation scored a larger set than the curve (`data.final_val_windows`), its
+    value on the curve's `subset` (the first windows of the final set: data/val_sets.py) is recomputed from the
+    run's per-window losses (val_windows.json), and is nan without them."""
     series = run["scalars"].get(tag) or []
     if len(series) < 2:
         return math.nan
     last_step, last = series[-1]
     earlier = [v for s, v in series if s <= fraction * last_step]
+    if subset is not None:
+        last = final_on_windows(run, tag, subset)
     if not earlier or not (math.isfinite(earlier[-1]) and math.isfinite(last)) or earlier[-1] == 0:
         return math.nan
     return 100.0 * (last / earlier[-1] - 1.0)
+
+
+def final_on_windows(run: dict[str, Any], tag: str, n: int) -> float:
+    """A run's final `tag` on the first `n` windows of its final validation (its summed NLL and tokens per window):
+    loss = sum(nll) / sum(tokens); ppl = exp(loss); bits per byte scale with the loss (one bytes-per-token factor)."""
+    windows = run.get("windows") or {}
+    nll, tokens = list(windows.get("nll") or [])[:n], list(windows.get("tokens") or [])[:n]
+    if len(nll) < n or len(tokens) < n or not sum(tokens):
+        return math.nan
+    loss = sum(nll) / sum(tokens)
+    if tag == "val/loss":
+        return loss
+    if tag == "val/ppl":
+        return math.exp(loss)
+    if tag == "val/bpb":
+        return loss * final(run, "val/bpb") / final(run, "val/loss")
+    return math.nan
+
+
+def curve_subset(entry: dict[str, Any]) -> int | None:
+    """The windows a run's curve scored when its final validation scored more (`trainer.limit_val_batches` x the
+    validation batch, under `data.final_val_windows`: data/val_sets.py), from its settings as the CLI resolves
+    them; None when the curve and the final value score one set."""
+    from lightning_cqk.sweep.estimate import resolve
+    from lightning_cqk.sweep.settings import ConfigUnresolvable
+
+    try:
+        settings = resolve(list(entry.get("configs") or []), dict(entry.get("overrides") or {}))
+    except (ConfigUnresolvable, ValueError):
+        return None
+    data, trainer = settings["data"], settings["trainer"]
+    final_windows, limit = data.get("final_val_windows"), trainer.get("limit_val_batches")
+    if not final_windows or not isinstance(limit, int) or isinstance(limit, bool):
+        return None
+    subset = limit * int(data.get("val_batch_size") or data.get("batch_size") or 1)
+    return subset if subset < int(final_windows) else None
 
 
 STABILITY = ("spikes", "late_loss_sd_pct")  # per run: cumulative loss spikes; sd of train/loss over the last 20%
@@ -176,7 +218,9 @@ def table_rows(data: StudyData) -> list[dict[str, Any]]:
         for tag in VAL_METRICS:
             xs = [final(r, tag) for r in runs]
             row[f"{tag}_mean"], row[f"{tag}_std"] = mean(xs), std(xs)
-        row["settle_pct"] = mean([settle_pct(r, metric) for r in runs])
+        entry = next((e for e in data.manifest.get("runs", []) if e.get("group") == name), {})
+        subset = curve_subset(entry)  # the curve's windows, where the final value scored more
+        row["settle_pct"] = mean([settle_pct(r, metric, subset) for r in runs])
         spikes = [float(r.get("stability", {}).get("spikes", math.nan)) for r in runs]
         row["spikes"] = sum(x for x in spikes if math.isfinite(x)) if any(map(math.isfinite, spikes)) else math.nan
         row["late_loss_sd_pct"] = mean([float(r.get("stability", {}).get("late_loss_sd_pct", math.nan)) for r in runs])
@@ -287,21 +331,18 @@ def training_corpora(data: StudyData, claims: list[dict[str, Any]]) -> dict[str,
     """claim name -> the corpus its baseline group's runs train on (units.BYTES_PER_UNIT key), from the runs' config
     files (found as `--config` finds them) and overrides; claims whose corpus is none of the measured ones are left
     out."""
-    from lightning_cqk.resources import find_config
-    from lightning_cqk.sweep.identity import resolved_settings
+    from lightning_cqk.sweep.estimate import resolve
+    from lightning_cqk.sweep.settings import ConfigUnresolvable
     from lightning_cqk.sweep.units import training_corpus
-
-    def read(config: str) -> str | None:
-        try:
-            return find_config(config).read_text()
-        except (FileNotFoundError, OSError, ValueError):
-            return None
 
     by_group: dict[str, str | None] = {}
     for run in data.manifest["runs"]:
         if run["group"] not in by_group:
-            settings = resolved_settings(list(run.get("configs") or []), dict(run.get("overrides") or {}), read)
-            by_group[run["group"]] = training_corpus(settings)
+            try:
+                settings = resolve(list(run.get("configs") or []), dict(run.get("overrides") or {}))["data"]
+            except (ConfigUnresolvable, ValueError):
+                settings = {}  # a config file that is gone: its corpus is not known
+            by_group[run["group"]] = training_corpus({f"data.{k}": v for k, v in settings.items()})
     out = {}
     for claim in claims:
         base = str(claim.get("vs") or (claim.get("minus") or [""])[0]).split("@")[0]
@@ -390,3 +431,45 @@ def _grid_seeds(tuning: dict[str, Any]) -> str:
     if "seeds" not in tuning:
         return f"seed {tuning.get('seed')}"
     return "mean of seeds " + ", ".join(str(x) for x in tuning["seeds"])
+
+
+def control_calibration(data: StudyData, control: Judgement) -> tuple[float, float, int]:
+    """(the standard error of the planted size's prediction in %, the two-sided p of the control's observed change
+    against it, the grid seeds it is predicted from) for a rate control planted from its baseline's grid: the
+    prediction is made on each grid seed's own curve (`tuning.predicted_change` at the rate scale the control
+    trains at), its error the sd of those over sqrt(seeds); observed minus planted over sqrt(se_obs^2 + se_pred^2)
+    is normal. (nan, nan, seeds) where it cannot be known (one grid seed, not a rate control)."""
+    from scipy import stats as scipy_stats
+
+    from lightning_cqk.sweep.tuning import TuningError, auto_scale, parse_tuned, predicted_change
+
+    spec = data.manifest["spec"]
+    scale_spec = (spec.get("control") or {}).get("lr_scale")
+    group = (spec.get("control") or {}).get("group")
+    rates = [(r.get("overrides") or {}).get("model.optim.lr") for r in data.manifest["runs"] if r.get("group") == group]
+    found = [p for p in map(parse_tuned, rates) if p]
+    e = control.effect
+    if scale_spec is None or not found or e is None or not math.isfinite(control.expected_pct) or e.n < 2:
+        return math.nan, math.nan, 0
+    level, _, target = found[0]
+    metric = spec.get("metric", "val/ppl")
+    chosen = data.tuning["chosen"].get(level, math.nan)
+    per_seed = {lr: xs for (lv, lr), xs in (data.tuning.get("per_seed") or {}).items() if lv == level}
+    n_seeds = min((len(xs) for xs in per_seed.values()), default=0)
+    if n_seeds < 2 or not math.isfinite(chosen):
+        return math.nan, math.nan, n_seeds
+    points = sorted((lr, loss) for lv, lr, _, loss in data.tuning["rows"] if lv == level)
+    try:
+        scale = auto_scale(points, chosen, target, metric) if scale_spec == "auto" else float(scale_spec)
+    except TuningError:
+        return math.nan, math.nan, n_seeds
+    predictions = [
+        100.0 * predicted_change([(lr, xs[i]) for lr, xs in per_seed.items()], chosen, scale, metric)
+        for i in range(n_seeds)
+    ]
+    if not all(math.isfinite(x) for x in predictions):
+        return math.nan, math.nan, n_seeds
+    se_pred = std(predictions) / math.sqrt(n_seeds)
+    se_obs = (e.ci_high_pct - e.ci_low_pct) / (2.0 * scipy_stats.t.ppf(0.975, e.n - 1))
+    z = (e.delta_pct - control.expected_pct) / math.hypot(se_obs, se_pred)
+    return se_pred, float(2.0 * scipy_stats.norm.sf(abs(z))), n_seeds

@@ -15,7 +15,7 @@ from lightning_cqk.package_versions import code_revision, describe_difference, g
 from lightning_cqk.run_dir import resumable_checkpoint
 from lightning_cqk.run_lock import LOCK_NAME, LockOwner, holder
 from lightning_cqk.sweep.adopt import CommittedRun
-from lightning_cqk.sweep.identity import replace_run_paths, result_dir, run_identity
+from lightning_cqk.sweep.identity import Identity, changes, identity_of, replace_run_paths, resolved_flat, result_dir
 from lightning_cqk.sweep.spec import Run, SpecError, Sweep
 from lightning_cqk.sweep.spec_checks import owned_run_dir
 
@@ -31,6 +31,11 @@ DONE, RUNNING, FAILED, PENDING = "done", "running", "failed", "pending"
 # "stopped" otherwise (a SIGTERM: scancel, a preemption, `timeout`; a SIGUSR1 outside SLURM). Either resumes from
 # its checkpoint at the next attempt, like an interrupted run.
 REQUEUED, STOPPED = "requeued", "stopped"
+# What a sweep does with a finished run whose recorded identity differs from the one computed now (other code, data,
+# settings, packages, device or threads made its numbers): `refuse` (default: nothing starts, the changes are named)
+# or `recompute` (a new attempt; the old directory is kept under <sweep dir>/superseded/).
+ON_CHANGED = ("refuse", "recompute")
+SUPERSEDED = "superseded"
 
 
 def stop_advice(owner: LockOwner, lock: Path) -> str:
@@ -64,8 +69,10 @@ class Ledger:
         self.status_dir = self.dir / "status"
         self.log_dir = self.dir / "logs"
         self._revision: str | None = None
-        self.committed: dict[str, CommittedRun] = {}  # identity -> a committed twin (`--adopt`, sweep/adopt.py)
-        self._identities: dict[str, str] = {}  # run name -> identity, once it can be computed (`identity`)
+        self.committed: dict[str, CommittedRun] = {}  # what a run is -> a committed twin (`--adopt`, sweep/adopt.py)
+        self._settings: dict[str, dict[str, Any]] = {}  # run name -> its resolved settings, once they can be computed
+        self.threads: int | None = None  # the runner's OMP_NUM_THREADS for its runs (--jobs > 1), else None
+        self.on_changed = "refuse"  # ON_CHANGED
 
     def code_revision(self) -> str:
         """The code this sweep invocation runs, as recorded per attempt: the commit, '-dirty' when tracked files
@@ -128,35 +135,101 @@ class Ledger:
             owned_run_dir(self.dir, self.status(run)["same_as"])  # a plain name inside the sweep, or refused
         return result_dir(self.dir, run.name)
 
-    def identity(self, run: Run) -> str:
-        """The run's identity (sweep/identity.py) as it would be launched now (a tuned rate filled in), with the
-        paths of this sweep's other runs (`budget.match_to`) replaced by their identities."""
+    def resolved(self, run: Run) -> dict[str, Any]:
+        """The run's configuration as `lightning_cqk fit` resolves it (cli/resolve.py), flattened, as it would be
+        launched now (a tuned rate filled in), with the paths of this sweep's other runs (`budget.match_to`) replaced
+        by their identities. Raises SpecError when a grid has not chosen yet or the parser refuses it."""
+        from lightning_cqk.sweep.settings import ConfigUnresolvable
         from lightning_cqk.sweep.tuning import resolve_overrides
 
-        if run.name in self._identities:
-            return self._identities[run.name]
-        overrides = resolve_overrides(run.overrides, self.sweep.spec, self.sweep.sweep_dir)  # raises before the grid
-        others = {r.name: self.identity(r) for r in self.sweep.runs if r.name in run.depends_on}
-        overrides = replace_run_paths(overrides, self.sweep.sweep_dir, others)
-        # stable from here on within one invocation (the grid it reads has finished; a run it names, too)
-        self._identities[run.name] = run_identity(run.configs, overrides, run.seed)
-        return self._identities[run.name]
+        if run.name not in self._settings:
+            overrides = resolve_overrides(run.overrides, self.sweep.spec, self.sweep.sweep_dir)  # raises before grid
+            others = {r.name: self.identity(r).digest for r in self.sweep.runs if r.name in run.depends_on}
+            overrides = replace_run_paths(overrides, self.sweep.sweep_dir, others)
+            try:
+                # stable from here on within one invocation (the grid it reads has finished; a run it names, too)
+                self._settings[run.name] = resolved_flat(run.configs, overrides, run.seed)
+            except ConfigUnresolvable as err:
+                raise SpecError(f"run {run.name}: {err}") from None
+        return self._settings[run.name]
+
+    def identity(self, run: Run) -> Identity:
+        """The run's identity now (sweep/identity.py): its resolved settings, this invocation's code, packages, device
+        and thread count, and its data as they are on disk now (a folder its first run prepares changes from "not
+        prepared" to its content)."""
+        return identity_of(self.resolved(run), self.threads)[0]
+
+    def launch_key(self, run: Run) -> str:
+        """What a run in flight is matched by: its identity with the data part replaced by the data folders it reads
+        (a folder its first run is preparing has no content fingerprint yet; two runs of one folder read the same)."""
+        from lightning_cqk.sweep.identity import data_dirs, identity_digest
+
+        flat = self.resolved(run)
+        parts = identity_of(flat, self.threads)[0].parts
+        return identity_digest({**parts, "data": data_dirs(flat)})
+
+    def identity_fields(self, run: Run) -> dict[str, Any]:
+        """The status fields that record the run's identity now: `identity`, `identity_parts`, `resolved_settings`."""
+        identity, settings = identity_of(self.resolved(run), self.threads)
+        return {"identity": identity.digest, "identity_parts": identity.parts, "resolved_settings": settings}
+
+    def changed(self, run: Run) -> list[str] | None:
+        """What differs between a finished run's recorded identity and the one computed now (`identity.changes`), or
+        None when it is not finished or nothing differs."""
+        status = self.status(run)
+        if status.get("status") != DONE:
+            return None
+        now = self.identity(run)
+        if status.get("identity") == now.digest:
+            return None
+        return changes(status.get("identity_parts"), now.parts)
 
     def is_done(self, run: Run) -> bool:
-        """Finished with the same config; a finished run with another config hash is an error."""
+        """Finished, with its numbers on disk, and computed by what this invocation would compute it with (its
+        recorded identity equals the one computed now). A finished run of another identity is refused (SpecError
+        naming what changed) unless `on_changed` is recompute: then it is not done, and `supersede` sets it aside."""
         status = self.status(run)
         adopted = status.get("adopted_from")  # numbers in committed results (sweep/adopt.py)
         where = Path(str(adopted).split("#")[0]) / "runs.csv" if adopted else self.result_dir(run) / "budget.json"
         if status.get("status") != DONE or not where.is_file():
             return False
-        if status.get("config_hash") != run.config_hash():
-            raise SpecError(
-                f"{self.dir}: run {run.name} finished with config hash {status.get('config_hash')}, but the spec and "
-                f"config files now give {run.config_hash()} (something was edited since). Mixing the two would "
-                "make the report compare different settings: sweep into a new directory with --output, or delete "
-                f"{self.run_dir(run)} and {self.status_dir / (run.name + '.json')} to rerun it."
-            )
-        return True
+        what = self.changed(run)
+        if what is None:
+            return True
+        if self.on_changed == "recompute":
+            return False
+        raise SpecError(self.changed_message(run, what))
+
+    def changed_message(self, run: Run, what: list[str]) -> str:
+        return (
+            f"{self.dir}: run {run.name} was computed by other code, data or settings than this invocation would "
+            f"compute it with ({'; '.join(what)}). Its numbers would be reported as this code's. To compute the "
+            "changed runs again as new attempts (their old directories are kept under "
+            f"{self.dir / SUPERSEDED}), add --on-changed recompute; or sweep into a new directory with --output."
+        )
+
+    def supersede(self, run: Run) -> None:
+        """Set a finished run of another identity aside before it is computed again: its directory moves to
+        <sweep dir>/superseded/<run>-<attempts>/ (kept, never deleted) and its status becomes pending, its earlier
+        identity listed under `superseded`."""
+        status = self.status(run)
+        entry = {"identity": status.get("identity"), "finished": status.get("finished")}
+        for key in ("same_as", "reused_from", "adopted_from"):
+            if status.get(key):
+                entry[key] = status[key]
+        own = self.run_dir(run)
+        if own.exists() and not any(status.get(k) for k in ("same_as", "reused_from", "adopted_from")):
+            target = self.dir / SUPERSEDED / f"{run.name}-{status.get('attempts', 0)}"
+            n = 1
+            while target.exists():
+                n += 1
+                target = self.dir / SUPERSEDED / f"{run.name}-{status.get('attempts', 0)}.{n}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            own.rename(target)
+            entry["dir"] = str(target)
+        kept = {"attempts": status.get("attempts", 0)}  # the revisions and packages of its numbers start again
+        path = self.status_dir / f"{run.name}.json"
+        write_json_atomically(path, {**kept, "status": PENDING, "superseded": [*status.get("superseded", []), entry]})
 
     def last_checkpoint(self, run: Run) -> Path | None:
         """The checkpoint to resume `run` from: last.ckpt, else the newest intact step=*.ckpt (run_dir.py)."""

@@ -9,7 +9,7 @@ import io
 import math
 from typing import Any
 
-from lightning_cqk.sweep.estimators import control_prediction, final, val_sampling_error
+from lightning_cqk.sweep.estimators import control_calibration, control_prediction, final, val_sampling_error
 from lightning_cqk.sweep.report_read import computed_once
 from lightning_cqk.sweep.study_data import StudyData
 from lightning_cqk.sweep.units import UNIT_NAMES
@@ -86,7 +86,9 @@ def _claim_lines(judgements: list[Judgement], spec: dict[str, Any], data: StudyD
             e = j.effect
             ours = _ci(e.delta_pct, e.ci_low_pct, e.ci_high_pct)
             div = f", {e.diverged} diverged" if e.diverged else ""
-            test, mde = f"{e.test} ({e.n}{div})", _fmt(j.mde_pct, ".2f")
+            test, mde = f"{e.test} ({e.n}{div})", _fmt(j.mde_pct, "+.2f")
+            if math.isfinite(e.p_signflip):  # few seeds: the exact p beside the t-test's, which leans on normality
+                test += f"; exact sign-flip p {e.p_signflip:.3g}"
             vci = f"[{j.v_low_pct:+.2f}, {j.v_high_pct:+.2f}]" if math.isfinite(j.v_low_pct) else "–"
         ps = _fmt(j.p_holm, ".3g") + (f" / {_fmt(j.p_holm_effect, '.3g')}" if math.isfinite(j.p_holm_effect) else "")
         need = "–" if not j.seeds_needed else ("> 200" if j.seeds_needed > 200 else str(j.seeds_needed))
@@ -108,7 +110,9 @@ def _claim_lines(judgements: list[Judgement], spec: dict[str, Any], data: StudyD
         "margins) Holm-adjusted together at α = 0.05, each step multiplied by the number of claims still open (a "
         "claim's two nulls cannot both be true: Shaffer); the detectable Δ (80% power) and the second interval are at "
         f"α/k = {level:.4g}, the level Holm gives a lone true effect. The control is outside the family: a one-sided "
-        "paired t-test at α = 0.05, its own row's interval at 90%."
+        "paired t-test at α = 0.05, its own row's interval at 90%. Under 10 paired seeds the test cell also gives the "
+        "exact sign-flip p against 0 (all 2^n sign patterns; its smallest value is 2/2^n, 0.0625 at 5 seeds), which "
+        "does not lean on normality; the verdict reads the t-test's."
     )
     rules = [(j.name, j.converted_rule) for j in judgements if j.converted_rule and not j.is_control]
     if rules:
@@ -201,10 +205,19 @@ def _control_line(c: Judgement, data: StudyData | None) -> str:
             "that rest on finding no effect (inconclusive, not replicated, equivalent) are marked *sensitivity not "
             "shown*; significant directional verdicts stand. Add seeds."
         )
-    if e and math.isfinite(c.expected_pct) and not e.ci_low_pct <= c.expected_pct <= e.ci_high_pct:
+    if not (e and math.isfinite(c.expected_pct)):
+        return line
+    se_pred, p, seeds = control_calibration(data, c) if data else (math.nan, math.nan, 0)
+    if math.isfinite(p):  # the planted size is a prediction: its own error counts (issue 43)
+        verdict = "**Miscalibrated**" if p < 0.05 else "Calibrated"
         line += (
-            f" **Miscalibrated:** the planted {c.expected_pct:+.2f}% lies outside the control's 95% interval, so its "
-            "size was not what the plan assumed."
+            f" {verdict}: observed against planted, with the planted size's prediction error (±{se_pred:.2f}% "
+            f"from its {seeds} grid seeds), two-sided p {p:.2g}."
+        )
+    elif not e.ci_low_pct <= c.expected_pct <= e.ci_high_pct:
+        line += (
+            f" The planted {c.expected_pct:+.2f}% lies outside the control's 95% interval; its prediction error is "
+            "not known here (one grid seed, or not a rate control), so calibration is not tested."
         )
     return line
 
@@ -257,11 +270,36 @@ def _grid_cell(loss: float, table: dict[str, Any], level: str, lr: float) -> str
     return _fmt(loss, ".4f") + (f" ± {sd:.4f}" if math.isfinite(sd) and math.isfinite(loss) else "")
 
 
+def made_by(run: dict[str, Any]) -> tuple[str, ...]:
+    """The code revisions that computed a finished run's numbers, from its record: its attempts' (`revisions`), or
+    for a run adopted from committed results its twin's (`made_by`, issue 43); () for an adopted run recorded before
+    adoption kept its twin's provenance (the revision of an attempt it started before adoption is not its numbers')."""
+    if run.get("adopted_from") and not run.get("made_by"):
+        return ()
+    return tuple(run.get("revisions") or ())
+
+
+SHARES = {"adopted_from": "adopted", "reused_from": "reused", "same_as": "shared"}
+
+
+def bookkeeping_line(manifest: dict[str, Any]) -> str:
+    """How many runs were computed here, adopted from committed results, reused from a sibling sweep and shared
+    within the sweep, counted from the runs' records (never typed by hand), and the ones not finished."""
+    runs = manifest.get("runs", [])
+    done = [r for r in runs if r.get("status") == "done"]
+    counts = {how: sum(1 for r in done if r.get(key)) for key, how in SHARES.items()}
+    computed = len(done) - sum(counts.values())
+    parts = [f"{computed} computed"] + [f"{n} {how}" for how, n in counts.items() if n]
+    unfinished = len(runs) - len(done)
+    tail = f"; {unfinished} not finished" if unfinished else ""
+    return f"Runs: {len(runs)} ({', '.join(parts)}{tail}; from the runs' records)."
+
+
 def code_line(manifest: dict[str, Any]) -> str:
     """Which code made the runs: one revision, or each revision with its runs when they differ (a sweep resumed
     after the code changed). Runs record their attempts' revisions (`revisions` in the manifest); a sweep written
     before they did gives the revision of its last invocation, said as such."""
-    per_run = [tuple(r.get("revisions") or ()) for r in manifest.get("runs", []) if r.get("status") == "done"]
+    per_run = [made_by(r) for r in manifest.get("runs", []) if r.get("status") == "done"]
     recorded = [revs for revs in per_run if revs]
 
     def short(rev: str) -> str:
@@ -299,6 +337,7 @@ def markdown(data: StudyData, rows: list[dict[str, Any]], judgements: list[Judge
     code = code_line(manifest)
     if code:
         lines += [code, ""]
+    lines += [bookkeeping_line(manifest), ""]
     lines += ["### Verdicts", ""] + _claim_lines(judgements, spec, data) + tuning_lines(data)
     lines += ["### Groups", ""]
     lines.append(
@@ -334,7 +373,8 @@ def markdown(data: StudyData, rows: list[dict[str, Any]], judgements: list[Judge
         f"Mean ± sample std over the finite seeds of the last validation; Δ, p (unadjusted) and the detectable Δ "
         f"compare {metric} with the baseline group ({', '.join(f'{k}={v}' for k, v in spec['baseline'].items())}, "
         "same other levels). 'moved over last 20%': the change of the metric from the validation at 80% of the "
-        "steps to the last (near 0: settled).",
+        "steps to the last, on the same windows (where the final validation scores a larger set than the curve, "
+        "its value on the curve's windows, from the per-window losses; near 0: settled).",
         f"Validation-set sampling error: ±{se:.2f}% of {metric} (bootstrap SE over {windows} windows, median of "
         f"{n_runs} runs); of a difference between two groups on the same windows: 'val-set SE of Δ' (bootstrap of "
         "the per-window differences, same seed: the windows' difficulty cancels)."
@@ -371,10 +411,10 @@ def markdown(data: StudyData, rows: list[dict[str, Any]], judgements: list[Judge
     once = computed_once(data.manifest)
     if once:
         notes.append(
-            "Runs computed once and shared (the same resolved training configuration and seed, on the same code, "
-            "packages and device: lightning_cqk/sweep/identity.py; each counted once per contrast): "
-            + "; ".join(once)
-            + "."
+            "Runs not computed here (shared within the sweep or reused from a sibling sweep: the same recorded "
+            "identity, i.e. settings, seed, code, data, packages, device and threads; adopted: the same settings and "
+            "data as a committed twin, vouched for by its arm's probe; lightning_cqk/sweep/identity.py; each counted "
+            "once per contrast): " + "; ".join(once) + "."
         )
     same = data.same_results
     if same:
@@ -444,6 +484,7 @@ CLAIM_FIELDS = (
     "n",
     "diverged",
     "p",
+    "p_signflip",
     "p_holm",
     "mde_pct",
     "verdict",
@@ -455,6 +496,7 @@ CLAIM_FIELDS = (
     "alt_verdict",
     "p_effect",
     "p_holm_effect",
+    "tests",
     "family",
     "level",
     "v_low_pct",
@@ -508,11 +550,17 @@ def claims_csv(judgements: list[Judgement]) -> str:
             "n": e.n if e else v.n_a,
             "diverged": e.diverged if e else "",
             "p": (e or v).p,
+            "p_signflip": e.p_signflip if e else math.nan,
             "p_holm": j.p_holm,
             "mde_pct": j.mde_pct,
             "verdict": j.verdict,
             "why": j.why,
-            **{k: getattr(j, k) for k in CLAIM_FIELDS[CLAIM_FIELDS.index("published_unit") :] if k not in ("mde_pct",)},
+            **{
+                k: getattr(j, k)
+                for k in CLAIM_FIELDS[CLAIM_FIELDS.index("published_unit") :]
+                if k not in ("mde_pct", "tests")
+            },
+            "tests": " ".join(f"{kind}:{p!r}" for kind, p in j.raw_tests.items()),  # raw p per test (claims_table)
         }
         writer.writerow({k: _cell(x) for k, x in row.items()})
     return buf.getvalue()

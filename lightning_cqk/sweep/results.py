@@ -76,8 +76,10 @@ RUN_FIELDS = (
     "tokens_per_step",
     "code_revision",
     "config_hash",
+    "identity",
     "status",
 )
+LEGACY_RUN_FIELDS = tuple(f for f in RUN_FIELDS if f != "identity")  # runs.csv of reports before identities (issue 43)
 _BUDGET = ("tokens", "steps", "wallclock", "flops", "tokens_per_step")
 STABILITY_FIELDS = ("spikes", "late_loss_sd_pct")
 
@@ -172,10 +174,11 @@ def write_committed(data: StudyData, out: Path) -> list[Path]:
             "late_loss_sd_pct": (run or {}).get("stability", {}).get("late_loss_sd_pct", math.nan),
             "code_revision": " ".join(revs),
             "config_hash": entry.get("config_hash", ""),
+            "identity": entry.get("identity", ""),  # sweep/identity.py: what computed it (study.json: its parts)
             "status": status,
         }
         row.update({k: budget.get(k, math.nan) for k in _BUDGET})
-        text = ("run", "group", "role", "code_revision", "status")
+        text = ("run", "group", "role", "code_revision", "identity", "status")
         writer.writerow({k: v if k in text else _num(v) for k, v in row.items()})
         if not run:
             continue
@@ -257,12 +260,17 @@ def _plain_file(folder: Path, name: str) -> Path:
     return path
 
 
-def _csv_rows(path: Path, fields: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
-    """(line, row) of a committed CSV, refusing a file whose header or rows are not the report's `fields`."""
+def _csv_rows(
+    path: Path, fields: tuple[str, ...], legacy: tuple[str, ...] | None = None
+) -> list[tuple[int, dict[str, str]]]:
+    """(line, row) of a committed CSV, refusing a file whose header or rows are not the report's `fields` (or the
+    `legacy` header of an older report, whose missing columns read as "")."""
     try:
         with open(path, newline="") as handle:
             reader = csv.reader(handle)
             header = next(reader, [])
+            if legacy is not None and tuple(header) == legacy:
+                return [(line, {**dict.fromkeys(fields, ""), **row}) for line, row in _csv_rows(path, legacy)]
             if tuple(header) != fields:
                 raise _refuse(
                     f"{path} is not the {path.name} a report writes: its first line is {','.join(header)[:120]!r}, "
@@ -380,7 +388,9 @@ def _same(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
-def _check_rows(rows: list[tuple[int, dict[str, str]]], manifest: dict[str, Any], path: Path) -> None:
+def _check_rows(
+    rows: list[tuple[int, dict[str, str]]], manifest: dict[str, Any], path: Path, identities: bool = True
+) -> None:
     """runs.csv holds one row per run of the manifest, and each row's group, seed, role, config hash and code
     revision are the manifest's (what write_committed wrote)."""
     entries = {str(e["name"]): e for e in manifest.get("runs") or []}
@@ -402,6 +412,8 @@ def _check_rows(rows: list[tuple[int, dict[str, str]]], manifest: dict[str, Any]
             "config_hash": str(entry.get("config_hash", "")),
             "code_revision": " ".join(entry.get("revisions") or []),
         }
+        if identities:
+            wanted["identity"] = str(entry.get("identity", ""))
         for column, value in wanted.items():
             if row[column] != value:
                 raise _refuse(
@@ -463,9 +475,11 @@ def read_committed(folder: str | Path) -> tuple[dict[str, Any], dict[str, dict[s
     folder = Path(folder)
     study_path, runs_path, curves_path = (_plain_file(folder, n) for n in (STUDY_FILE, RUNS_FILE, CURVES_FILE))
     manifest = read_manifest(study_path)
-    rows = _csv_rows(runs_path, RUN_FIELDS)
+    rows = _csv_rows(runs_path, RUN_FIELDS, LEGACY_RUN_FIELDS)
+    with open(runs_path, newline="") as handle:
+        legacy = tuple(next(csv.reader(handle), [])) == LEGACY_RUN_FIELDS  # written before identities (issue 43)
     scalars = _read_curves(curves_path) if curves_path.is_file() else {}
-    _check_rows(rows, manifest, runs_path)
+    _check_rows(rows, manifest, runs_path, identities=not legacy)
     _check_finals(rows, scalars, runs_path)
     windows_path = _plain_file(folder, WINDOWS_FILE)
     windows = _read_windows(windows_path) if windows_path.is_file() else {}

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.package_versions import package_versions
-from lightning_cqk.run_dir import config_files, resumable_checkpoint
+from lightning_cqk.run_dir import RUN_IDENTITY_ENV, config_files, resumable_checkpoint
 from lightning_cqk.run_lock import RunDirectoryInUse, acquire, holder
 from lightning_cqk.slurm_job import REQUEUE_BY_ENV, requeue_job, slurm_job_id
 from lightning_cqk.sweep import worker
@@ -64,6 +64,7 @@ from lightning_cqk.sweep.ledger import (
     DONE,
     FAILED,
     MANIFEST,
+    ON_CHANGED,
     REQUEUED,
     RUNNING,
     STOPPED,
@@ -131,6 +132,8 @@ class _Launch:
         packages = list(ledger.status(run).get("packages", []))
         if package_versions() not in packages:
             packages.append(package_versions())
+        identity = ledger.identity_fields(run)  # its data may not be prepared yet: recorded again at the end
+        env[RUN_IDENTITY_ENV] = identity["identity"]  # run.json records it (callbacks/run_session.py)
         ledger.set_status(
             run,
             status=RUNNING,
@@ -138,7 +141,8 @@ class _Launch:
             revisions=revisions,
             packages=packages,
             config_hash=run.config_hash(),
-            identity=ledger.identity(run),
+            **identity,
+            launch_key=ledger.launch_key(run),  # what a twin waits for while this run is in flight (sharing.py)
             started=utc_now(),
             resumed_from=self.resumed_from,
             returncode=None,
@@ -169,6 +173,8 @@ class _Launch:
             import hashlib
 
             fields["resolved_config_sha256"] = hashlib.sha256(configs[-1].read_bytes()).hexdigest()
+        if ok:  # what computed it, its data now prepared; the thread count as the run itself recorded it
+            fields.update(recorded_identity(self.ledger, self.run, run_dir))
         self.ledger.set_status(self.run, **fields)
         self.ledger.write_manifest()
         self.lock.release()
@@ -184,6 +190,27 @@ class _Launch:
             log = self.ledger.log_dir / f"{self.run.name}.log"
             print(f"[sweep] {self.run.name}: FAILED (exit code {rc}); see {log}", flush=True)
         return ok
+
+
+def recorded_identity(ledger: Ledger, run: Run, run_dir: Path) -> dict[str, Any]:
+    """The identity fields of a finished run: computed now (its shards exist now), with the device, precision and
+    thread count its last attempt recorded in run.json where they differ from the prediction (then the identity is
+    that of what computed it, and a warning says so)."""
+    from lightning_cqk.run_dir import read_record
+    from lightning_cqk.sweep.identity import identity_digest
+
+    fields = ledger.identity_fields(run)
+    attempts = (read_record(run_dir) or {}).get("attempts") or [{}]
+    last = attempts[-1]
+    parts = dict(fields["identity_parts"])
+    for key in ("threads", "device"):
+        if last.get(key) is not None and last[key] != parts.get(key):
+            print(f"[sweep] warning: {run.name} computed with {key} {last[key]}, not {parts.get(key)} as predicted: "
+                  "its identity records what computed it", flush=True)  # fmt: skip
+            parts[key] = last[key]
+    fields["identity_parts"] = parts
+    fields["identity"] = identity_digest(parts)
+    return fields
 
 
 # ------------------------------------------------------------------------------------------------ progress
@@ -311,8 +338,13 @@ def run_local(
     only: list[str] | None = None,
     restart_changed: bool = False,
     adopt: list[str | Path] | None = None,
+    on_changed: str = "refuse",
 ) -> dict[str, list[str]]:
     """Run every unfinished run of `sweep` (or only the named ones), `jobs` at a time.
+
+    A finished run whose recorded identity differs from the one computed now (sweep/identity.py: other code, data,
+    settings, packages, device or thread count) is refused before anything starts, naming what changed, or with
+    `on_changed="recompute"` computed again as a new attempt (its old directory kept under superseded/).
 
     One owner per sweep directory: a whole-sweep invocation holds `<sweep dir>/.sweep.lock` for its life (a second
     sweep into the same directory is refused, naming the first); `--run NAME` invocations (SLURM array tasks) are
@@ -339,9 +371,16 @@ def run_local(
     if missing_gpu:
         raise SpecError(missing_gpu)
     ledger = Ledger(sweep)
+    if on_changed not in ON_CHANGED:
+        raise SpecError(f"--on-changed must be one of {', '.join(ON_CHANGED)}, got {on_changed!r}.")
+    ledger.on_changed = on_changed
+    ledger.threads = run_threads(jobs)
     if adopt:  # read (and cross-check) the committed results before anything starts
         try:
-            ledger.committed = index_committed(committed_folders(adopt))
+            notes: list[str] = []
+            ledger.committed = index_committed(committed_folders(adopt), notes)
+            for note in notes:
+                print(f"[sweep] adopt: {note}", flush=True)
         except (FileNotFoundError, ValueError) as err:
             raise SpecError(f"nothing was started: {err}") from None
     ledger.dir.mkdir(parents=True, exist_ok=True)
@@ -378,6 +417,22 @@ def _run_owned(ledger: Ledger, jobs: int, only: list[str] | None, restart_change
     sweep = ledger.sweep
     runs = [sweep.run(n) for n in only] if only else list(sweep.runs)
     result: dict[str, list[str]] = {"skipped": [], "done": [], "failed": [], "stopped": []}
+    changed = []
+    for run in runs:
+        try:
+            what = ledger.changed(run)
+        except SpecError as err:  # its settings no longer resolve: not the run it was
+            what = [str(err)]
+        if what is not None:
+            changed.append((run, what))
+    if changed and ledger.on_changed == "refuse":
+        raise SpecError(
+            "nothing was started:\n" + "\n".join(f"  {ledger.changed_message(run, what)}" for run, what in changed)
+        )
+    for run, what in changed:
+        print(f"[sweep] {run.name}: computed by other code, data or settings ({'; '.join(what)}): computing it "
+              "again as a new attempt", flush=True)  # fmt: skip
+        ledger.supersede(run)
     todo = []
     for run in runs:
         if ledger.is_done(run):
@@ -397,7 +452,7 @@ def _run_owned(ledger: Ledger, jobs: int, only: list[str] | None, restart_change
     if mixed:
         print(f"[sweep] warning: {mixed}", flush=True)
     ledger.write_manifest()
-    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
+    threads = run_threads(jobs)
     finished = {r.name for r in sweep.runs if ledger.is_done(r)}
     failed: set[str] = set()
     running: list[_Launch] = []
@@ -486,6 +541,11 @@ def _note_early_stop(signum: int, frame: Any) -> None:
 def _exit_code(signal_name: str) -> int:
     """What a sweep stopped by a signal exits with (the fit's: 128 + the signal's number)."""
     return 128 + int(signal.Signals[signal_name])
+
+
+def run_threads(jobs: int) -> int | None:
+    """OMP_NUM_THREADS the runner gives each run (unless the environment sets it): cores / jobs with --jobs > 1."""
+    return max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
 
 
 def _schedule(
@@ -589,8 +649,15 @@ def dry_run(sweep: Sweep) -> None:
     missing = sweep.missing_needs()
     if missing:
         print(f"  MISSING (the sweep would stop here): {missing}")
+    ledger.threads = run_threads(sweep.jobs)
     for run in sweep.runs:
-        if ledger.is_done(run):
+        try:
+            what = ledger.changed(run)
+        except SpecError as err:
+            what = [str(err)]
+        if what is not None:
+            action = f"changed since computed ({'; '.join(what)}): refused, or recomputed with --on-changed recompute"
+        elif ledger.is_done(run):
             action = "skip (done)"
         elif ledger.last_checkpoint(run):
             action = f"resume from {ledger.last_checkpoint(run)}"
@@ -601,7 +668,10 @@ def dry_run(sweep: Sweep) -> None:
         print(f"      {shlex.join(['lightning_cqk', 'fit', *run.cli_args(sweep.sweep_dir)])}")
     from lightning_cqk.sweep.estimate import summary_lines
 
-    print("\n".join(summary_lines(sweep, sweep.jobs)))
+    try:
+        print("\n".join(summary_lines(sweep, sweep.jobs)))
+    except SpecError as err:  # a run's settings the CLI cannot resolve here (a module it cannot import): said
+        print(f"Estimate: not made, a run's settings do not resolve here ({err}).")
 
 
 CONFIRM_MINUTES = 60  # `--confirm` asks before a study estimated longer than this
@@ -673,6 +743,15 @@ def sweep_command(argv: list[str]) -> None:
         help="restart from scratch (deleting their directories) the interrupted runs whose settings were edited "
         "since; without it such runs are refused",
     )
+    parser.add_argument(
+        "--on-changed",
+        "--on_changed",
+        choices=ON_CHANGED,
+        default="refuse",
+        help="a finished run whose identity changed (other code, data, settings, packages, device or threads "
+        "than now): refuse (default: nothing starts, what changed is named) or recompute it as a new attempt (its "
+        "old directory kept under <sweep dir>/superseded/)",
+    )
     args = parser.parse_args(argv)
     worker.mode = args.start
     previous = {}
@@ -718,7 +797,9 @@ def _sweep(args: argparse.Namespace) -> None:
             return
         if args.confirm:
             confirm_start(sweep, args.jobs or sweep.jobs)
-        result = run_local(sweep, args.jobs or sweep.jobs, args.run, args.restart_changed, args.adopt)
+        result = run_local(
+            sweep, args.jobs or sweep.jobs, args.run, args.restart_changed, args.adopt, on_changed=args.on_changed
+        )
     except SpecError as err:
         sys.exit(f"lightning_cqk sweep: {err}")
     except KeyboardInterrupt:

@@ -79,6 +79,25 @@ class Effect:
     sd_log: float  # standard deviation of the per-seed d (paired) or pooled-by-Welch standard error x sqrt(n)
     why: str = ""  # why a number is nan
     d_log: tuple[float, ...] = ()  # the per-seed log differences of a paired contrast (empty for Welch)
+    p_signflip: float = math.nan  # exact two-sided sign-flip p of a paired contrast of fewer than SIGNFLIP_BELOW seeds
+
+
+SIGNFLIP_BELOW = 10  # below this many pairs the t-test's p leans on normality: the exact sign-flip p is given beside it
+
+
+def signflip_p(d: Sequence[float]) -> float:
+    """Exact two-sided sign-flip (paired permutation) p of the mean of `d` against 0, over all 2^n sign patterns
+    (scipy.stats.permutation_test); nan from SIGNFLIP_BELOW pairs on. Its smallest value is 2 / 2^n (0.0625 at 5)."""
+    if not 2 <= len(d) < SIGNFLIP_BELOW:
+        return math.nan
+    res = stats.permutation_test(
+        (np.asarray(d, dtype=float),),
+        np.mean,
+        permutation_type="samples",
+        n_resamples=np.inf,
+        alternative="two-sided",
+    )
+    return float(res.pvalue)
 
 
 def _nan_effect(test: str, n: int, diverged: int, why: str) -> Effect:
@@ -156,6 +175,7 @@ def contrast(
                 0.0,
                 "zero variance of the per-seed differences: no test",
                 tuple(float(x) for x in d),
+                signflip_p(d),
             )
         res = stats.ttest_1samp(d, 0.0)
         half = stats.t.ppf(1 - alpha / 2, n - 1) * se
@@ -174,6 +194,7 @@ def contrast(
             sd,
             "",
             tuple(float(x) for x in d),
+            signflip_p(d),
         )
     if len(plus) == 1 and len(minus) == 1:
         a = [math.log(v) for v in values[plus[0]].values() if _positive_finite(v)]

@@ -139,9 +139,10 @@ class Judgement:
     alt_verdict: str = ""  # the verdict under the relative-loss rule, when it differs
     p_effect: float = math.nan  # two-sided p against E (raw), and Holm-adjusted
     p_holm_effect: float = math.nan
+    raw_tests: dict[str, float] = dataclasses.field(default_factory=dict)  # test -> raw p (zero, effect, tost, ...)
     family: int = 0  # k: the number of tests in the study's Holm family
     level: float = math.nan  # alpha / k
-    mde_pct: float = math.nan  # detectable |Delta%| at 80% power at alpha / k
+    mde_pct: float = math.nan  # detectable Delta% at 80% power at alpha / k, signed like the claim (lower: < 0)
     seeds_needed: int = 0  # paired seeds for |E| at 80% power at alpha / k (observed sd)
     excluded_pct: float = math.nan  # X of "effects beyond X excluded"
     v_low_pct: float = math.nan  # the interval at 1 - alpha / k
@@ -415,6 +416,7 @@ def _judge_rule(measured, values, alpha: float, metric: str, rule: str, power: b
             effect=eff,
             variance=var,
             p_holm=h.get("zero", h.get("tost", h.get("margin", math.nan))),
+            raw_tests=dict(r),
             verdict=INCONCLUSIVE,
             why="",
             published_pct=c.published_pct,
@@ -435,7 +437,8 @@ def _judge_rule(measured, values, alpha: float, metric: str, rule: str, power: b
         if power and eff is not None and eff.d_log:
             lo, hi = interval(eff.d_log, 1.0 - at)
             j.v_low_pct, j.v_high_pct = pct(lo), pct(hi)
-            j.mde_pct = pct(mde_log(eff.sd_log / math.sqrt(eff.n), eff.n - 1, at)) if eff.sd_log > 0 else math.nan
+            mde = mde_log(eff.sd_log / math.sqrt(eff.n), eff.n - 1, at) if eff.sd_log > 0 else math.nan
+            j.mde_pct = pct(-mde if c.expect in ("lower", "below") else mde)  # signed like the claim's change
             j.seeds_needed = seeds_needed(eff.sd_log, _log1p_pct(e_pct), at) if math.isfinite(e_pct) else 0
         j.verdict, j.why, j.excluded_pct = _label(c, eff, var, h, r, e_pct, alpha, values)
         both = not j.is_control and c.expect in ("lower", "higher") and _holds_both(j, e_pct, level)

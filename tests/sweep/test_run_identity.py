@@ -15,7 +15,8 @@ import yaml
 from test_runner import _write_spec
 
 from lightning_cqk.sweep import figures
-from lightning_cqk.sweep.identity import canonical_key, resolved_settings, run_identity
+from lightning_cqk.sweep import identity as identity_module
+from lightning_cqk.sweep.identity import canonical_key, settings_digest, settings_of
 from lightning_cqk.sweep.report import collect, group_values, write_report
 from lightning_cqk.sweep.runner import Ledger, run_local
 from lightning_cqk.sweep.spec import expand
@@ -43,14 +44,19 @@ def test_two_levels_with_other_names_and_the_same_resolved_configuration_are_one
     ledger = Ledger(sweep)
     ref, twin = sweep.run("ref-s1"), sweep.run("twin-s1")
     assert ref.config_hash() != twin.config_hash()  # what the names and spellings used to make two runs of
-    assert ledger.identity(ref) == ledger.identity(twin)
+    assert ledger.identity(ref).digest == ledger.identity(twin).digest
+    assert len(ledger.identity(ref).digest) == 64  # the full sha256
     assert canonical_key("data.init_args.batch_size") == "data.batch_size"
     base = dict(ref.overrides)
-    assert run_identity(ref.configs, base, 2) != run_identity(ref.configs, base, 1)  # the seed is the run
-    assert run_identity(ref.configs, {**base, "model.optim.lr": 1e-3}, 1) != run_identity(ref.configs, base, 1)
+
+    def digest(overrides, seed):
+        return settings_digest(settings_of(ref.configs, overrides, seed))
+
+    assert digest(base, 2) != digest(base, 1)  # the seed is the run
+    assert digest({**base, "model.optim.lr": 1e-3}, 1) != digest(base, 1)
     moved = {**base, "trainer.logger.init_args.save_dir": "/elsewhere"}
-    assert run_identity(ref.configs, moved, 1) == run_identity(ref.configs, base, 1)  # where it writes: not the run
-    settings = resolved_settings(ref.configs, base)
+    assert digest(moved, 1) == digest(base, 1)  # where it writes: not the run
+    settings = settings_of(ref.configs, base, 1)
     assert settings["data.batch_size"] == 2 and not any(k.startswith("trainer.logger") for k in settings)
 
 
@@ -62,7 +68,7 @@ def test_a_sweep_computes_one_run_per_identity_and_a_sibling_sweep_reuses_it(tmp
     spec = _twin_spec(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    monkeypatch.setattr(Ledger, "code_revision", lambda self: "0" * 40)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # --jobs 2 and --jobs 1 give their runs one thread alike
 
     first = expand(spec, "cpu", str(tmp_path / "runs" / "first"))
     result = run_local(first, jobs=2)
@@ -85,9 +91,14 @@ def test_a_sweep_computes_one_run_per_identity_and_a_sibling_sweep_reuses_it(tmp
     monkeypatch.setattr(figures, "figures", lambda *args, **kwargs: [])
     write_report(second.sweep_dir, quiet=True)
     markdown = (second.sweep_dir / "report" / "mini.md").read_text()
-    assert "Runs computed once and shared" in markdown and f"ref-s1 = {first.sweep_dir / 'ref-s1'}" in markdown
+    assert (
+        "Runs not computed here" in markdown
+        and "2 reused" in markdown
+        and f"ref-s1 = {first.sweep_dir / 'ref-s1'}" in markdown
+    )
 
-    monkeypatch.setattr(Ledger, "code_revision", lambda self: "1" * 40)  # other code: no reuse, a fresh run
+    other_code = {"revision": "1" * 40, "files": {}}  # other code: no reuse, a fresh run
+    monkeypatch.setattr(identity_module, "checkout_code", lambda: other_code)
     third = expand(spec, "cpu", str(tmp_path / "runs" / "third"))
     run_local(third, jobs=1)
     assert (third.sweep_dir / "ref-s1" / "budget.json").is_file()

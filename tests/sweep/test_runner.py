@@ -185,13 +185,13 @@ def test_finished_run_with_changed_config_is_refused(tmp_path: Path):
     run = sweep.runs[0]
     (ledger.run_dir(run)).mkdir(parents=True)
     (ledger.run_dir(run) / "budget.json").write_text("{}")
-    ledger.set_status(run, status="done", config_hash=run.config_hash())
+    ledger.set_status(run, status="done", config_hash=run.config_hash(), **ledger.identity_fields(run))
     assert ledger.is_done(run)
     (tmp_path / "ckpt.yaml").write_text(
         (tmp_path / "ckpt.yaml").read_text().replace("every_n_train_steps: 2", "every_n_train_steps: 3")
     )
     changed = expand(spec, "cpu", tmp_path / "out")
-    with pytest.raises(SpecError, match="config hash"):
+    with pytest.raises(SpecError, match="settings: the resolved configuration differs"):
         Ledger(changed).is_done(changed.runs[0])
 
 

@@ -88,9 +88,9 @@ def test_the_detectable_effect_is_at_the_holm_level():
     assert claim.family == 2 and claim.level == pytest.approx(0.05 / 2)
     d = [math.log(values["new"][s] / values["base"][s]) for s in SEEDS]
     se = np.std(d, ddof=1) / math.sqrt(len(d))
-    at_level = 100 * math.expm1(mde_log(se, len(d) - 1, 0.05 / 2))
-    assert claim.mde_pct == pytest.approx(at_level, rel=1e-9)
-    assert claim.mde_pct > 100 * math.expm1(mde_log(se, len(d) - 1, 0.05)) * 1.1  # stricter than unadjusted
+    at_level = 100 * math.expm1(-mde_log(se, len(d) - 1, 0.05 / 2))  # a decrease: the claim is `lower`
+    assert claim.mde_pct == pytest.approx(at_level, rel=1e-9) and claim.mde_pct < 0  # signed like its claim
+    assert -claim.mde_pct > -100 * math.expm1(-mde_log(se, len(d) - 1, 0.05)) * 1.1  # stricter than unadjusted
     # seeds for E: the smallest n whose detectable effect at the level is at most |E| (same sd)
     n = claim.seeds_needed
     sd = np.std(d, ddof=1)
