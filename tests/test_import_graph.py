@@ -39,7 +39,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lightning_cqk"
 NAME = "lightning_cqk"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "config", "strict_yaml", "package_versions", "atomic_files"),
+    ("errors", "config", "strict_yaml", "package_versions", "atomic_files", "environment"),
     ("resources", "run_lock", "checkpoint_files", "checkpoint_consolidate", "launch", "run_dir", "device_info"),
     ("attention",),
     ("model",),

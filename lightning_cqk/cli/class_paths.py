@@ -26,8 +26,9 @@ Tests: `tests/reliability/test_untrusted_checkpoints.py` (issue 34, defect 1).
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from lightning_cqk.environment import env_modules
 
 TRUSTED_MODULES = ("lightning_cqk", "lightning", "pytorch_lightning", "lightning_fabric", "torch", "torchmetrics",
                    "jsonargparse")  # fmt: skip
@@ -44,8 +45,7 @@ class UntrustedClassError(ValueError):
 
 def trusted_modules() -> tuple[str, ...]:
     """The allow-list: the package's own and its libraries' top-level modules, plus `$LIGHTNING_CQK_TRUSTED_MODULES`."""
-    extra = [m.strip() for m in os.environ.get(TRUSTED_ENV, "").split(",") if m.strip()]
-    return (*TRUSTED_MODULES, *extra)
+    return (*TRUSTED_MODULES, *env_modules(TRUSTED_ENV))
 
 
 def check_class_path(name: Any) -> None:
