@@ -64,7 +64,8 @@ VARIABLES: dict[str, Variable] = {
                  "`fit` says so early when a run's training, timed at its second micro-batch, would take longer "
                  "than this"),
         Variable("LIGHTNING_CQK_TRUSTED_MODULES", "modules", "", "comma-separated Python module names", "mylab",
-                 "your own modules a config, flag or checkpoint may name in a `class_path`, beside the allow-list"),
+                 "your own packages, modules or classes a config, flag or checkpoint may name in a `class_path`, "
+                 "beside the allow-list (`lightning_cqk/cli/class_paths.py`)"),
         Variable("LIGHTNING_CQK_DEBUG", "flag", "0", f"one of {', '.join(FLAG_TRUE + FLAG_FALSE)}", "1",
                  "a user error prints its traceback too (as `--debug` does)"),
         Variable("LIGHTNING_CQK_LOG_DIR", "path", "", "a folder", "logs",

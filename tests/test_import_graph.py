@@ -40,7 +40,16 @@ NAME = "lightning_cqk"
 
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "config", "strict_yaml", "package_versions", "atomic_files", "environment"),
-    ("resources", "run_lock", "checkpoint_files", "checkpoint_consolidate", "launch", "run_dir", "device_info"),
+    (
+        "resources",
+        "run_lock",
+        "checkpoint_files",
+        "checkpoint_consolidate",
+        "launch",
+        "run_dir",
+        "device_info",
+        "run_outputs",
+    ),
     ("attention",),
     ("model",),
     ("optim",),

@@ -30,8 +30,7 @@ def _corpus(path: Path) -> Path:
 
 
 def _write_spec(tmp: Path) -> Path:
-    ckpt = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint"}
-    ckpt["init_args"] = {"every_n_train_steps": 2, "save_last": True, "save_top_k": 0}
+    ckpt = {"class_path": "lightning_cqk.callbacks.RunCheckpoint", "init_args": {"every_n_steps": 2, "keep_last": 1}}
     killer = {"class_path": "sweep_helpers.KillSweepOnce", "init_args": {"at_step": 7, "marker": str(tmp / "killed")}}
     (tmp / "ckpt.yaml").write_text(yaml.safe_dump({"trainer": {"callbacks": [ckpt]}}))
     (tmp / "killer.yaml").write_text(yaml.safe_dump({"trainer": {"callbacks": [ckpt, killer]}}))
