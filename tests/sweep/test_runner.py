@@ -180,7 +180,7 @@ def test_finished_run_with_changed_config_is_refused(tmp_path: Path):
     ledger.set_status(run, status="done", config_hash=run.config_hash())
     assert ledger.is_done(run)
     (tmp_path / "ckpt.yaml").write_text(
-        (tmp_path / "ckpt.yaml").read_text().replace("every_n_train_steps: 2", "every_n_train_steps: 3")
+        (tmp_path / "ckpt.yaml").read_text().replace("every_n_steps: 2", "every_n_steps: 3")
     )
     changed = expand(spec, "cpu", tmp_path / "out")
     with pytest.raises(SpecError, match="config hash"):
