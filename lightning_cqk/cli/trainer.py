@@ -24,7 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa:
 from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
 from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
 
-from lightning_cqk.callbacks import RunSummary, TokenBudget  # noqa: E402
+from lightning_cqk.callbacks import FinalValidation, RunSummary, TokenBudget  # noqa: E402
 from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO  # noqa: E402
 from lightning_cqk.callbacks.data_guard import DataFolderGuard  # noqa: E402
 from lightning_cqk.callbacks.model_summary import without_flops_column  # noqa: E402
@@ -350,6 +350,8 @@ class CQKCLI(LightningCLI):
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         if not any(isinstance(cb, RunSummary) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, RunSummary())  # first: it records a validation before a checkpoint saves
+        if self.subcommand == "fit" and not any(isinstance(cb, FinalValidation) for cb in trainer.callbacks):
+            trainer.callbacks.insert(0, FinalValidation())  # the last step validated, before a checkpoint saves it
         if self._session is not None:
             trainer.callbacks.append(self._session)
         if self.subcommand == "fit" and not any(isinstance(cb, DataFolderGuard) for cb in trainer.callbacks):
