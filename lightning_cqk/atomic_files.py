@@ -3,7 +3,8 @@
 Every writer of the package goes through here: run records and summaries, budgets, manifests, sweep status and
 results (`write_json_atomically`, `write_text_atomically`), checkpoints folders (`replace_folder`, `link_folder`),
 and the folder fsyncs after a rename (`fsync_path`). The pattern is always the same: write the whole content under
-a hidden temporary name beside the target (a name no other writer, process or thread, uses), then rename it over the
+a hidden temporary name beside the target (an unpredictable name, created exclusively: no other writer, process
+or thread, uses it, and a file or symlink planted there is never written through), then rename it over the
 target, atomic on POSIX: a reader sees the old version or the new one, concurrent writers leave one whole version, and
 a crash or a full disk leaves the old file and at most a hidden `.<name>.<pid>...tmp` leftover. `durable=True` also
 fsyncs the file before the rename and the folder after it, so the new version survives a power loss.
@@ -13,20 +14,30 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
 
 def write_text_atomically(path: str | Path, text: str, *, durable: bool = False) -> Path:
-    """Write `text` to `path` whole or not at all (module docstring). Creates the folder."""
+    """Write `text` to `path` whole or not at all, UTF-8 (module docstring). Creates the folder."""
+    return write_bytes_atomically(path, text.encode("utf-8"), durable=durable)
+
+
+def write_bytes_atomically(path: str | Path, data: bytes, *, durable: bool = False) -> Path:
+    """Write `data` to `path` whole or not at all (module docstring). Creates the folder.
+
+    The temporary file is created exclusively (`O_CREAT | O_EXCL | O_NOFOLLOW`) under an unpredictable name
+    (`secrets`), so a file or symlink planted beside the target, at any name, is never opened, written through or
+    put in place: a name that exists is skipped for a fresh one. A symlink at `path` itself is replaced, not followed.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    fd, tmp = _create_exclusively(path)
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
@@ -36,6 +47,19 @@ def write_text_atomically(path: str | Path, text: str, *, durable: bool = False)
     if durable:
         fsync_path(path.parent)
     return path
+
+
+def _create_exclusively(path: Path) -> tuple[int, Path]:
+    """Open a new hidden `.<name>.<pid>.<random>.tmp` beside `path` that no one else created: (descriptor, path).
+    The file's mode is 0o666 less the umask, like any file the package writes."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a fresh temporary file beside {path} in 100 tries")
 
 
 def write_json_atomically(

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.atomic_files import write_json_atomically
+from lightning_cqk.environment import env_json, env_number
 from lightning_cqk.errors import UnavailableError
 
 RUN_ENV, CKPT_ENV, PLAN_ENV = "LIGHTNING_CQK_RUN_DIR", "LIGHTNING_CQK_RUN_CKPT", "LIGHTNING_CQK_RUN_PLAN"
@@ -200,9 +201,9 @@ def receive_plan(launch: Launch, root: Path, log=print) -> dict[str, Any]:
     Raises:
         LaunchFailed: rank zero failed before planning (its message), or no plan came within the timeout.
     """
-    inherited = os.environ.get(PLAN_ENV)
-    if inherited and not launch.shares_plan_by_file:
-        return json.loads(inherited)
+    inherited = env_json(PLAN_ENV)
+    if inherited is not None and not launch.shares_plan_by_file:
+        return inherited
     if not launch.shares_plan_by_file:
         raise LaunchFailed(
             "This process is not rank zero of its launch, but neither inherits rank zero's run plan nor can read it "
@@ -210,7 +211,7 @@ def receive_plan(launch: Launch, root: Path, log=print) -> dict[str, Any]:
             "(--trainer.devices N), torchrun or srun (docs/scaling-out.md)."
         )
     path = plan_path(root, launch.key)
-    timeout = float(os.environ.get(TIMEOUT_ENV, "1800"))
+    timeout = env_number(TIMEOUT_ENV)
     not_before = _process_start_time() - STALE_MARGIN_S
     start, told = time.monotonic(), False
     while True:

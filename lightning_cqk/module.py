@@ -12,7 +12,12 @@ Metrics (TensorBoard names):
 
 `flops_seen` (analytic training FLOPs, `lightning_cqk.model.flops.training_flops_per_batch` of every batch trained,
 all ranks together) is counted beside `tokens_seen` and saved in checkpoints; the TokenBudget and Throughput callbacks
-log it.
+log it. Both count the micro-batches trained into optimizer steps: a micro-batch's tokens are held until its step is
+taken (`optimizer_step`) and dropped with its gradients when Lightning zeroes them before any step took it
+(`optimizer_zero_grad`). With data shorter than the run and `accumulate_grad_batches` > 1, a resume at an epoch's end
+replays the epoch's last micro-batches as a short epoch of their own that no step takes (their gradients are zeroed
+at the next window): they were counted, and a stop + resume saw 2 micro-batches more than the uninterrupted run with
+bit-identical weights (issue 45 item 9). A checkpoint never counts micro-batches whose gradients it does not hold.
     val/loss           token-weighted mean NLL over the whole validation set (nats/token)
     val/ppl            exp(val/loss)
     val/bpb            bits per byte of the validation text scored: summed NLL / ln 2 / the UTF-8 bytes of exactly the
@@ -137,8 +142,11 @@ class LitLM(L.LightningModule):
             )
         self.ctx_nll = torch.nn.ModuleDict({str(c): SumMetric(nan_strategy="disable") for c in self.eval_contexts})
         self.ctx_tokens = torch.nn.ModuleDict({str(c): SumMetric(nan_strategy="disable") for c in self.eval_contexts})
-        self.tokens_seen = 0
+        self.tokens_seen = 0  # of the micro-batches trained into optimizer steps (module docstring)
         self.flops_seen = 0
+        self._pending_tokens = 0  # of this step's micro-batches so far: counted once the step is taken
+        self._pending_flops = 0
+        self._micro_batch = (0, 0)  # (tokens, FLOPs) of the micro-batch whose training_step ran last
         self._flops_per_batch: dict[tuple[int, int], int] = {}
 
     # ----------------------------------------------------------------------------------------------- model
@@ -206,13 +214,15 @@ class LitLM(L.LightningModule):
     # -------------------------------------------------------------------------------------------- training
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss, n_tokens = self.loss(batch)
-        self.tokens_seen += n_tokens * self.trainer.world_size  # Python ints: exact, and no device work at all
-        self.flops_seen += self.flops_per_batch(batch.size(0), batch.size(1) - 1) * self.trainer.world_size
+        world = self.trainer.world_size  # Python ints below: exact, and no device work at all
+        self._micro_batch = (n_tokens * world, self.flops_per_batch(batch.size(0), batch.size(1) - 1) * world)
+        self._pending_tokens += self._micro_batch[0]
+        self._pending_flops += self._micro_batch[1]
         # Not prog_bar: Lightning converts progress-bar values to Python numbers after every batch (a host read);
         # the bars show train/loss on their own refresh (callbacks/progress.py), every log_every_n_steps.
         self.log("train/loss", loss)
         if self.trainer._logger_connector.should_update_logs:  # a new tensor (host-to-device copy) on log steps only
-            self.log("train/tokens_seen", float(self.tokens_seen))
+            self.log("train/tokens_seen", float(self.tokens_seen + self._pending_tokens))
         return loss
 
     def flops_per_batch(self, batch_size: int, seq_len: int) -> int:
@@ -348,14 +358,29 @@ class LitLM(L.LightningModule):
         """
         control = self.logit_control
         if control is None:
-            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+            super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+            return self._count_trained_step()
         control.before_step(optimizer)
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         control.after_step(optimizer)
+        self._count_trained_step()
         step = self.trainer.fit_loop.epoch_loop._batches_that_stepped  # this step's index, as Lightning logs it
         if (step + 1) % max(1, self.trainer.log_every_n_steps) == 0:
             self.log_dict(control.stats())
         return None
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        """Lightning zeroes the gradients at the first micro-batch of a window, right after its training_step: the
+        micro-batches before it that no step took (an epoch that ended inside a window, replayed after a resume) are
+        dropped with their gradients, so their tokens are not counted (module docstring)."""
+        self._pending_tokens, self._pending_flops = self._micro_batch
+        super().optimizer_zero_grad(epoch, batch_idx, optimizer)
+
+    def _count_trained_step(self) -> None:
+        """The step is taken (its last micro-batch ran inside it, in the closure): its micro-batches are trained."""
+        self.tokens_seen += self._pending_tokens
+        self.flops_seen += self._pending_flops
+        self._pending_tokens = self._pending_flops = 0
 
     # ------------------------------------------------------------------------------------- checkpointing
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -378,6 +403,7 @@ class LitLM(L.LightningModule):
                 )
         self.tokens_seen = int(checkpoint.get("tokens_seen", 0))
         self.flops_seen = int(checkpoint.get("flops_seen", 0))
+        self._pending_tokens = self._pending_flops = 0  # a window the checkpoint does not hold is trained again
 
     def setup(self, stage: str) -> None:
         if stage == "fit" and self._trainer is not None:

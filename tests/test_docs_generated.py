@@ -42,6 +42,18 @@ def test_the_results_claims_table_is_current(monkeypatch: pytest.MonkeyPatch):
     )
 
 
+def test_the_environment_table_is_current():
+    """docs/environment.md's table of the LIGHTNING_CQK_* variables is lightning_cqk/environment.py's declaration."""
+    from lightning_cqk.environment import BEGIN as EB
+    from lightning_cqk.environment import END as EE
+    from lightning_cqk.environment import markdown_table
+
+    committed = _section((REPO / "docs" / "environment.md").read_text(), EB, EE)
+    assert committed.strip() == markdown_table().strip(), (
+        "docs/environment.md's table is stale; regenerate it from `python -m lightning_cqk.environment`"
+    )
+
+
 def _owners():
     for name in attention.available():
         cls = attention.get_attention(name)

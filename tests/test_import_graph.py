@@ -40,7 +40,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lightning_cqk"
 NAME = "lightning_cqk"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "config", "strict_yaml", "package_versions", "atomic_files"),
+    ("errors", "config", "strict_yaml", "package_versions", "atomic_files", "environment"),
     (
         "resources",
         "run_lock",
@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, ...]] = [
         "run_dir",
         "device_info",
         "slurm_job",
+        "run_outputs",
     ),
     ("attention",),
     ("model",),

@@ -11,7 +11,6 @@ skips, saying why. torchvision is in neither: the lock leaves it out and the ins
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from importlib import metadata
@@ -22,6 +21,8 @@ from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+
+from lightning_cqk.environment import env_flag
 
 try:
     import tomllib
@@ -102,7 +103,7 @@ def direct_dependencies() -> set[str]:
 
 
 def locked_interpreter_or_skip() -> None:
-    if os.environ.get("LIGHTNING_CQK_UNLOCKED"):
+    if env_flag("LIGHTNING_CQK_UNLOCKED"):
         pytest.skip("LIGHTNING_CQK_UNLOCKED is set (make test-latest): the newest releases, not the lock")
     if Path(sys.prefix).resolve() != (REPO / ".venv").resolve():
         pytest.skip(f"not the repository's .venv ({sys.prefix}): only `make install` promises the locked versions")

@@ -7,6 +7,7 @@ from lightning_cqk.callbacks.attention_stats import AttentionStats
 from lightning_cqk.callbacks.budget import TokenBudget
 from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO, BestCheckpoint, RunCheckpoint
 from lightning_cqk.callbacks.clock import TrainingClock
+from lightning_cqk.callbacks.final_validation import FinalValidation
 from lightning_cqk.callbacks.grad_norm import GradNormMonitor
 from lightning_cqk.callbacks.loss_spike import LossSpikeMonitor
 from lightning_cqk.callbacks.nonfinite import NonFiniteGuard
@@ -18,6 +19,7 @@ __all__ = [
     "AtomicCheckpointIO",
     "AttentionStats",
     "BestCheckpoint",
+    "FinalValidation",
     "GradNormMonitor",
     "LossSpikeMonitor",
     "NonFiniteGuard",

@@ -77,6 +77,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_cqk.atomic_files import fsync_path, link_folder, remove_path
+from lightning_cqk.callbacks.final_validation import validation_due
 from lightning_cqk.checkpoint_files import checkpoint_problem, load_checkpoint, state_file, step_in_name
 from lightning_cqk.errors import StorageFullError, storage_full_errno
 
@@ -287,7 +288,7 @@ class RunCheckpoint(ModelCheckpoint):
                 due = due or timed
             elif trainer.global_step % max(1, int(trainer.log_every_n_steps or 1)) == 0:
                 due = bool(trainer.strategy.broadcast(due or timed))  # rank zero's clock decides, on log steps
-        if due and _validation_due(trainer):
+        if due and validation_due(trainer):
             self._deferred = trainer.global_step  # saved in on_validation_end, once the validation is done
         elif due:
             self.save_now(trainer)
@@ -432,15 +433,6 @@ class RunCheckpoint(ModelCheckpoint):
                 kind, keys, pos, has_gauss, cached = rng["numpy"]
                 rng["numpy"] = (kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
             _set_rng_states(rng)
-
-
-def _validation_due(trainer: L.Trainer) -> bool:
-    """Whether the fit loop will validate right after this training batch (Lightning's own decision)."""
-    loop = trainer.fit_loop.epoch_loop
-    try:
-        return bool(loop._should_check_val_fx(getattr(trainer.fit_loop, "_data_fetcher", None)))
-    except Exception:  # another loop implementation: save at once, as before
-        return False
 
 
 class BestCheckpoint(ModelCheckpoint):

@@ -15,7 +15,7 @@ of steps (`max_steps` -1 with epochs only) are not estimated.
 
 from __future__ import annotations
 
-import os
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,24 +24,18 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightning_cqk.environment import VARIABLES, env_number
 from lightning_cqk.errors import ConfigError
 
 LIMIT_ENV = "LIGHTNING_CQK_LONG_RUN_HOURS"
-DEFAULT_LIMIT_HOURS = 24.0
+DEFAULT_LIMIT_HOURS = float(VARIABLES[LIMIT_ENV].default)
 TIMED_MICRO_BATCH = 1  # the second micro-batch of this fit (0-based)
 
 
 def limit_hours_from_env() -> float:
-    """`LIGHTNING_CQK_LONG_RUN_HOURS` as hours (default 24; 0 or less: no check)."""
-    raw = os.environ.get(LIMIT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_LIMIT_HOURS
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(
-            f"{LIMIT_ENV}={raw!r} is not a number of hours (e.g. {LIMIT_ENV}=48; 0 turns it off)."
-        ) from None
+    """`LIGHTNING_CQK_LONG_RUN_HOURS` as hours (default 24; 0 or less: no check; not finite or not a number:
+    refused, `environment.env_number`)."""
+    return env_number(LIMIT_ENV)
 
 
 def describe_duration(seconds: float) -> str:
@@ -63,6 +57,10 @@ class RunLengthCheck(L.Callback):
     """
 
     def __init__(self, limit_hours: float = DEFAULT_LIMIT_HOURS, advice: Callable[[], str] | None = None) -> None:
+        if not math.isfinite(limit_hours):
+            raise ConfigError(
+                f"RunLengthCheck(limit_hours={limit_hours}): give a finite number of hours (0 turns it off)."
+            )
         self.limit_hours = limit_hours
         self.advice = advice
         self._batches = 0

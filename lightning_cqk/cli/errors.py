@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from lightning_cqk.environment import env_flag, env_path
+
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "LIGHTNING_CQK_DEBUG"
 LOG_DIR_ENV = "LIGHTNING_CQK_LOG_DIR"
@@ -34,15 +36,18 @@ def user_error_types() -> tuple[type[BaseException], ...]:
 
 
 def pop_debug(argv: list[str]) -> tuple[bool, list[str]]:
-    """(debug wanted, argv without `--debug`): the flag or `LIGHTNING_CQK_DEBUG=1` (any value but ''/0/false/no)."""
-    env = os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
-    return env or DEBUG_FLAG in argv, [a for a in argv if a != DEBUG_FLAG]
+    """(debug wanted, argv without `--debug`): the flag or `LIGHTNING_CQK_DEBUG=1` (1/true/yes/on; 0/false/no/off or
+    unset: off; anything else is refused, `environment.env_flag`). With `--debug` the variable is not read."""
+    if DEBUG_FLAG in argv:
+        return True, [a for a in argv if a != DEBUG_FLAG]
+    return env_flag(DEBUG_ENV), argv
 
 
 def error_log_path() -> Path:
     """Where the traceback of the last user error goes."""
-    if os.environ.get(LOG_DIR_ENV):
-        return Path(os.environ[LOG_DIR_ENV]) / LOG_NAME
+    log_dir = env_path(LOG_DIR_ENV)
+    if log_dir is not None:
+        return log_dir / LOG_NAME
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "lightning_cqk" / LOG_NAME
 

@@ -24,6 +24,7 @@ from lightning_cqk.checkpoint_files import check_checkpoint, refuse_checkpoint_f
 from lightning_cqk.errors import ConfigError, MissingInputError
 from lightning_cqk.launch import is_rank_zero_launch
 from lightning_cqk.run_dir import RunDirectory, checkpoint_run_name, is_husk, next_free_name
+from lightning_cqk.run_outputs import refuse_outside_outputs
 
 DOWNSTREAM_PREFIX = "lightning_cqk.downstream"
 
@@ -84,6 +85,7 @@ class GlueCLI(LightningCLI):
         check_checkpoint(checkpoint)
         logger = trainer.get("logger")
         if not is_tensorboard(logger):
+            refuse_outside_outputs(trainer, None)  # no run directory: no callback may name a folder of its own
             return
         args = logger.init_args
         root = Path(args.get("save_dir") or "runs") / str(args.get("name") or "glue")
@@ -95,6 +97,7 @@ class GlueCLI(LightningCLI):
                 f"{root / args.version} already holds a run; a new fine-tuning run must not write into it. Choose "
                 "another --trainer.logger.init_args.version, or leave it unset for a fresh name."
             )
+        refuse_outside_outputs(trainer, root / args.version)  # callbacks write inside this run only (run_outputs.py)
         if self.subcommand == "fit" and is_rank_zero_launch():
             self.run_directory = RunDirectory.claim(root / args.version)  # one live process per run directory
 

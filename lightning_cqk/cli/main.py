@@ -49,6 +49,7 @@ import os
 import sys
 
 from lightning_cqk.cli.errors import pop_debug, user_errors_reported
+from lightning_cqk.environment import EnvironmentValueError
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata would otherwise ping PyPI (offline runs)
 
@@ -199,7 +200,12 @@ def main(argv: list[str] | None = None) -> None:
     exception propagates.
     """
     from_command_line = argv is None
-    debug, argv = pop_debug(list(sys.argv[1:] if argv is None else argv))
+    try:
+        debug, argv = pop_debug(list(sys.argv[1:] if argv is None else argv))
+    except EnvironmentValueError as err:  # a malformed LIGHTNING_CQK_DEBUG: one paragraph, before any command
+        if not from_command_line:
+            raise
+        sys.exit(f"lightning_cqk: {err}")
     if from_command_line:
         sys.argv[1:] = argv  # LightningCLI reads sys.argv itself; `--debug` is ours
     if not argv or argv[0] in ("-h", "--help"):

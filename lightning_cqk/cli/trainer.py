@@ -25,7 +25,7 @@ from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
 from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
 
 from lightning_cqk.attention.registry import check_recorded  # noqa: E402
-from lightning_cqk.callbacks import RunSummary, TokenBudget  # noqa: E402
+from lightning_cqk.callbacks import FinalValidation, RunSummary, TokenBudget  # noqa: E402
 from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO  # noqa: E402
 from lightning_cqk.callbacks.data_guard import DataFolderGuard  # noqa: E402
 from lightning_cqk.callbacks.model_summary import without_flops_column  # noqa: E402
@@ -63,6 +63,7 @@ from lightning_cqk.run_dir import (  # noqa: E402
     resolve_fit,
     resumable_checkpoint,
 )
+from lightning_cqk.run_outputs import refuse_outside_outputs  # noqa: E402
 
 
 def _vocab_size_of(datamodule: LightningDataModule) -> int:
@@ -168,6 +169,8 @@ class CQKCLI(LightningCLI):
                 args.save_dir, args.name, args.version = str(owner.parent.parent), owner.parent.name, owner.name
             else:
                 logger.init_args.version = _run_name(config, logger.init_args, resuming=bool(config.get("ckpt_path")))
+        if not (sub == "fit" and is_tensorboard(logger)):  # a planned fit is checked in _make_plan, before its claim
+            refuse_outside_outputs(trainer, _logger_run_dir(logger))
 
     # --------------------------------------------------------------------------------------- fit: the run
     def _plan_fit(self) -> None:
@@ -230,6 +233,9 @@ class CQKCLI(LightningCLI):
                 "To start a new run beside it: "
                 f"{command_line(self._argv, drop=('--on_unfinished',), add=('--on_unfinished', 'new'))}"
             )
+        # Every callback, logger and profiler writes inside this run's directory (run_outputs.py), checked before
+        # the directory is claimed or anything built.
+        refuse_outside_outputs(config.trainer, plan.run_dir)
         for note in plan.notes:
             print(f"run: {note}", file=sys.stderr, flush=True)
         # One live process per run directory, checked before anything is built (lightning_cqk/run_lock.py).
@@ -352,6 +358,8 @@ class CQKCLI(LightningCLI):
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         if not any(isinstance(cb, RunSummary) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, RunSummary())  # first: it records a validation before a checkpoint saves
+        if self.subcommand == "fit" and not any(isinstance(cb, FinalValidation) for cb in trainer.callbacks):
+            trainer.callbacks.insert(0, FinalValidation())  # the last step validated, before a checkpoint saves it
         if self._session is not None:
             trainer.callbacks.append(self._session)
         if self.subcommand == "fit" and not any(isinstance(cb, DataFolderGuard) for cb in trainer.callbacks):
@@ -491,6 +499,14 @@ def _count_or_fraction_first_int(parser: LightningArgumentParser) -> None:
     for action in parser._actions:
         if action.dest.rsplit(".", 1)[-1] in _COUNT_OR_FRACTION and hasattr(action, "_typehint"):
             action._typehint = int | float | None
+
+
+def _logger_run_dir(logger: Any) -> Path | None:
+    """The run directory of a command whose logger is the run's TensorBoard logger (save_dir/name/version), or None."""
+    if not is_tensorboard(logger) or logger.init_args.get("version") is None:
+        return None
+    args = logger.init_args
+    return Path(args.get("save_dir") or "runs") / str(args.get("name") or "default") / str(args.get("version"))
 
 
 def is_tensorboard(logger: Any) -> bool:

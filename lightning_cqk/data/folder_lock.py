@@ -52,6 +52,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lightning_cqk.environment import env_path
 from lightning_cqk.errors import UserError
 
 LOCK_NAME = ".data.lock"
@@ -275,7 +276,7 @@ def hold_for_reading(
         record.parent.mkdir(exist_ok=True)
         fd = os.open(record, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.lockf(fd, fcntl.LOCK_EX)  # our own name: nobody else locks it but a probe, for an instant
-        holder = Holder.me(run_dir or os.environ.get(RUN_DIR_ENV))
+        holder = Holder.me(run_dir or str(env_path(RUN_DIR_ENV) or "") or None)
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(asdict(holder)).encode(), 0)
         entry.record, entry.record_fd = record, fd

@@ -20,7 +20,9 @@ PubMed, built (`build_pubmed_abstracts`): one JSON object per line, `{"pmid", "s
 of each PMID kept, in this order: BC5CDR training, development, test (title + "\\n" + abstract), PubMedQA's
 `ori_pqal.json` (QUESTION + "\\n" + CONTEXTS joined by spaces + " " + LONG_ANSWER), Hallmarks of Cancer's
 `text/<PMID>.txt` by file name (the tokenised text, stripped). The licences are the sources' own (see each
-repository). Nothing here is imported by training: it only writes files.
+repository). Nothing here is imported by training: it only writes files, each through the package's atomic writer
+(`atomic_files.write_bytes_atomically`: a temporary file created exclusively under an unpredictable name, so a
+symlink planted in a shared data folder is never written through).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+from lightning_cqk.atomic_files import write_bytes_atomically
 
 RAW = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
 TARBALL = "https://codeload.github.com/{repo}/tar.gz/{commit}"
@@ -158,7 +162,7 @@ def fetch(root: Path, get: Callable[[str], bytes] = download, log: Callable[[str
                 raise StudyDataError(
                     f"{source.url} has sha256 {sha256(data)}, not the pinned {source.sha256}: not written."
                 )
-            _write(target, data)
+            write_bytes_atomically(target, data)
             written.append(target)
         contents[source.name] = data
     pubmed = root / PUBMED_FILE
@@ -177,15 +181,8 @@ def fetch(root: Path, get: Callable[[str], bytes] = download, log: Callable[[str
     )
     if sha256(data) != PUBMED_SHA256:
         raise StudyDataError(f"the rebuilt {PUBMED_FILE} has sha256 {sha256(data)}, not {PUBMED_SHA256}: not written.")
-    _write(pubmed, data)
+    write_bytes_atomically(pubmed, data)
     return [*written, pubmed]
-
-
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.part")
-    tmp.write_bytes(data)
-    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from functools import cached_property
@@ -25,6 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from lightning_cqk.environment import env_path
 from lightning_cqk.errors import ConfigError, MissingInputError, UnavailableError
 
 GPT2_BPE_ENV = "LIGHTNING_CQK_GPT2_BPE"
@@ -137,7 +137,7 @@ class GPT2Tokenizer(Tokenizer):
     known_fingerprint = GPT2_FINGERPRINT  # any other vocabulary file is refused when loaded
 
     def __init__(self, bpe_file: str | None = None) -> None:
-        bpe_file = bpe_file or os.environ.get(GPT2_BPE_ENV) or None
+        bpe_file = bpe_file or _env_bpe_file()
         self.bpe_file = str(bpe_file) if bpe_file else None
         self._encoding = _load_gpt2_encoding(self.bpe_file)
         if self.bpe_file is not None and self.fingerprint != GPT2_FINGERPRINT:
@@ -185,7 +185,7 @@ def get_tokenizer(name: str, bpe_file: str | None = None) -> Tokenizer:
     """
     cls = _tokenizer_class(name)
     if cls is GPT2Tokenizer:
-        bpe_file = bpe_file or os.environ.get(GPT2_BPE_ENV) or None
+        bpe_file = bpe_file or _env_bpe_file()
     key = (name, bpe_file)
     if key not in _CACHE:
         _CACHE[key] = cls(bpe_file=bpe_file)
@@ -210,9 +210,15 @@ def known_fingerprint(name: str) -> str | None:
 def can_load_offline(name: str, bpe_file: str | None = None) -> bool:
     """Whether ``get_tokenizer(name, bpe_file)`` can work without network access."""
     if _tokenizer_class(name) is GPT2Tokenizer:
-        path = bpe_file or os.environ.get(GPT2_BPE_ENV)
+        path = bpe_file or _env_bpe_file()
         return bool(path) and Path(path).is_file()
     return True
+
+
+def _env_bpe_file() -> str | None:
+    """$LIGHTNING_CQK_GPT2_BPE (the GPT-2 vocabulary file), or None where unset."""
+    path = env_path(GPT2_BPE_ENV)
+    return None if path is None else str(path)
 
 
 def _tokenizer_class(name: str) -> type[Tokenizer]:

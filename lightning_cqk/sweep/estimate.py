@@ -158,7 +158,7 @@ def final_validation(sweep) -> tuple[list[str], list[str]]:
 def _start_mode() -> str:
     from lightning_cqk.sweep import worker
 
-    return "fresh" if worker.mode == "fresh" or not hasattr(os, "fork") else "fork"
+    return "fresh" if (worker.mode or worker.default_mode()) == "fresh" or not hasattr(os, "fork") else "fork"
 
 
 def study_seconds(runs: list[RunEstimate], jobs: int, start: str | None = None) -> float:

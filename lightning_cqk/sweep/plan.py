@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.environment import env_path
 from lightning_cqk.sweep.claim import Claim
 from lightning_cqk.sweep.spec_checks import SpecError
 
@@ -109,7 +109,8 @@ SHARED_DATA_ENV = "LIGHTNING_CQK_SHARED_DATA"
 
 def shared_data_dir() -> str | None:
     """$LIGHTNING_CQK_SHARED_DATA (the folder of the local corpora a spec's `{shared_data}` names), or None."""
-    return os.environ.get(SHARED_DATA_ENV) or None
+    path = env_path(SHARED_DATA_ENV)
+    return None if path is None else str(path)
 
 
 def as_list(value: Any) -> list[str]:

@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.environment import env_number
 from lightning_cqk.package_versions import package_versions
 from lightning_cqk.run_dir import RUN_IDENTITY_ENV, config_files, resumable_checkpoint
 from lightning_cqk.run_lock import RunDirectoryInUse, acquire, holder
@@ -214,7 +215,8 @@ def recorded_identity(ledger: Ledger, run: Run, run_dir: Path) -> dict[str, Any]
 
 
 # ------------------------------------------------------------------------------------------------ progress
-PROGRESS_SECONDS = float(os.environ.get("LIGHTNING_CQK_SWEEP_PROGRESS_SECONDS", "60"))
+PROGRESS_ENV = "LIGHTNING_CQK_SWEEP_PROGRESS_SECONDS"
+PROGRESS_SECONDS: float | None = None  # set: overrides $LIGHTNING_CQK_SWEEP_PROGRESS_SECONDS (default 60)
 _STEP_LINE = re.compile(r"step (\d+)/(\d+) \((\d+)%\)(?:.*?\beta (\d+:\d\d:\d\d))?")
 
 
@@ -260,6 +262,7 @@ class Progress:
     of this invocation compared with their estimates, divided by the runs at a time."""
 
     def __init__(self, ledger: Ledger, todo: list[Run], jobs: int) -> None:
+        self.every = env_number(PROGRESS_ENV)  # checked before anything starts
         self.ledger, self.jobs, self.total = ledger, max(1, jobs), len(ledger.sweep.runs)
         self.started_at = time.monotonic()
         self.last = self.started_at
@@ -304,7 +307,8 @@ class Progress:
 
     def maybe_print(self, todo: list[Run], running: list[_Launch], finished: set[str], failed: set[str]) -> None:
         now = time.monotonic()
-        if running and now - self.last >= PROGRESS_SECONDS:
+        every = self.every if PROGRESS_SECONDS is None else PROGRESS_SECONDS
+        if running and now - self.last >= every:
             self.last = now
             print(self.line(todo, running, finished, failed), flush=True)
 
@@ -732,7 +736,7 @@ def sweep_command(argv: list[str]) -> None:
     parser.add_argument(
         "--start",
         choices=worker.START_MODES,
-        default=worker.mode,
+        default=None,
         help="fork (default, Linux): start each run from one worker that imported torch and Lightning once; "
         "fresh: a new python process per run (lightning_cqk/sweep/worker.py)",
     )
@@ -753,7 +757,7 @@ def sweep_command(argv: list[str]) -> None:
         "old directory kept under <sweep dir>/superseded/)",
     )
     args = parser.parse_args(argv)
-    worker.mode = args.start
+    worker.mode = args.start or worker.default_mode()
     previous = {}
     if args.run and threading.current_thread() is threading.main_thread():  # an array task: stops count from here
         previous = {signum: signal.signal(signum, _note_early_stop) for signum in StopSignal.SIGNALS}

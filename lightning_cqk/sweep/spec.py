@@ -83,6 +83,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.run_outputs import refuse_shared_outputs
 from lightning_cqk.sweep import spec_checks
 from lightning_cqk.sweep.claim import ClaimError, parse_claim
 from lightning_cqk.sweep.control import check_control, control_claim, control_runs, control_seeds, parsed_control
@@ -328,6 +329,7 @@ def expand(
         for run in runs:
             run.overrides.setdefault("data.seed", run.seed)
     runs = _order(runs, where)
+    refuse_shared_outputs(runs, sweep_dir, where)  # each run's callbacks write inside its own directory only
     return Sweep(
         spec_path=str(spec_path),
         study=study,

@@ -39,10 +39,13 @@ import sys
 import time
 from typing import Any
 
+from lightning_cqk.environment import env_choice
+
 START_MODES = ("fork", "fresh")
+START_ENV = "LIGHTNING_CQK_SWEEP_START"
 #: How the sweep runner starts a run: "fork" (from a pre-imported worker, where os.fork exists) or "fresh".
-#: `lightning_cqk sweep --start` sets it; $LIGHTNING_CQK_SWEEP_START gives the default (fork).
-mode = os.environ.get("LIGHTNING_CQK_SWEEP_START", "fork")
+#: `lightning_cqk sweep --start` sets it; None: $LIGHTNING_CQK_SWEEP_START (default fork), read when needed.
+mode: str | None = None
 #: What the server imports before it forks: what `lightning_cqk fit` imports anyway, so a child imports nothing a
 #: fresh process would not.
 PRELOAD = (
@@ -62,12 +65,18 @@ _servers: dict[tuple[tuple[str, str], ...], ForkServer] = {}
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
+def default_mode() -> str:
+    """$LIGHTNING_CQK_SWEEP_START: fork or fresh (default fork); anything else is refused (`environment.env_choice`)."""
+    return env_choice(START_ENV)
+
+
 def start_run(cmd: list[str], env: dict[str, str], log: Any) -> Any:
     """Start `cmd` (`python -m lightning_cqk fit ...`) with `env`, stdout and stderr into the open file `log`: a
     `subprocess.Popen`, or a `ForkedRun` of this environment's fork server when `mode` is fork and os.fork exists."""
-    if mode not in START_MODES:
-        raise ValueError(f"sweep start mode {mode!r}: use one of {', '.join(START_MODES)}")
-    if mode == "fresh" or not hasattr(os, "fork") or cmd[1:3] != ["-m", "lightning_cqk"]:
+    chosen = mode or default_mode()
+    if chosen not in START_MODES:
+        raise ValueError(f"sweep start mode {chosen!r}: use one of {', '.join(START_MODES)}")
+    if chosen == "fresh" or not hasattr(os, "fork") or cmd[1:3] != ["-m", "lightning_cqk"]:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     key = tuple(sorted(env.items()))
     server = _servers.get(key)

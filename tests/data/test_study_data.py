@@ -87,3 +87,22 @@ def test_a_download_with_other_bytes_is_refused_and_not_written(served, tmp_path
     with pytest.raises(StudyDataError, match="not the pinned"):
         fetch(tmp_path / "data", get=tampered, log=lambda message: None)
     assert not (tmp_path / "data" / FILES[0].folder / FILES[0].name).exists()
+
+
+def test_a_planted_symlink_beside_a_download_is_never_written_through(served, tmp_path: Path):
+    """Issue 45 item 8: `.wiki.test.raw.part -> victim.txt` in a shared data folder; the fetcher used to write the
+    download through it and then put the symlink in place of the file. Now the temporary file is created exclusively
+    under an unpredictable name (`atomic_files.write_bytes_atomically`): the victim keeps its bytes, the link stays
+    a link beside a real file."""
+    source = FILES[0]
+    folder = tmp_path / "data" / source.folder
+    folder.mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the victim's own text\n")
+    planted = folder / f".{source.name}.part"
+    planted.symlink_to(victim)
+    fetch(tmp_path / "data", get=served, log=lambda message: None)
+    assert victim.read_text() == "the victim's own text\n"
+    target = folder / source.name
+    assert not target.is_symlink() and hashlib.sha256(target.read_bytes()).hexdigest() == source.sha256
+    assert planted.is_symlink() and planted.resolve() == victim

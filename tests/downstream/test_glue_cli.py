@@ -183,3 +183,22 @@ def test_test_stage_logs_under_test(lm_checkpoint: Path, glue_dir: Path, tmp_pat
     logged = {k for r in results for k in r}
     assert {"test/matched/acc", "test/mismatched/acc", "test/score", "test/matched/loss"} <= logged
     assert set(cli.model.final_metrics) == {"matched/acc", "mismatched/acc", "score"}
+
+
+def test_a_glue_callback_writing_into_another_run_is_refused_before_the_run_is_claimed(
+    lm_checkpoint: Path, glue_dir: Path, tmp_path: Path
+):
+    """Issue 45 item 4: a fine-tuning run's callbacks, like a pretraining run's, write inside its own directory."""
+    from lightning_cqk.run_outputs import OutsideRunDirectory
+
+    other = tmp_path / "runs" / "glue" / "other" / "checkpoints"
+    callback = {"class_path": "lightning_cqk.callbacks.BestCheckpoint", "init_args": {"dirpath": str(other)}}
+    with pytest.raises(OutsideRunDirectory, match=r"trainer\.callbacks\[0\]\.init_args\.dirpath"):
+        main(
+            [
+                "fit", "--config", str(REPO / "configs" / "glue" / "rte.yaml"), f"--model.checkpoint={lm_checkpoint}",
+                f"--data.data_dir={glue_dir}", f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+                f"--trainer.callbacks+={json.dumps(callback)}", *QUIET,
+            ]
+        )  # fmt: skip
+    assert not (tmp_path / "runs" / "glue").exists(), "nothing claimed or written"

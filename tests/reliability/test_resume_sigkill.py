@@ -36,6 +36,9 @@ def shards(tmp_path_factory) -> Path:
     return root / "shards"
 
 
+RUN = "standard-tiny-L2-H2-d32-ff64-s1337"  # the run directory's name: the tiny preset at the shape below
+
+
 def fit_command(shards: Path, runs: Path, losses: Path, *extra: str) -> list[str]:
     """The quickstart with its own callbacks (checkpoint every EVERY steps) plus the loss recorder."""
     callbacks = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())["trainer"]["callbacks"]
@@ -92,7 +95,8 @@ def read_losses(path: Path) -> list[dict]:
 @pytest.mark.slow
 def test_sigkill_then_ckpt_path_last_reproduces_the_uninterrupted_run(shards: Path, tmp_path: Path):
     # The uninterrupted reference.
-    full_losses = tmp_path / "full.jsonl"
+    # The loss records sit inside each run's directory: a callback writes nowhere else (issue 45 item 4).
+    full_losses = tmp_path / "full" / "quickstart" / RUN / "losses.jsonl"
     done = subprocess.run(
         fit_command(shards, tmp_path / "full", full_losses), env=environment(), capture_output=True, text=True
     )
@@ -101,7 +105,8 @@ def test_sigkill_then_ckpt_path_last_reproduces_the_uninterrupted_run(shards: Pa
     assert sorted(full) == list(range(1, STEPS + 1))
 
     # The same run, SIGKILLed once it has trained past a checkpoint, then restarted with the same command.
-    runs, losses = tmp_path / "runs", tmp_path / "run.jsonl"
+    runs = tmp_path / "runs"
+    losses = runs / "quickstart" / RUN / "losses.jsonl"
     # The first launch already says `--ckpt_path last` (nothing to resume yet: it starts afresh), as a preemptible job
     # would: the same command line for the first launch and every restart.
     proc = subprocess.Popen(

@@ -79,6 +79,8 @@ def test_resume_applies_a_changed_lr_refuses_a_changed_model_and_records_only_wh
     # Class 7b: last.ckpt gone, step=*.ckpt intact beside it: the newest intact one is used, and the run says so.
     last.unlink()
     (run_dir / "checkpoints" / "step=00000004.ckpt").write_bytes(b"truncated")  # the newest one is damaged too
+    # and so is the best file of the final validation at step 4 (callbacks/final_validation.py), a full checkpoint
+    (run_dir / "checkpoints" / "best-step=4.ckpt").write_bytes(b"truncated")
     lr = 1e-4
     resumed = run(
         fit(tiny_shards, runs, "--trainer.max_steps=6", "--ckpt_path=last", f"--model.optim.lr={lr}"), tmp_path

@@ -30,8 +30,7 @@ def _corpus(path: Path) -> Path:
 
 
 def _write_spec(tmp: Path) -> Path:
-    ckpt = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint"}
-    ckpt["init_args"] = {"every_n_train_steps": 2, "save_last": True, "save_top_k": 0}
+    ckpt = {"class_path": "lightning_cqk.callbacks.RunCheckpoint", "init_args": {"every_n_steps": 2, "keep_last": 1}}
     killer = {"class_path": "sweep_helpers.KillSweepOnce", "init_args": {"at_step": 7, "marker": str(tmp / "killed")}}
     (tmp / "ckpt.yaml").write_text(yaml.safe_dump({"trainer": {"callbacks": [ckpt]}}))
     (tmp / "killer.yaml").write_text(yaml.safe_dump({"trainer": {"callbacks": [ckpt, killer]}}))
@@ -188,7 +187,7 @@ def test_finished_run_with_changed_config_is_refused(tmp_path: Path):
     ledger.set_status(run, status="done", config_hash=run.config_hash(), **ledger.identity_fields(run))
     assert ledger.is_done(run)
     (tmp_path / "ckpt.yaml").write_text(
-        (tmp_path / "ckpt.yaml").read_text().replace("every_n_train_steps: 2", "every_n_train_steps: 3")
+        (tmp_path / "ckpt.yaml").read_text().replace("every_n_steps: 2", "every_n_steps: 3")
     )
     changed = expand(spec, "cpu", tmp_path / "out")
     with pytest.raises(SpecError, match="settings: the resolved configuration differs"):
