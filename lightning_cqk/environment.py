@@ -86,6 +86,13 @@ VARIABLES: dict[str, Variable] = {
         Variable("LIGHTNING_CQK_RUN_PLAN", "json", "", "a JSON object", '{"run_dir": "runs/tiny"}',
                  "rank zero's run plan, inherited by the processes Lightning's launcher starts",
                  set_by="`fit`, for the processes of a run"),
+        Variable("LIGHTNING_CQK_RUN_IDENTITY", "text", "", "a sha256 hex digest", "0" * 64,
+                 "the identity (code, data, settings, packages, device, threads) the sweep computed for this run, "
+                 "recorded in its run.json attempt", set_by="`sweep`, for the runs it starts"),
+        Variable("LIGHTNING_CQK_SLURM_REQUEUE_BY", "choice", "run", "run or sweep", "sweep",
+                 "who requeues a SLURM job after a stop signal: the run itself, or the array task's sweep that "
+                 "started it (which records the run first)", choices=("run", "sweep"),
+                 set_by="`sweep --run`, for the run it starts in a SLURM job"),
         Variable("LIGHTNING_CQK_UNLOCKED", "flag", "0", f"one of {', '.join(FLAG_TRUE + FLAG_FALSE)}", "1",
                  "the test suite runs against the newest releases, not the lock (tests/test_locked_environment.py "
                  "then skips)", set_by="`make test-latest`"),
@@ -167,6 +174,21 @@ def env_modules(name: str) -> tuple[str, ...]:
     if bad:
         raise _refuse(variable, raw, f" ({', '.join(repr(b) for b in bad)} is no module name)")
     return names
+
+
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def env_text(name: str) -> str | None:
+    """A text variable's value as set (stripped), or None where unset; checked against its `expects` where that is a
+    known form (a sha256 hex digest)."""
+    variable = _declared(name, "text")
+    raw = _raw(variable)
+    if raw is None:
+        return None
+    if variable.expects == "a sha256 hex digest" and not _HEX_DIGEST.fullmatch(raw.strip()):
+        raise _refuse(variable, raw[:200])
+    return raw.strip()
 
 
 def env_path(name: str) -> Path | None:

@@ -64,6 +64,7 @@ from typing import Any
 
 from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.checkpoint_files import checkpoint_problem, checkpoint_step, same_checkpoint, step_in_name
+from lightning_cqk.environment import env_text
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.package_versions import code_revision, package_versions
 from lightning_cqk.run_lock import (
@@ -661,7 +662,7 @@ class RunDirectory:
             "argv": list(sys.argv),
             "revision": code_revision(),
             "packages": package_versions(),
-            **({"identity": os.environ[RUN_IDENTITY_ENV]} if os.environ.get(RUN_IDENTITY_ENV) else {}),
+            **({"identity": identity} if (identity := env_text(RUN_IDENTITY_ENV)) else {}),
             **fields,
         }
         record["attempts"].append(attempt)

@@ -14,6 +14,8 @@ import re
 import shutil
 import subprocess
 
+from lightning_cqk.environment import env_choice
+
 #: Set to "sweep" by the sweep runner in each run's environment: the run saves and exits; the sweep requeues.
 REQUEUE_BY_ENV = "LIGHTNING_CQK_SLURM_REQUEUE_BY"
 
@@ -32,7 +34,7 @@ def requeue_job(by: str = "run") -> str:
     job = slurm_job_id()
     if job is None:
         return "SIGUSR1 outside a SLURM job: not requeued (run the same command with --ckpt_path last to resume)"
-    if by == "run" and os.environ.get(REQUEUE_BY_ENV) == "sweep":
+    if by == "run" and env_choice(REQUEUE_BY_ENV) == "sweep":
         return f"SLURM job {job}: saved; the sweep task that started this run records it and requeues the job"
     scontrol = shutil.which("scontrol")
     if scontrol is None:

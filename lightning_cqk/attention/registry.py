@@ -32,7 +32,6 @@ import difflib
 import functools
 import importlib
 import importlib.metadata
-import os
 import pkgutil
 import re
 import sys
@@ -40,6 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_cqk.environment import env_modules
 from lightning_cqk.errors import ConfigError
 
 ATTENTION_GROUP = "lightning_cqk.attention"
@@ -71,8 +71,7 @@ def is_path(name: Any) -> bool:
 
 def trusted_roots() -> tuple[str, ...]:
     """Top-level packages whose modules a recorded path may import: this one and `$LIGHTNING_CQK_TRUSTED_MODULES`."""
-    extra = [m.strip() for m in os.environ.get(TRUSTED_ENV, "").split(",") if m.strip()]
-    return ("lightning_cqk", *extra)
+    return ("lightning_cqk", *env_modules(TRUSTED_ENV))
 
 
 def first_line(err: BaseException) -> str:
