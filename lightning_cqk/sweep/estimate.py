@@ -131,30 +131,6 @@ def estimate_runs(sweep, start: str | None = None) -> list[RunEstimate]:
     return list(out.values())
 
 
-def final_validation(sweep) -> tuple[list[str], list[str]]:
-    """(refusals, warnings) about when each run last validates: a run that would end without any validation has no
-    metric to report (refused); one whose last validation is before its last step reports that earlier one (warned).
-    Runs whose `trainer.val_check_interval` is not a whole number of steps are not judged."""
-    refusals, warnings = [], []
-    for estimate, run in zip(estimate_runs(sweep), sweep.runs, strict=True):
-        every = resolve(run.configs, run.overrides)["trainer"].get("val_check_interval")
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1 or estimate.steps < 1:
-            continue
-        steps, fix = estimate.steps, f"set trainer.val_check_interval to a divisor of {estimate.steps}"
-        if steps < every:
-            refusals.append(
-                f"{run.name} trains {steps} steps but validates every {every}: it would end without a validation, "
-                f"so the report would have no {sweep.spec.get('metric', 'val/ppl')} for it. In the profile's "
-                f"overrides, {fix} (e.g. trainer.val_check_interval: {steps})."
-            )
-        elif steps % every:
-            warnings.append(
-                f"{run.name} last validates at step {steps // every * every} of {steps} (every {every}); the report "
-                f"reads that validation. To validate at the last step, {fix}."
-            )
-    return refusals, warnings
-
-
 def _start_mode() -> str:
     from lightning_cqk.sweep import worker
 

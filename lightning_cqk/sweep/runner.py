@@ -778,15 +778,6 @@ def _sweep(args: argparse.Namespace) -> None:
         sweep = expand(args.spec, args.profile, args.output)
         if args.jobs is not None and args.jobs < 1:
             raise SpecError(f"--jobs must be at least 1, got {args.jobs}.")
-        from lightning_cqk.sweep.estimate import final_validation
-
-        refusals, warnings = final_validation(sweep)  # before anything runs, the dry run included
-        more = f" ({len(warnings) - 1} more runs alike)" if len(warnings) > 1 else ""
-        if warnings:
-            print(f"warning: {warnings[0]}{more}", file=sys.stderr)
-        if refusals:
-            more = f" ({len(refusals) - 1} more runs alike)" if len(refusals) > 1 else ""
-            raise SpecError(refusals[0] + more)
         if args.dry_run:
             dry_run(sweep)
             return
