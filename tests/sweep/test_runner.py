@@ -307,7 +307,7 @@ def test_a_stop_signal_after_the_runs_finished_is_no_stop(tmp_path: Path, monkey
     ledger, run = Ledger(sweep), sweep.run("ref-s1")
     ledger.run_dir(run).mkdir(parents=True)
     (ledger.run_dir(run) / "budget.json").write_text("{}")
-    ledger.set_status(run, status="done", config_hash=run.config_hash())
+    ledger.set_status(run, status="done", config_hash=run.config_hash(), **ledger.identity_fields(run))
     result = runner.run_local(sweep, only=["ref-s1"])
     assert result["skipped"] == ["ref-s1"] and "stopped_by" not in result
     assert "SIGUSR1 came when every run was finished: nothing to stop or requeue" in capsys.readouterr().out
@@ -323,7 +323,7 @@ def test_an_array_task_ignores_a_late_stop_warning_once_its_run_is_recorded(tmp_
     ledger, run = Ledger(sweep), sweep.run("ref-s1")
     ledger.run_dir(run).mkdir(parents=True)
     (ledger.run_dir(run) / "budget.json").write_text("{}")
-    ledger.set_status(run, status="done", config_hash=run.config_hash())
+    ledger.set_status(run, status="done", config_hash=run.config_hash(), **ledger.identity_fields(run))
     before = signal.getsignal(signal.SIGUSR1)
     try:
         for job, expected in ((None, before), ("77", signal.SIG_IGN)):
