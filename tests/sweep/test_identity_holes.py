@@ -238,8 +238,8 @@ def _commit(tmp: Path, ledger: Ledger, folder: Path, runs: dict[str, dict]) -> P
         manifest["runs"].append(entry)
         row = dict.fromkeys(RUN_FIELDS, "")
         row.update(run=run.name, group=run.group, seed=str(run.seed), lr="0.003", val_loss="2.5", val_ppl="12.25",
-                   val_bpb="3.5", code_revision=" ".join(status.get("revisions") or []),
-                   config_hash=run.config_hash(), identity=status.get("identity", ""), status="done", steps="7")  # fmt: skip
+                   val_bpb="3.5", code_revision=" ".join(status.get("revisions") or []), steps="7",
+                   config_hash=run.config_hash(), identity=status.get("identity", ""), status="done")  # fmt: skip
         rows.append(row)
         curves += [
             [run.name, tag, 6, value] for tag, value in (("val/ppl", 12.25), ("val/bpb", 3.5), ("val/loss", 2.5))
