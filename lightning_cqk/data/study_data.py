@@ -150,6 +150,7 @@ def hallmarks_texts(tarball: bytes) -> list[tuple[str, str]]:
 def fetch(root: Path, get: Callable[[str], bytes] = download, log: Callable[[str], None] = print) -> list[Path]:
     """Fetch every file into `root` (checked), build the PubMed file (checked), and return the paths written.
     A file already there with the right sha256 is kept; nothing is written whose bytes are not the pinned ones."""
+    _refuse_what_is_in_the_way(root)
     written: list[Path] = []
     contents: dict[str, bytes] = {}
     for source in FILES:
@@ -183,6 +184,23 @@ def fetch(root: Path, get: Callable[[str], bytes] = download, log: Callable[[str
         raise StudyDataError(f"the rebuilt {PUBMED_FILE} has sha256 {sha256(data)}, not {PUBMED_SHA256}: not written.")
     write_bytes_atomically(pubmed, data)
     return [*written, pubmed]
+
+
+def _refuse_what_is_in_the_way(root: Path) -> None:
+    """Before any download: every path a file goes to is a file or free (a folder there would end the fetch in a
+    traceback after the downloads, issue 45 item 7), and the root is a folder or free."""
+    if root.exists() and not root.is_dir():
+        raise StudyDataError(f"{root} is a file, and the data root must be a folder: give another DIR.")
+    targets = [root / source.folder / source.name for source in FILES] + [root / PUBMED_FILE]
+    blocked = [t for t in targets if (t.exists() or t.is_symlink()) and not t.is_file()]
+    blocked += [t.parent for t in targets if t.parent.exists() and not t.parent.is_dir()]
+    if blocked:
+        first = blocked[0]
+        raise StudyDataError(
+            f"{', '.join(map(str, dict.fromkeys(blocked)))}: not a file where a downloaded file goes (a folder, or a "
+            f"file where a folder goes). Nothing was downloaded. Move it aside, e.g. mv {first} {first}.aside, and "
+            "run the same command again."
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

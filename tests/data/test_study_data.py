@@ -106,3 +106,19 @@ def test_a_planted_symlink_beside_a_download_is_never_written_through(served, tm
     target = folder / source.name
     assert not target.is_symlink() and hashlib.sha256(target.read_bytes()).hexdigest() == source.sha256
     assert planted.is_symlink() and planted.resolve() == victim
+
+
+def test_a_folder_where_a_file_goes_is_refused_before_any_download(served, tmp_path: Path):
+    """Issue 45 item 7: `study-data` with a directory where a file goes ended in a traceback after the downloads."""
+    blocked = tmp_path / "data" / FILES[0].folder / FILES[0].name
+    blocked.mkdir(parents=True)
+    asked: list[str] = []
+
+    def counting(url: str) -> bytes:
+        asked.append(url)
+        return served(url)
+
+    with pytest.raises(StudyDataError, match="not a file where a downloaded file goes") as err:
+        fetch(tmp_path / "data", get=counting, log=lambda message: None)
+    assert asked == [], "nothing was downloaded"
+    assert f"mv {blocked} {blocked}.aside" in str(err.value)
