@@ -44,55 +44,13 @@ import sys
 from pathlib import Path
 
 from lightning_cqk.sweep import report_folder
-from lightning_cqk.sweep.estimators import (
-    final,
-    group_values,
-    lr_control_prediction,
-    table_rows,
-    training_corpora,
-    tuning_table,
-    untuned_groups,
-    val_sampling_error,
-    verdicts,
-)
-from lightning_cqk.sweep.render import CSV_FIELDS, claims_csv, code_line, markdown, to_csv, tuning_lines
-from lightning_cqk.sweep.report_read import (
-    VAL_WINDOWS,
-    ReportError,
-    collect,
-    read_scalars,
-    recorded_lr,
-    unfinished_reason,
-)
+from lightning_cqk.sweep.estimators import table_rows, verdicts
+from lightning_cqk.sweep.render import claims_csv, markdown, to_csv
+from lightning_cqk.sweep.report_read import ReportError, collect
 from lightning_cqk.sweep.study_data import StudyData
 
-# the report's stages, importable from here: reading (report_read.py), estimators (estimators.py), rendering
+# the report's stages live in their own modules: reading (report_read.py), estimators (estimators.py), rendering
 # (render.py); this module is the command that runs them in that order and writes the folder
-__all__ = [
-    "CSV_FIELDS",
-    "VAL_WINDOWS",
-    "ReportError",
-    "claims_csv",
-    "code_line",
-    "collect",
-    "final",
-    "group_values",
-    "lr_control_prediction",
-    "markdown",
-    "read_scalars",
-    "recorded_lr",
-    "report_command",
-    "table_rows",
-    "to_csv",
-    "training_corpora",
-    "tuning_lines",
-    "tuning_table",
-    "unfinished_reason",
-    "untuned_groups",
-    "val_sampling_error",
-    "verdicts",
-    "write_report",
-]
 
 
 def write_report(

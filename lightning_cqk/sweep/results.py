@@ -581,24 +581,3 @@ def same_results(folder: Path, data: StudyData) -> dict[str, list[str]]:
         if pairs:
             out[study] = sorted(pairs)
     return out
-    for other in sorted(folder.parent.iterdir()):
-        path = other / RUNS_FILE
-        if other.resolve() == folder.resolve() or not path.is_file():
-            continue
-        pairs = []
-        with open(path, newline="") as handle:
-            for row in csv.DictReader(handle):
-                key = _fingerprint(
-                    row.get("seed"),
-                    row.get("lr"),
-                    row.get("tokens"),
-                    row.get("steps"),
-                    row.get("val_ppl"),
-                    row.get("val_loss"),
-                )
-                for name, config_hash in mine.get(key, []) if key is not None else []:
-                    if config_hash != row.get("config_hash"):
-                        pairs.append(f"{name} = {row['run']}")
-        if pairs:
-            out[other.name] = sorted(pairs)
-    return out

@@ -42,16 +42,12 @@ class SpecError(ValueError):
     """A malformed ablation spec; the message says what is wrong and how to fix it (`spec.SpecError`: the same)."""
 
 
-def _spec_error(message: str) -> Exception:
-    return SpecError(message)
-
-
 def read(path: str | Path) -> tuple[Any, dict[tuple[str, ...], int]]:
     """The spec's data and the line of every key, refusing syntax errors and duplicate keys (naming the line)."""
     try:
         return load(path)
     except YAMLInputError as err:
-        raise _spec_error(str(err)) from None
+        raise SpecError(str(err)) from None
 
 
 def is_safe_name(name: Any) -> bool:
@@ -71,7 +67,7 @@ def _at(where: str, lines: dict[tuple[str, ...], int], *path: Any) -> str:
 def check_profile_name(profile: Any, where: str) -> None:
     """Refuse a profile name (a spec key or `--profile`) that cannot be one plain path component."""
     if not is_safe_name(profile):
-        raise _spec_error(
+        raise SpecError(
             f"{where}: profile name {profile!r} is not a plain name ({NAME_RULE}): it becomes part of the sweep "
             "directory's name (runs/<study>-<profile>), so it must not hold `/`, `..` or spaces. Use one of the "
             "spec's profiles, e.g. --profile cpu."
@@ -83,7 +79,7 @@ def owned_run_dir(sweep_dir: Path, name: str) -> Path:
     partial run directories: only ever one directly inside its own sweep directory)."""
     path = Path(sweep_dir) / name
     if not is_safe_name(name) or path.parent != Path(sweep_dir):
-        raise _spec_error(
+        raise SpecError(
             f"run name {name!r} is not a plain name ({NAME_RULE}); the sweep in {sweep_dir} only writes and deletes "
             "run directories directly inside it. Rename the spec's levels."
         )
@@ -99,7 +95,7 @@ def check(spec: dict[str, Any], where: str, lines: dict[tuple[str, ...], int]) -
         _check_seeds(profile.get("seeds", [1337]), name, where, lines)
         jobs = profile.get("jobs", 1)
         if type(jobs) is not int or jobs < 1:
-            raise _spec_error(
+            raise SpecError(
                 f"{_at(where, lines, 'profiles', name, 'jobs')}: profile {name!r}: jobs is the number of runs at a "
                 f"time, a positive integer; got {jobs!r}."
             )
@@ -208,7 +204,7 @@ def _check_one_spelling(
                 continue
             first_line = lines.get((*path, first))
             first_at = f" (line {first_line})" if first_line is not None else ""
-            raise _spec_error(
+            raise SpecError(
                 f"{_at(where, lines, *path, second)}: keys {first!r}{first_at} and {second!r} (in "
                 f"{'.'.join(path)}) both set {'.'.join(same)}: the command-line parser reads `x.init_args.y` as "
                 "`x.y` and a mapping value as its keys, so the run would get only the value passed last and "
@@ -221,7 +217,7 @@ def _check_slurm(value: Any, profile: str, where: str, lines: dict[tuple[str, ..
     items = value if isinstance(value, list) else [value]
     for i, line in enumerate(items):
         if not isinstance(line, str) or not line.startswith("#SBATCH ") or "\n" in line or "\r" in line:
-            raise _spec_error(
+            raise SpecError(
                 f"{_at(where, lines, 'profiles', profile, 'slurm', i)}: profile {profile!r}: slurm line {line!r} is "
                 "not one `#SBATCH ...` directive. These lines are copied into the array script before its commands: "
                 "anything else would run as shell code on the cluster (and end sbatch's reading of the directives "
@@ -238,7 +234,7 @@ SLURM_SIGNAL_MAX = 65535  # sbatch --signal's largest time
 
 def _check_signal_seconds(value: Any, profile: str, where: str, lines: dict[tuple[str, ...], int]) -> None:
     if type(value) is not int or not 1 <= value <= SLURM_SIGNAL_MAX:
-        raise _spec_error(
+        raise SpecError(
             f"{_at(where, lines, 'profiles', profile, 'slurm_signal_seconds')}: profile {profile!r}: "
             f"slurm_signal_seconds is how long before a SLURM time limit the runs are told to save (SIGUSR1), a whole "
             f"number of seconds from 1 to {SLURM_SIGNAL_MAX}; got {value!r}. E.g. slurm_signal_seconds: "
@@ -249,7 +245,7 @@ def _check_signal_seconds(value: Any, profile: str, where: str, lines: dict[tupl
 def _check_seeds(seeds: Any, profile: str, where: str, lines: dict[tuple[str, ...], int]) -> None:
     at = _at(where, lines, "profiles", profile, "seeds")
     if not isinstance(seeds, list) or not seeds:
-        raise _spec_error(
+        raise SpecError(
             f"{at}: profile {profile!r}: seeds is a non-empty list of integers, e.g. [1, 2, 3]; got {seeds!r}."
         )
     for i, seed in enumerate(seeds):
@@ -259,12 +255,12 @@ def _check_seeds(seeds: Any, profile: str, where: str, lines: dict[tuple[str, ..
                 if type(seed) is int
                 else f"a seed is an integer, and {type(seed).__name__} {seed!r} would be turned into one silently"
             )
-            raise _spec_error(
+            raise SpecError(
                 f"{_at(where, lines, 'profiles', profile, 'seeds', i)}: profile {profile!r}: seed {seed!r} is refused: "
                 f"{why}. Write whole numbers, e.g. seeds: [1, 2, 3]."
             )
     if len(set(seeds)) != len(seeds):
-        raise _spec_error(f"{at}: profile {profile!r} needs distinct seeds, got {seeds}.")
+        raise SpecError(f"{at}: profile {profile!r} needs distinct seeds, got {seeds}.")
 
 
 def profile_groups(spec: dict[str, Any], profile: str) -> set[str]:
@@ -299,7 +295,7 @@ def _check_claim(
     if "group" in claim:
         named = [("group", claim.get("group")), ("vs", claim.get("vs"))]
         if str(claim.get("group")) == str(claim.get("vs")):
-            raise _spec_error(
+            raise SpecError(
                 f"{_at(where, lines, *path, 'vs')}: claim {name!r} compares group {claim.get('group')!r} with itself "
                 "(group == vs): its change is 0 by construction and says nothing. Name the group it is compared "
                 "against in `vs`."
@@ -309,7 +305,7 @@ def _check_claim(
         named = [(f"plus.{i}", g) for i, g in enumerate(plus)] + [(f"minus.{i}", g) for i, g in enumerate(minus)]
         both = sorted({str(g) for g in plus} & {str(g) for g in minus})
         if both:
-            raise _spec_error(
+            raise SpecError(
                 f"{_at(where, lines, *path)}: claim {name!r} has {', '.join(both)} in both plus and minus: the group "
                 "cancels out of the contrast. Each group appears on one side only."
             )
@@ -319,7 +315,7 @@ def _check_claim(
         close = difflib.get_close_matches(str(group), groups, n=3)
         hint = f" Did you mean {' or '.join(close)}?" if close else ""
         shown = ", ".join(groups[:_SHOWN]) + (f", ... ({len(groups)} in all)" if len(groups) > _SHOWN else "")
-        raise _spec_error(
+        raise SpecError(
             f"{_at(where, lines, *path, *key.split('.'))}: claim {name!r} names group {group!r}, which {absent} "
             f"(groups: {shown}).{hint} A group is a run's name without its seed: the levels joined by '-' in axis "
             "order; otherwise the claim would never be judged."

@@ -18,7 +18,8 @@ from lightning_cqk.data import TokenDataModule
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
-from lightning_cqk.sweep.report import VAL_WINDOWS, final, read_scalars, unfinished_reason, val_sampling_error
+from lightning_cqk.sweep.estimators import final, val_sampling_error
+from lightning_cqk.sweep.report_read import VAL_WINDOWS, read_scalars, unfinished_reason
 from lightning_cqk.sweep.study_data import StudyData
 
 SUBSET_BATCHES, BATCH, FINAL = 2, 3, 10  # intermediate: 2 x 3 = 6 windows; final: 10 windows

@@ -16,7 +16,9 @@ from torch.utils.tensorboard import SummaryWriter
 
 from lightning_cqk.cli import main
 from lightning_cqk.downstream.glue_table import FORMAT
-from lightning_cqk.sweep.report import code_line, read_scalars, report_command, unfinished_reason, write_report
+from lightning_cqk.sweep.render import code_line
+from lightning_cqk.sweep.report import report_command, write_report
+from lightning_cqk.sweep.report_read import read_scalars, unfinished_reason
 
 # final val/ppl per seed (the last of three validations); the curve before it is arbitrary
 FINAL = {"base": [20.5, 21.25, 19.75], "var": [18.0, 18.5, 19.75], "half": [26.0, 27.5, 26.5]}

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_cqk.sweep.report import collect, training_corpora, untuned_groups, verdicts
+from lightning_cqk.sweep.estimators import training_corpora, untuned_groups, verdicts
+from lightning_cqk.sweep.report_read import collect
 from lightning_cqk.sweep.units import convert_pct
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"

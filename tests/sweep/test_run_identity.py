@@ -16,8 +16,10 @@ from test_runner import _write_spec
 
 from lightning_cqk.sweep import figures
 from lightning_cqk.sweep import identity as identity_module
+from lightning_cqk.sweep.estimators import group_values
 from lightning_cqk.sweep.identity import canonical_key, settings_digest, settings_of
-from lightning_cqk.sweep.report import collect, group_values, write_report
+from lightning_cqk.sweep.report import write_report
+from lightning_cqk.sweep.report_read import collect
 from lightning_cqk.sweep.runner import Ledger, run_local
 from lightning_cqk.sweep.spec import expand
 

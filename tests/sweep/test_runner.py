@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from lightning_cqk.cli import main
-from lightning_cqk.sweep.report import read_scalars
+from lightning_cqk.sweep.report_read import read_scalars
 from lightning_cqk.sweep.runner import Ledger, write_slurm
 from lightning_cqk.sweep.spec import SpecError, expand
 

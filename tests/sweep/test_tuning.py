@@ -132,7 +132,8 @@ def test_a_grid_at_several_seeds_chooses_the_lowest_mean_and_never_a_rate_unstab
         (sweep.sweep_dir / f"tune-coupled-lr{lr}-s1000" / "val_windows.json").unlink()
     assert "--model.optim.lr=0.004" in fit_command(sweep, coupled)
     # the report's grid table: the mean over the seeds and their sd
-    from lightning_cqk.sweep.report import tuning_lines, tuning_table
+    from lightning_cqk.sweep.estimators import tuning_table
+    from lightning_cqk.sweep.render import tuning_lines
 
     runs = [
         {"name": r.name, "heldout_loss": held[r.overrides["model.optim.lr"]][[0, 1000, 1001].index(r.seed)]}
@@ -374,7 +375,7 @@ def test_the_report_reads_the_rate_each_finished_run_recorded(tmp_path: Path):
     """Issue 33: the report recomputed each tuned run's rate from the grid (auto_scale), so a change to how the grid
     chooses would silently rewrite the rates of committed runs. A finished run's rate is now the one it recorded (its
     config.yaml in a sweep, runs.csv in committed results); only a run not yet finished is given its predicted rate."""
-    from lightning_cqk.sweep.report import recorded_lr
+    from lightning_cqk.sweep.report_read import recorded_lr
     from lightning_cqk.sweep.results import run_lr
 
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"model": {"optim": {"name": "adamw", "lr": 0.0023983}}}))

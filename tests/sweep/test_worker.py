@@ -13,7 +13,7 @@ import torch
 from tiny_run import tiny_fit
 
 from lightning_cqk.sweep import worker
-from lightning_cqk.sweep.report import read_scalars
+from lightning_cqk.sweep.report_read import read_scalars
 
 
 def _fit_args(shards: Path, runs: Path, name: str) -> list[str]:
