@@ -108,6 +108,21 @@ def test_a_changed_untracked_module_changes_the_code(tmp_path: Path):
     assert "code: pkg/model/helper.py changed since" in said
 
 
+def _sweep_with_user_callback(tmp_path: Path, monkeypatch, lab: Path, module: str):
+    """The twin spec with the user's callback `<module>.Scale` (a file in `lab`, trusted and importable by the runs
+    and the CLI's resolver) added to its cpu profile's config files."""
+    monkeypatch.syspath_prepend(str(lab))
+    monkeypatch.setenv("PYTHONPATH", str(lab))  # where the runs (and the CLI's resolver) import it from
+    monkeypatch.setenv("LIGHTNING_CQK_TRUSTED_MODULES", module)
+    callbacks = tmp_path / "callbacks.yaml"
+    callbacks.write_text(yaml.safe_dump({"trainer": {"callbacks": [{"class_path": f"{module}.Scale"}]}}))
+    path = _twin_spec(tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    spec["profiles"]["cpu"]["configs"].append(str(callbacks))
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return expand(path, "cpu", str(tmp_path / "out"))
+
+
 def test_a_changed_user_callback_module_changes_the_identity(tmp_path: Path, monkeypatch):
     lab = tmp_path / "lab"
     lab.mkdir()
@@ -115,16 +130,7 @@ def test_a_changed_user_callback_module_changes_the_identity(tmp_path: Path, mon
         "import lightning as L\n\n\nclass Scale(L.Callback):\n    def __init__(self, factor: float = 1.0):\n"
         "        self.factor = factor\n"
     )
-    monkeypatch.syspath_prepend(str(lab))
-    monkeypatch.setenv("PYTHONPATH", str(lab))  # where the runs (and the CLI's resolver) import it from
-    monkeypatch.setenv("LIGHTNING_CQK_TRUSTED_MODULES", "mylab_callbacks")
-    callbacks = tmp_path / "callbacks.yaml"
-    callbacks.write_text(yaml.safe_dump({"trainer": {"callbacks": [{"class_path": "mylab_callbacks.Scale"}]}}))
-    path = _twin_spec(tmp_path)
-    spec = yaml.safe_load(path.read_text())
-    spec["profiles"]["cpu"]["configs"].append(str(callbacks))
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    sweep = expand(path, "cpu", str(tmp_path / "out"))
+    sweep = _sweep_with_user_callback(tmp_path, monkeypatch, lab, "mylab_callbacks")
     before = Ledger(sweep).identity(sweep.run("ref-s1"))
     assert before.parts["code"]["modules"]["mylab_callbacks"].startswith("sha256:")
     (lab / "mylab_callbacks.py").write_text((lab / "mylab_callbacks.py").read_text() + "\nLR_WARP = 2\n")
@@ -206,16 +212,7 @@ def test_a_changed_code_default_is_another_identity(tmp_path: Path, monkeypatch)
         "        self.factor = factor\n"
     )
     (lab / "mylab_defaults.py").write_text(source.format("1.0"))
-    monkeypatch.syspath_prepend(str(lab))
-    monkeypatch.setenv("PYTHONPATH", str(lab))
-    monkeypatch.setenv("LIGHTNING_CQK_TRUSTED_MODULES", "mylab_defaults")
-    callbacks = tmp_path / "callbacks.yaml"
-    callbacks.write_text(yaml.safe_dump({"trainer": {"callbacks": [{"class_path": "mylab_defaults.Scale"}]}}))
-    path = _twin_spec(tmp_path)
-    spec = yaml.safe_load(path.read_text())
-    spec["profiles"]["cpu"]["configs"].append(str(callbacks))
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    sweep = expand(path, "cpu", str(tmp_path / "out"))
+    sweep = _sweep_with_user_callback(tmp_path, monkeypatch, lab, "mylab_defaults")
     before = Ledger(sweep).identity(sweep.run("ref-s1"))
     (lab / "mylab_defaults.py").write_text(source.format("2.0"))
     settings.reset()  # a new sweep invocation: a new resolver imports the edited code
