@@ -178,11 +178,18 @@ def shared_source(sweep_dir: Path, run: dict[str, Any]) -> Path | None:
     return None
 
 
+def _adoption_evidence(run: dict[str, Any]) -> str:
+    """What made an adopted run's committed twin trustworthy, or that its record names nothing (hand-written)."""
+    if run.get("probe"):
+        return f" (adopted: {run['probe']} reproduced its committed twin to the last digit)"
+    return " (adopted, but its record names no probe run that reproduced the twin: treat it as unchecked)"
+
+
 def computed_once(manifest: dict[str, Any]) -> list[str]:
     """`<run> = <the run whose numbers it has>` for every run the runner did not compute again."""
     return [
         f"{r['name']} = {r.get('same_as') or r.get('reused_from') or r.get('adopted_from')}"
-        + (f" (adopted: {r['probe']} reproduced its committed twin to the last digit)" if r.get("adopted_from") else "")
+        + (_adoption_evidence(r) if r.get("adopted_from") else "")
         for r in manifest.get("runs", [])
         if r.get("same_as") or r.get("reused_from") or r.get("adopted_from")
     ]

@@ -108,3 +108,20 @@ def test_the_control_calibration_counts_the_planted_sizes_prediction_error():
     se_pred, p, seeds = control_calibration(data, control)
     assert seeds == 3 and se_pred == pytest.approx(1.0 / math.sqrt(3), rel=1e-6)
     assert p == pytest.approx(2 * scipy_stats.norm.sf(1.5 / math.sqrt(4 + 1 / 3)), rel=1e-6)
+
+
+def test_an_adopted_run_whose_record_names_no_probe_is_reported_as_unchecked():
+    """Issue 45 (noticed): a study.json run with `adopted_from` but no `probe` (written by hand) was a KeyError."""
+    from lightning_cqk.sweep.report_read import computed_once
+
+    manifest = {
+        "runs": [
+            {"name": "a-s1", "adopted_from": "docs/results/x:a-s1", "probe": "a-s0"},
+            {"name": "a-s2", "adopted_from": "docs/results/x:a-s2"},
+            {"name": "a-s3"},
+        ]
+    }
+    lines = computed_once(manifest)
+    assert lines[0] == "a-s1 = docs/results/x:a-s1 (adopted: a-s0 reproduced its committed twin to the last digit)"
+    assert lines[1].startswith("a-s2 = docs/results/x:a-s2 (adopted, but its record names no probe run")
+    assert len(lines) == 2
