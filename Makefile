@@ -119,7 +119,7 @@ gpu-check: ## on the GPU machine: env, GPU suite, backend bench at 60m, kernel/m
 
 DIR ?= ../shared/data
 study-data: install ## fetch the corpus studies' text (WikiText-2 test, PubMed, C4) into DIR (../shared/data), checked
-	$(BIN)/python -m lightning_cqk.data.study_data $(DIR)
+	$(BIN)/lightning_cqk study-data $(DIR)
 
 tensorboard: install ## serve the curves of every run under runs/ (Custom Scalars tab: loss, val/ppl, grad norms first)
 	@echo "curves of every run under runs/: open http://localhost:6006/#custom_scalars (loss first; Time Series: every tag)"

@@ -1,4 +1,5 @@
-"""Step time of byte-level candidate models on one CPU thread: the calibration of lightning_cqk/sweep/estimate.py.
+"""Step time of byte-level candidate models on one CPU thread: the calibration of
+lightning_cqk/study/design/cost_estimate.py.
 
     OMP_NUM_THREADS=1 python benchmarks/cpu_step_time.py & OMP_NUM_THREADS=1 python benchmarks/cpu_step_time.py
 

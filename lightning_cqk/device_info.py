@@ -3,7 +3,7 @@
 Runs are deterministic on one CPU type but not across types (issue 31: the corpus study's `wikitext-standard-s1`
 gives val ppl 7.8167 on one CPU and 7.7688 from the same command, revision and packages on another; they part in the
 5th digit by step 49). So every run records what it ran on (`run.json`, per attempt), the sweep keeps it per run,
-and a finished run is reused only on the same device (`sweep/runner.py`).
+and a finished run is reused only on the same device (`study/run/runner.py`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every command that trains into `runs/<experiment>/<run>/` goes through this module: `lightning_cqk fit`
 (cli/trainer.py), the downstream CLI and `lightning_cqk glue` (cli/glue.py, cli/glue_command.py), the sweep runner
-(sweep/runner.py) and the callbacks that write beside the logs (callbacks/common.py `run_dir`). It is also the one
+(study/run/runner.py) and the callbacks that write beside the logs (callbacks/common.py `run_dir`). It is also the one
 answer to "which run does this checkpoint belong to" (`checkpoint_run`: `<run>/checkpoints/<file>` of a directory
 with a run record; `fit --ckpt_path` resumes into it, `validate` logs beside it, `glue` fine-tunes under it) and the
 package's one JSON writer (`write_json_atomically`: run.json, budgets, summaries, manifests, sweep status, results).
@@ -86,7 +86,7 @@ __all__ = [
 ]
 
 RECORD_NAME = "run.json"
-# A sweep's run: the identity the sweep computed for it (lightning_cqk/sweep/identity.py), recorded in each attempt.
+# A sweep's run: the identity the sweep computed for it (lightning_cqk/study/run/identity.py), recorded in each attempt.
 RUN_IDENTITY_ENV = "LIGHTNING_CQK_RUN_IDENTITY"
 CONFIG_NAME = "config.yaml"
 RUNNING, FINISHED, INTERRUPTED, FAILED = "running", "finished", "interrupted", "failed"

@@ -7,7 +7,7 @@ package's own `filename` settings (spikes.json, nonfinite.json). Given another r
 "filename": "last"}}'` overwrote that run's `last.ckpt` (issue 45 item 4); in a sweep spec's shared overrides every
 run would write into one folder. `output_problems` finds, in the plain settings (before anything is built), every
 such setting that leaves the run directory, naming its key; the command line (`cli/trainer.py`) and the sweep
-(`sweep/spec.py`, for every run of a spec) refuse them before any run starts (`OutsideRunDirectory`).
+(`study/design/spec.py`, for every run of a spec) refuse them before any run starts (`OutsideRunDirectory`).
 
 The rules, for each entry of `trainer.callbacks`, `trainer.profiler` and every logger but the run's own (the one
 TensorBoard logger whose `save_dir`/`name`/`version` *are* the run directory):

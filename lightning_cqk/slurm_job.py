@@ -1,5 +1,5 @@
 """The SLURM job this process runs in, and its requeue: one home for the fit's stop (`cli/trainer.py`) and the
-sweep's array task (`sweep/runner.py`), which both ask SLURM to requeue the job after a stop signal.
+sweep's array task (`study/run/runner.py`), which both ask SLURM to requeue the job after a stop signal.
 
 - `slurm_job_id()`: the id `scontrol requeue` takes (`<array job>_<task>` in an array job).
 - `requeue_job()`: `scontrol requeue <that id>`, in one line saying what happened. A run that a sweep started

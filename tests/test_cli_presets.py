@@ -15,7 +15,7 @@ from lightning_cqk.cli import main
 from lightning_cqk.cli.presets import resolve_shape_in
 from lightning_cqk.cli.trainer import CQKCLI
 from lightning_cqk.config import PRESETS, preset_shape
-from lightning_cqk.sweep.spec import expand
+from lightning_cqk.study.design.spec import expand
 
 REPO = Path(__file__).resolve().parents[1]
 PUBMED = REPO / "configs" / "pubmed.yaml"

@@ -80,11 +80,12 @@ def test_the_link_check_sees_a_missing_file_and_a_missing_anchor(tmp_path: Path)
 # ------------------------------------------------------------------------------------------ generated numbers
 @pytest.fixture(scope="module")
 def studies() -> dict[str, tuple[int, float]]:
-    """{study: (cpu runs, dry-run estimate of its wall time in minutes)} from the specs and sweep/estimate.py."""
+    """{study: (cpu runs, dry-run estimate of its wall time in minutes)} from the specs and
+    study/design/cost_estimate.py."""
     import os
 
-    from lightning_cqk.sweep.estimate import estimate_runs, study_seconds
-    from lightning_cqk.sweep.spec import expand
+    from lightning_cqk.study.design.cost_estimate import estimate_runs, study_seconds
+    from lightning_cqk.study.design.spec import expand
 
     os.environ.setdefault("LIGHTNING_CQK_SHARED_DATA", str(REPO.parent / "shared" / "data"))
     out = {}

@@ -31,14 +31,14 @@ def test_backends_page_is_current(monkeypatch: pytest.MonkeyPatch):
 
 def test_the_results_claims_table_is_current(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(REPO)  # the studies' papers come from configs/ablations/<study>.yaml
-    from lightning_cqk.sweep.claims_table import BEGIN as CB
-    from lightning_cqk.sweep.claims_table import END as CE
-    from lightning_cqk.sweep.claims_table import claims_markdown
+    from lightning_cqk.study.report.claims_table import BEGIN as CB
+    from lightning_cqk.study.report.claims_table import END as CE
+    from lightning_cqk.study.report.claims_table import claims_markdown
 
     committed = _section((REPO / "docs" / "results" / "README.md").read_text(), CB, CE)
     assert committed.strip() == claims_markdown(REPO / "docs" / "results", link_root=".").strip(), (
         "docs/results/README.md's claims table is stale; regenerate it with: "
-        "python -m lightning_cqk.sweep.claims_table --write docs/results/README.md"
+        "lightning_cqk claims-table --write docs/results/README.md"
     )
 
 
@@ -91,8 +91,8 @@ def test_every_committed_report_is_what_report_recomputes_from_its_committed_fil
     read them) writes each study's Markdown, CSV and claims.csv exactly as committed (figures left out for time)."""
     import shutil
 
-    import lightning_cqk.sweep.figures
-    from lightning_cqk.sweep.report import write_report
+    import lightning_cqk.study.report.figures
+    from lightning_cqk.study.report.report_command import write_report
 
     results = REPO / "docs" / "results"
     studies = sorted(p.parent.name for p in results.glob("*/study.json"))
@@ -100,7 +100,7 @@ def test_every_committed_report_is_what_report_recomputes_from_its_committed_fil
         pytest.skip("no committed study results")
     copy = tmp_path / "results"
     shutil.copytree(results, copy)
-    monkeypatch.setattr(lightning_cqk.sweep.figures, "figures", lambda *args, **kwargs: [])
+    monkeypatch.setattr(lightning_cqk.study.report.figures, "figures", lambda *args, **kwargs: [])
     for study in studies:
         write_report(copy / study, quiet=True)
         for name in (f"{study}.md", f"{study}.csv", "claims.csv"):
@@ -113,7 +113,7 @@ def test_a_report_of_a_committed_results_folder_leaves_every_file_as_committed(t
     do not hold the gradient norms it plots, leaving the checkout dirty. Figures found there are kept as committed."""
     import shutil
 
-    from lightning_cqk.sweep.report import write_report
+    from lightning_cqk.study.report.report_command import write_report
 
     results = REPO / "docs" / "results"
     if not (results / "coupling" / "study.json").is_file():

@@ -95,7 +95,7 @@ def _child(code: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_a_malformed_value_is_no_import_time_traceback():
     done = _child(
-        "import lightning_cqk.sweep.runner, lightning_cqk.sweep.worker, lightning_cqk.cli.errors",
+        "import lightning_cqk.study.run.runner, lightning_cqk.study.run.worker, lightning_cqk.cli.errors",
         LIGHTNING_CQK_SWEEP_PROGRESS_SECONDS="x",
         LIGHTNING_CQK_SWEEP_START="spawn",
         LIGHTNING_CQK_DEBUG="maybe",
@@ -113,7 +113,7 @@ def test_a_malformed_debug_flag_is_one_paragraph_from_the_command_line():
 
 
 def test_a_malformed_progress_interval_is_refused_when_a_sweep_starts(monkeypatch):
-    from lightning_cqk.sweep import runner
+    from lightning_cqk.study.run import runner
 
     monkeypatch.setenv("LIGHTNING_CQK_SWEEP_PROGRESS_SECONDS", "x")
     with pytest.raises(EnvironmentValueError, match="LIGHTNING_CQK_SWEEP_PROGRESS_SECONDS='x'"):

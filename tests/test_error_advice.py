@@ -4,7 +4,7 @@ The convention the messages follow (and this test enforces): a flag belongs to t
 the same string, as `lightning_cqk <command> ...` or `<command>: --flag` (e.g. "fit: --data.source PATH; prepare:
 --source PATH"); a string that names no command suggests flags of its module's command (`MODULE_COMMANDS`, else
 `fit`). Flags after a foreign tool (`tensorboard --logdir`, `#SBATCH --array`, `sbatch --parsable`) or a module run as a
-script (`python -m lightning_cqk.sweep.claims_table --write`) are not the CLI's.
+script (`lightning_cqk claims-table --write`) are not the CLI's.
 Every string literal of the package is read (f-strings with their placeholders as `{}`), except documentation
 (docstrings and other bare string statements) and strings without a space (argv pieces such as "--output").
 `fit` is checked against both trainer CLIs (`CQKCLI` and the downstream `GlueCLI`: the config decides which runs).
@@ -26,9 +26,9 @@ from lightning_cqk.cli import EXTRA_COMMANDS, TRAINER_COMMANDS, main
 
 PACKAGE = Path(lightning_cqk.__file__).parent
 MODULE_COMMANDS = {
-    "sweep/runner.py": "sweep",
-    "sweep/spec.py": "sweep",
-    "sweep/report.py": "report",
+    "study/run/runner.py": "sweep",
+    "study/design/spec.py": "sweep",
+    "study/report/report_command.py": "report",
     "data/prepare.py": "prepare",
     "cli/glue_command.py": "glue",
     "downstream/multiple_choice.py": "mc-eval",

@@ -18,8 +18,9 @@ first, in the order data flows from settings to the command line (docs/layout.md
     6  module                                   the LightningModule
     7  callbacks                                instruments and checkpoints, writing beside the run
     8  inference, evaluation, downstream        what reads a trained checkpoint (inference/pretrained.py loads it)
-    9  backends_doc, contract, sweep            the backend table, the contract checks (check-backend), studies and
-                                                their reports
+    9  backends_doc, contract, study            the backend table, the contract checks (check-backend), studies and
+                                                their reports (inside study/: design < judge < report; run/ imports
+                                                design/ and the results model only)
     10 cli                                      the command line: every command enters here
     -  lightning_cqk/__init__.py, __main__.py   the package's doors (not counted)
 
@@ -60,7 +61,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("module", "versions", "memory_check"),
     ("callbacks",),
     ("inference", "evaluation", "downstream"),
-    ("backends_doc", "contract", "sweep"),
+    ("backends_doc", "contract", "study"),
     ("cli",),
 ]
 LAYER = {unit: level for level, units in enumerate(LAYERS) for unit in units}
@@ -221,6 +222,72 @@ def test_at_most_two_upward_arrows_each_with_its_reason():
 
 def test_no_private_name_imported_across_modules():
     assert private_imports(read_imports()) == []
+
+
+#: Inside study/: the stages each may import (itself included). design < judge < report; run/ reads only the design
+#: and the results model; report may ask run/ (whose lock is live, a run's scalars). `__init__` files are doors.
+STUDY = f"{NAME}.study"
+STAGE_MAY_IMPORT: dict[str, set[str]] = {
+    "design": {"design", "results_model"},
+    "judge": {"design", "judge", "results_model"},
+    "report": {"design", "judge", "report", "run", "results_model"},
+    "run": {"design", "run", "results_model"},
+    "results_model": set(),
+}
+#: The results model run/ may read besides results_model.py, with its reason.
+RUN_READS_RESULTS: dict[str, str] = {
+    f"{STUDY}.report.results": "adoption (run/adopt.py) reads a committed twin's study.json and runs.csv through the "
+    "committed results' one checked reader, read_committed",
+}
+
+
+def _stage(module: str) -> str | None:
+    """`lightning_cqk.study.judge.stats` -> judge; `lightning_cqk.study.results_model` -> results_model; the
+    package door (`lightning_cqk.study`) and modules outside study/ -> None."""
+    parts = module.split(".")
+    if parts[:2] != [NAME, "study"] or len(parts) < 3:
+        return None
+    return parts[2]
+
+
+def stage_violations(imports) -> list[str]:
+    bad = []
+    for module, found in imports.items():
+        a = _stage(module)
+        if a is None or module.endswith(".__init__") or module == f"{STUDY}.{a}":
+            continue
+        for target, _, line in found:
+            b = _stage(target)
+            if b is None or b in STAGE_MAY_IMPORT[a] or (a == "run" and target in RUN_READS_RESULTS):
+                continue
+            bad.append(f"{module}:{line} ({a}) imports {target} ({b})")
+    return bad
+
+
+def test_study_stages_import_in_order():
+    """design < judge < report, and run/ imports only design/ and the results model."""
+    stages = {_stage(m) for m in read_imports()} - {None}
+    assert stages == set(STAGE_MAY_IMPORT), f"study/ stages without a rule: {stages - set(STAGE_MAY_IMPORT)}"
+    assert stage_violations(read_imports()) == []
+
+
+def test_the_stage_check_sees_a_backward_import():
+    fake = {
+        f"{STUDY}.design.spec": [(f"{STUDY}.judge.stats", ["ALPHA"], 3)],
+        f"{STUDY}.run.runner": [(f"{STUDY}.report.report_command", ["write_report"], 9)],
+        f"{STUDY}.judge.verdict": [(f"{STUDY}.design.claim", ["Claim"], 1)],
+    }
+    assert stage_violations(fake) == [
+        f"{STUDY}.design.spec:3 (design) imports {STUDY}.judge.stats (judge)",
+        f"{STUDY}.run.runner:9 (run) imports {STUDY}.report.report_command (report)",
+    ]
+
+
+def test_no_two_modules_share_a_name_in_study():
+    """A module's name says what it is: none repeats another's anywhere in the package (issue 43)."""
+    names = [p.stem for p in (PACKAGE / "study").rglob("*.py") if p.stem != "__init__"]
+    others = {p.stem for p in PACKAGE.rglob("*.py") if "study" not in p.relative_to(PACKAGE).parts[:1]}
+    assert sorted({n for n in names if names.count(n) > 1 or n in others}) == []
 
 
 def test_the_checker_sees_what_it_should(tmp_path):

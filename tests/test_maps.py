@@ -1,5 +1,6 @@
 """The maps a reader follows stay true (issue 33): the package's doctests run, every test file a docstring cites
-exists, sweep/__init__.py names every module of the folder, and docs/layout.md names every top-level module."""
+exists, study/__init__.py names every module of the folder and its stages, and docs/layout.md names every top-level
+module."""
 
 from __future__ import annotations
 
@@ -29,10 +30,10 @@ def test_every_test_file_a_package_docstring_cites_exists():
     assert not missing, f"cited but absent: {missing}"
 
 
-def test_the_sweep_folder_map_names_every_module():
-    text = importlib.import_module("lightning_cqk.sweep").__doc__
-    modules = {p.name for p in (PACKAGE / "sweep").glob("*.py") if p.name != "__init__.py"}
-    assert not {m for m in modules if m not in text}, "sweep/__init__.py does not name every module"
+def test_the_study_folder_map_names_every_module():
+    text = importlib.import_module("lightning_cqk.study").__doc__
+    modules = {p.name for p in (PACKAGE / "study").rglob("*.py") if p.name != "__init__.py"}
+    assert not {m for m in modules if m not in text}, "study/__init__.py does not name every module"
 
 
 def test_the_layout_page_names_every_top_level_module_and_package():

@@ -8,7 +8,7 @@ import pytest
 
 from lightning_cqk import resources
 from lightning_cqk.resources import ConfigNotFound, find_config, resolve_config_args
-from lightning_cqk.sweep.spec import SpecError, expand
+from lightning_cqk.study.design.spec import SpecError, expand
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -117,7 +117,7 @@ class RunSession(L.Callback):
         (self.run.path / name).write_text(self.config_text)
         changed = {k: [a, b] for k, (a, b) in self.changes.items()}
         device = describe_device(trainer.strategy.root_device)  # numbers agree to the last digit on one device kind
-        threads = torch.get_num_threads()  # the 7th digit of a validation loss depends on it (sweep/identity.py)
+        threads = torch.get_num_threads()  # the 7th digit of a validation loss depends on it (study/run/identity.py)
         self.run.start_attempt(
             config=name, ckpt_path=self.resumed_from, from_step=trainer.global_step, changed=changed, notes=self.notes,
             device=device, threads=threads, **extra,

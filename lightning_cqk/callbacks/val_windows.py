@@ -4,7 +4,7 @@
 tokens]}, from the validation at the run's last step (trainer.max_steps; with `every_validation` every validation
 rewrites it). With `data.final_val_windows` that validation scores the final set (`data/val_sets.py`), so the file
 holds the final set's windows. `lightning_cqk report` bootstraps over these windows to print how much of a
-difference between two models the validation set itself can create (lightning_cqk/sweep/stats.py,
+difference between two models the validation set itself can create (lightning_cqk/study/judge/stats.py,
 `bootstrap_se_of_mean_loss`).
 
 Cost: one cross-entropy per batch: `LitLM` returns each window's summed NLL from the batched forward it scores the

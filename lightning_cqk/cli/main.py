@@ -94,21 +94,40 @@ def _check_backend_command(argv: list[str]) -> None:
 
 
 def _new_study_command(argv: list[str]) -> None:
-    from lightning_cqk.sweep.new_study import new_study_command
+    from lightning_cqk.study.design.new_study import new_study_command
 
     new_study_command(argv)
 
 
 def _sweep_command(argv: list[str]) -> None:
-    from lightning_cqk.sweep.runner import sweep_command
+    from lightning_cqk.study.report.after_sweep import after_sweep
+    from lightning_cqk.study.run.runner import sweep_command
 
-    sweep_command(argv)
+    after_sweep(sweep_command(argv))  # the runs, then the power plan (dry run) or the report
 
 
 def _report_command(argv: list[str]) -> None:
-    from lightning_cqk.sweep.report import report_command
+    from lightning_cqk.study.report.report_command import report_command
 
     report_command(argv)
+
+
+def _claims_table_command(argv: list[str]) -> None:
+    from lightning_cqk.study.report.claims_table import claims_table_command
+
+    claims_table_command(argv)
+
+
+def _units_table_command(argv: list[str]) -> None:
+    from lightning_cqk.study.design.units import units_table_command
+
+    units_table_command(argv)
+
+
+def _study_data_command(argv: list[str]) -> None:
+    from lightning_cqk.data.study_data import study_data_command
+
+    study_data_command(argv)
 
 
 def _glue_command(argv: list[str]) -> None:
@@ -154,6 +173,9 @@ EXTRA_COMMANDS = {
     "new-study": _new_study_command,
     "sweep": _sweep_command,
     "report": _report_command,
+    "claims-table": _claims_table_command,
+    "units-table": _units_table_command,
+    "study-data": _study_data_command,
     "glue": _glue_command,
     "glue-table": _glue_table_command,
     "mc-eval": _mc_eval_command,
@@ -163,7 +185,7 @@ EXTRA_COMMANDS = {
 }
 
 USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,sweep,report,glue,glue-table,mc-eval,
-                     generate,eval,consolidate,check-backend,new-study} ...
+                     generate,eval,consolidate,check-backend,new-study,claims-table,units-table,study-data} ...
 
   fit        train:                     lightning_cqk fit --config configs/quickstart.yaml
   validate   evaluate a checkpoint:     lightning_cqk validate --config <run>/config.yaml --ckpt_path <ckpt>
@@ -176,6 +198,10 @@ USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,swe
   new-study  a study spec of your backend vs standard: lightning_cqk new-study NAME --attention X --effect -2
   sweep      run an ablation study:     lightning_cqk sweep configs/ablations/coupling.yaml --profile cpu
   report     tables + figures of it:    lightning_cqk report runs/coupling-cpu
+  claims-table  every committed study's claims in docs/results/README.md:
+                  lightning_cqk claims-table --write docs/results/README.md
+  units-table   bytes per GPT-2 token and per word of corpora: lightning_cqk units-table wiki=<file> --bpe-file <f>
+  study-data    fetch the corpus study's text, checked:  lightning_cqk study-data ../shared/data
   glue       GLUE fine-tuning of a checkpoint, every task x seeds -> glue.json/glue.md beside it:
                   lightning_cqk glue --checkpoint <ckpt> [--tasks '[cola, rte]'] [--seeds '[1, 2]']
   glue-table GLUE tables of several checkpoints side by side: lightning_cqk glue-table <ckpt|dir|glue.json>...

@@ -6,10 +6,10 @@ a run gets), and returns the configuration that run would save as its `config.ya
 dict. Nothing is instantiated: no model, data module, trainer or run directory is made, no lock is taken. The
 parser is built once per process (a few seconds), and each parse takes a fraction of a second.
 
-    python -m lightning_cqk.cli.resolve     # serves requests, one JSON line each, on stdin (sweep/settings.py)
+    python -m lightning_cqk.cli.resolve     # serves requests, one JSON line each, on stdin (study/design/settings.py)
 
-The sweep, below the command line, asks this module through that process (lightning_cqk/sweep/settings.py): its
-identities (sweep/identity.py) and dry-run estimates (sweep/estimate.py) read every run's settings here, so a
+The sweep, below the command line, asks this module through that process (lightning_cqk/study/design/settings.py): its
+identities (study/run/identity.py) and dry-run estimates (study/design/cost_estimate.py) read settings here, so a
 setting spelled two ways, given in two files, or left to a code default resolves one way for all of them (issue 43).
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from lightning_cqk.sweep.settings import ConfigUnresolvable, section  # noqa: F401 (section: one definition)
+from lightning_cqk.study.design.settings import ConfigUnresolvable, section  # noqa: F401 (section: one definition)
 
 
 @functools.lru_cache(maxsize=1)
@@ -106,7 +106,7 @@ def resolved_config(configs: list[str], overrides: Mapping[str, Any], seed: int 
 
 
 def serve() -> None:
-    """Answer resolve requests (sweep/settings.py), one JSON line in, one out, until stdin closes."""
+    """Answer resolve requests (study/design/settings.py), one JSON line in, one out, until stdin closes."""
     import sys
 
     from lightning_cqk.cli.class_paths import TRUSTED_MODULES, trusted_modules

@@ -7,7 +7,7 @@ sha256, and rebuilds the PubMed file (`pubmed/combined/pubmed_abstracts.jsonl`) 
 was built (the same sha256), so a machine with network access gets the same bytes the committed results came from:
 
     make study-data                                   # into ../shared/data
-    python -m lightning_cqk.data.study_data DIR       # anywhere; then LIGHTNING_CQK_SHARED_DATA=DIR
+    lightning_cqk study-data DIR       # anywhere; then LIGHTNING_CQK_SHARED_DATA=DIR
 
 - `wikitext/wikitext-2-raw-test/wiki.test.raw` (62 articles): Tylogi/TyloQuant @ 7989d03,
   `data/wikitext-2-raw/wiki.test.raw`;
@@ -203,9 +203,10 @@ def _refuse_what_is_in_the_way(root: Path) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> None:
+def study_data_command(argv: list[str] | None = None) -> None:
+    """`lightning_cqk study-data DIR`."""
     parser = argparse.ArgumentParser(
-        prog="python -m lightning_cqk.data.study_data",
+        prog="lightning_cqk study-data",
         description="Fetch the corpus study's text (WikiText-2 test, PubMed abstracts, C4 sample) into DIR, checked.",
     )
     parser.add_argument("output", help="the data root, e.g. ../shared/data (then LIGHTNING_CQK_SHARED_DATA=DIR)")
@@ -217,7 +218,3 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"study-data: {err}")
     print(f"study-data: {len(written)} file(s) written; every file under {root} matches its pinned sha256.")
     print(f"Run a study with it: LIGHTNING_CQK_SHARED_DATA={root} make ablations STUDY=corpus")
-
-
-if __name__ == "__main__":
-    main()

@@ -13,7 +13,7 @@ import torch
 from tiny_run import tiny_fit, write_tiny_corpus
 
 from lightning_cqk.cli.main import main
-from lightning_cqk.sweep.report_read import read_scalars
+from lightning_cqk.study.run.run_scalars import read_scalars
 
 RUN = "standard-tiny-L1-H2-d16-ff32-s1337"
 

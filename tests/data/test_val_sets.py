@@ -18,9 +18,10 @@ from lightning_cqk.data import TokenDataModule
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
-from lightning_cqk.sweep.estimators import final, val_sampling_error
-from lightning_cqk.sweep.report_read import VAL_WINDOWS, read_scalars, unfinished_reason
-from lightning_cqk.sweep.study_data import StudyData
+from lightning_cqk.study.judge.group_estimates import final, val_sampling_error
+from lightning_cqk.study.report.report_read import VAL_WINDOWS, unfinished_reason
+from lightning_cqk.study.results_model import StudyData
+from lightning_cqk.study.run.run_scalars import read_scalars
 
 SUBSET_BATCHES, BATCH, FINAL = 2, 3, 10  # intermediate: 2 x 3 = 6 windows; final: 10 windows
 
@@ -87,8 +88,8 @@ def test_a_tuning_grid_keeps_its_held_out_windows_after_the_final_set(tmp_path: 
 
     import yaml
 
-    from lightning_cqk.sweep.spec import SpecError, expand
-    from tests.sweep.test_tuning import REPO, SPEC
+    from lightning_cqk.study.design.spec import SpecError, expand
+    from tests.study.test_tuning import REPO, SPEC
 
     monkeypatch.chdir(REPO)
     spec = copy.deepcopy(SPEC)

@@ -13,8 +13,8 @@ from tiny_run import tiny_fit
 
 from lightning_cqk import package_versions as pv
 from lightning_cqk.cli import main
-from lightning_cqk.sweep.runner import Ledger
-from lightning_cqk.sweep.spec import expand
+from lightning_cqk.study.design.spec import expand
+from lightning_cqk.study.run.runner import Ledger
 
 try:
     import tomllib
@@ -97,7 +97,7 @@ def test_a_sweep_resumed_under_other_package_versions_says_which_changed(tmp_pat
 
 @pytest.mark.parametrize("recorded", [[], [{"torch": "2.0.0"}]])
 def test_a_launch_adds_this_environment_to_the_runs_packages(tmp_path: Path, monkeypatch, recorded):
-    from lightning_cqk.sweep import runner
+    from lightning_cqk.study.run import runner
 
     spec = {
         "study": "mini",

@@ -132,7 +132,7 @@ def _spec(tmp_path: Path, overrides: dict) -> Path:
 
 
 def test_a_sweep_spec_whose_overrides_share_an_output_folder_is_refused(tmp_path):
-    from lightning_cqk.sweep.spec import expand
+    from lightning_cqk.study.design.spec import expand
 
     shared = {"class_path": "lightning_cqk.callbacks.BestCheckpoint", "init_args": {"dirpath": str(tmp_path / "one")}}
     with pytest.raises(OutsideRunDirectory, match=r"run other-s1: .*trainer\.callbacks\[4\]\.init_args\.dirpath"):

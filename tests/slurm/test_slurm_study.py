@@ -23,7 +23,7 @@ import yaml
 from slurm_cluster import SlurmCluster
 from tiny_run import QUICKSTART, child_env, prepare_tiny_shards, quickstart_callbacks, tiny_args
 
-from lightning_cqk.sweep.report_read import read_scalars
+from lightning_cqk.study.run.run_scalars import read_scalars
 
 HERE = Path(__file__).resolve().parent
 STEPS, TOKENS_PER_STEP = 8, 2 * 16  # batch 2 x seq_len 16
