@@ -79,21 +79,43 @@ def test_the_link_check_sees_a_missing_file_and_a_missing_anchor(tmp_path: Path)
 
 # ------------------------------------------------------------------------------------------ generated numbers
 @pytest.fixture(scope="module")
-def studies() -> dict[str, tuple[int, float]]:
-    """{study: (cpu runs, dry-run estimate of its wall time in minutes)} from the specs and
+def estimates() -> dict[str, tuple[int, list]]:
+    """{study: (its cpu profile's jobs, the dry-run's RunEstimate of each run)} from the specs and
     study/design/cost_estimate.py."""
     import os
 
-    from lightning_cqk.study.design.cost_estimate import estimate_runs, study_seconds
+    from lightning_cqk.study.design.cost_estimate import estimate_runs
     from lightning_cqk.study.design.spec import expand
 
     os.environ.setdefault("LIGHTNING_CQK_SHARED_DATA", str(REPO.parent / "shared" / "data"))
     out = {}
     for spec in sorted((REPO / "configs" / "ablations").glob("*.yaml")):
         sweep = expand(spec, "cpu", REPO / "runs" / "never-written")
-        seconds = study_seconds(estimate_runs(sweep), sweep.jobs)  # what --dry-run prints
-        out[spec.stem] = (len(sweep.runs), seconds / 60)
+        out[spec.stem] = (sweep.jobs, estimate_runs(sweep, "fork"))
     return out
+
+
+@pytest.fixture(scope="module")
+def studies(estimates) -> dict[str, tuple[int, float]]:
+    """{study: (cpu runs, dry-run estimate of its wall time in minutes)}."""
+    from lightning_cqk.study.design.cost_estimate import study_seconds
+
+    return {study: (len(runs), study_seconds(runs, jobs, "fork") / 60) for study, (jobs, runs) in estimates.items()}
+
+
+def test_the_estimate_is_calibrated_to_the_committed_studies(estimates):
+    """Issue 43 item 6: the cost model's constants are the least-squares fit to every computed run of the committed
+    studies (study/design/cost_calibration.py), and with them each study's predicted wall is within 15% of its
+    measured one (study.json), on its own runs."""
+    from lightning_cqk.study.design import cost_estimate
+    from lightning_cqk.study.design.cost_calibration import TOLERANCE, calibrate, committed_studies
+
+    committed = committed_studies(REPO / "docs" / "results")
+    assert {s.study for s in committed} <= set(estimates)
+    calibration = calibrate(committed, lambda study: estimates[study.study][1])
+    assert calibration.constants == cost_estimate.CALIBRATED, "refit: put calibrate()'s constants in cost_estimate"
+    far = {t.study: (round(t.predicted_min, 1), round(t.measured_min, 1)) for t in calibration.studies}
+    assert all(abs(t.error) <= TOLERANCE for t in calibration.studies), f"predicted vs measured minutes: {far}"
 
 
 def test_the_studies_table_quotes_each_studys_runs_and_estimate(studies):

@@ -16,6 +16,7 @@ design/            what a study is, before anything runs
   units.py         a paper's change of perplexity in the study's unit (bytes); `lightning_cqk units-table`
   cost_estimate.py the CPU time of a sweep from analytic FLOPs and a measured step time (`--dry-run`); when runs
                    last validate
+  cost_calibration.py  the estimate's constants fitted to the committed studies' measured run times
   start_mode.py    how runs start: forked from the pre-imported worker, or fresh (`--start`)
   new_study.py     `lightning_cqk new-study`: a spec of your backend against standard, ready to dry-run
 run/               running the runs, resumably, and remembering what computed them

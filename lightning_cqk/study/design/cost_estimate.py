@@ -2,8 +2,8 @@
 
     step seconds = MARGIN x (STEP_MS_FIXED + STEP_MS_PER_GFLOP x training GFLOPs per optimizer step) / 1000
     run seconds  = start + steps x step seconds + validation
-    validation   = (validations - 1) x step seconds of the intermediate set's forward FLOPs
-                   + (1 + per-window pass) x step seconds of the final set's forward FLOPs
+    validation   = VALIDATION_MARGIN / MARGIN x ((validations - 1) x step seconds of the intermediate set's forward
+                   FLOPs + (1 + per-window pass) x step seconds of the final set's forward FLOPs)
     study wall   = the worker's start (--start fork) + sum of its runs / jobs (`jobs` at a time, one thread each)
 
 The intermediate set is `trainer.limit_val_batches x data.val_batch_size` windows, the final one
@@ -14,9 +14,12 @@ RUN_START_S per run with `--start fresh`; with `--start fork` (lightning_cqk/stu
 per run plus WORKER_START_S once per sweep. `--dry-run` prints, per run and per study, the run wall / training-time
 ratio: run seconds over steps x step seconds.
 
-The constants below are fitted to CPU step times measured with `benchmarks/cpu_step_time.py`; the measurements,
-the fit and its check through the real CLI are in docs/speed.md ("Sweep time estimate"). GPUs are not modelled: the
-estimate is for `cpu` profiles.
+STEP_MS_FIXED and STEP_MS_PER_GFLOP are fitted to CPU step times measured with `benchmarks/cpu_step_time.py`
+(docs/speed.md, "Sweep time estimate"). MARGIN, VALIDATION_MARGIN and FORKED_START_S are fitted to what the committed
+studies' runs took (docs/results/*/study.json: each run's seconds, with `jobs` at a time on the machine that ran
+them) by least squares over every run they computed (study/design/cost_calibration.py; tests/test_docs_drift.py
+checks CALIBRATED is that fit and each study's predicted wall within 15% of its measured one). GPUs are not modelled:
+the estimate is for `cpu` profiles.
 
 Runs are resolved by the CLI's own parser (cli/resolve.py; a point of the grid is parsed once for all its seeds);
 the model shape goes through `ModelConfig` (preset first, explicit fields win).
@@ -30,10 +33,13 @@ from typing import Any
 
 STEP_MS_PER_GFLOP = 18.7
 STEP_MS_FIXED = 10.0
-MARGIN = 1.2
+# Fitted to the committed studies' runs (cost_calibration.calibrate; 454 runs of 9 studies):
+MARGIN = 0.69  # on the training steps' analytic seconds
+VALIDATION_MARGIN = 1.506  # on the validations' analytic seconds
 RUN_START_S = 15.0  # --start fresh: interpreter, imports, Lightning and data start-up, and the final save of a run
 WORKER_START_S = 8.0  # --start fork: the worker's interpreter and imports, once per sweep (measured 6-7 s)
-FORKED_START_S = 2.0  # --start fork: a forked run's Lightning and data start-up and final save (measured 1-2 s)
+FORKED_START_S = 13.4  # --start fork: a forked run's Lightning and data start-up and final save (fitted, as above)
+CALIBRATED = (MARGIN, VALIDATION_MARGIN, FORKED_START_S)  # what cost_calibration.Calibration.constants must equal
 PER_WINDOW_PASS = 1.5  # ValWindowLosses scoring each final window alone, in final-set validations (see above)
 VOCAB = {"bytes": 257, "gpt2": 50257}
 # Settings that change a run's numbers but not its time: left out when a run is resolved for its estimate, so the
@@ -89,8 +95,8 @@ def model_config(resolved: dict[str, Any]):
     return ModelConfig(**fields)
 
 
-def step_seconds(gflop_per_step: float) -> float:
-    return MARGIN * (STEP_MS_FIXED + STEP_MS_PER_GFLOP * gflop_per_step) / 1000.0
+def step_seconds(gflop_per_step: float, margin: float = MARGIN) -> float:
+    return margin * (STEP_MS_FIXED + STEP_MS_PER_GFLOP * gflop_per_step) / 1000.0
 
 
 def run_start_seconds(start: str) -> float:
@@ -122,7 +128,8 @@ def estimate_runs(sweep, start: str | None = None) -> list[RunEstimate]:
         final = int(data.get("final_val_windows") or subset)
         per_window = PER_WINDOW_PASS if val_seq > seq or r["model"].get("loss_chunk") else 0.0
         window_gflop = (forward_flops_per_token(cfg, val_seq) * val_seq + forward_flops_per_step(cfg)) / 1e9
-        intermediate, last = step_seconds(window_gflop * subset), step_seconds(window_gflop * final)
+        intermediate = step_seconds(window_gflop * subset, VALIDATION_MARGIN)
+        last = step_seconds(window_gflop * final, VALIDATION_MARGIN)
         val_s = (n_val - 1) * intermediate + (1 + per_window) * last
         start_s = run_start_seconds(start or _start_mode())
         seconds = start_s + steps * step_s + val_s
