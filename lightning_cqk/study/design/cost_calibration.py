@@ -76,10 +76,15 @@ class Calibration:
         return round(self.margin, 3), round(self.validation_margin, 3), round(self.start_s, 1)
 
 
-def _field(record: dict[str, Any], key: str, kind: type, path: Path) -> Any:
+def _field(record: dict[str, Any], key: str, kind: type | tuple[type, ...], path: Path) -> Any:
+    """record[key] when it is a `kind` (a bool is no number), else refused naming the file and the field."""
     value = record.get(key)
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise SpecError(f"{path}: field {key!r} is {value!r}, not a {kind.__name__}: the calibration cannot read it.")
+        kinds = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise SpecError(
+            f"{path}: field {key!r} is {value!r}, not a {kinds}: the calibration cannot read it. Put back the "
+            f"study.json its report wrote (git checkout -- {path})."
+        )
     return value
 
 
@@ -94,7 +99,7 @@ def measured_study(path: Path) -> MeasuredStudy:
     seconds = {}
     for run in _field(record, "runs", list, path):
         if run.get("status") == "done" and not any(run.get(k) for k in NOT_COMPUTED_HERE):
-            seconds[_field(run, "name", str, path)] = float(_field(run, "seconds", (int, float), path))  # type: ignore[arg-type]
+            seconds[_field(run, "name", str, path)] = float(_field(run, "seconds", (int, float), path))
     return MeasuredStudy(
         _field(record, "study", str, path),
         _field(record, "spec_path", str, path),
