@@ -3,7 +3,8 @@ report on them. Four stages, one sub-package each; imports follow the stages (te
 judge < report, and run/ imports only design/ and the results model (results_model.py, and the committed results
 files read through report/results.py, which adoption reads its twins from).
 
-results_model.py   what a report reads about one study (StudyData), passed from stage to stage; ReportError
+results_model.py   what a report reads about one study (StudyData, its Group and TuningTable), passed from stage to
+                   stage; ReportError
 design/            what a study is, before anything runs
   spec.py          the spec format, profiles and grid expansion into deterministically named runs
   spec_checks.py   what keeps a spec from silently changing the experiment (duplicate keys, names, seeds, claims)

@@ -84,7 +84,7 @@ def test_the_control_calibration_counts_the_planted_sizes_prediction_error():
     from lightning_cqk.study.judge.group_estimates import control_calibration
     from lightning_cqk.study.judge.stats import Effect
     from lightning_cqk.study.judge.verdict import Judgement
-    from lightning_cqk.study.results_model import StudyData
+    from lightning_cqk.study.results_model import StudyData, TuningTable
 
     base = [2.0, 2.1, 2.2]
     low = [b + math.log(1 + x / 100) for b, x in zip(base, (2.0, 3.0, 4.0), strict=True)]
@@ -93,11 +93,11 @@ def test_the_control_calibration_counts_the_planted_sizes_prediction_error():
             "spec": {"metric": "val/ppl", "control": {"group": "lower", "lr_scale": 0.5}},
             "runs": [{"group": "lower", "overrides": {"model.optim.lr": "{tuned_lr:standard*0.5}"}}],
         },
-        tuning={
-            "rows": [("standard", 0.002, "", sum(low) / 3), ("standard", 0.004, "", sum(base) / 3)],
-            "chosen": {"standard": 0.004},
-            "per_seed": {("standard", 0.002): low, ("standard", 0.004): base},
-        },
+        tuning=TuningTable(
+            rows=[("standard", 0.002, "", sum(low) / 3), ("standard", 0.004, "", sum(base) / 3)],
+            chosen={"standard": 0.004},
+            per_seed={("standard", 0.002): low, ("standard", 0.004): base},
+        ),
     )
     t = scipy_stats.t.ppf(0.975, 7)
     effect = Effect("paired t", 8, 0, 4.5, 4.5 - 2 * t, 4.5 + 2 * t, 0, 7, 0.001, 1.0, 0.02)  # se_obs 2.0

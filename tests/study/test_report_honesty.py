@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_cqk.study.design.claim import parse_claim
 from lightning_cqk.study.design.units import convert_pct
 from lightning_cqk.study.judge.group_estimates import training_corpora, untuned_groups, verdicts
 from lightning_cqk.study.report.report_read import collect
@@ -51,7 +52,8 @@ def test_a_rate_chosen_at_another_level_makes_the_claim_configuration_limited():
     claims = {j.name: j for j in verdicts(data)}
     assert "pubmed-standard: rate chosen by the grid at corpus=wikitext" in claims["coupled-vs-standard-pubmed"].limited
     assert not claims["coupled-vs-standard-wikitext"].limited
-    assert training_corpora(data, data.manifest["spec"]["claims"])["coupled-vs-standard-web"] == "web"
+    claims = [parse_claim(c) for c in data.manifest["spec"]["claims"]]
+    assert training_corpora(data, claims)["coupled-vs-standard-web"] == "web"
 
 
 def test_near_standard_is_an_equivalence_claim(judged):

@@ -272,7 +272,7 @@ def test_the_grid_runs_windows_are_committed_even_when_all_would_be_too_many(tmp
     import json
 
     from lightning_cqk.study.report import results
-    from lightning_cqk.study.results_model import StudyData
+    from lightning_cqk.study.results_model import Group, StudyData
 
     monkeypatch.setattr(results, "MAX_WINDOW_VALUES", 10)
     spec = {"tuning": {"grid": {"std": {"0.002": "tune-std-lr0.002-s0"}}, "held_out": [0, 2]}}
@@ -282,7 +282,7 @@ def test_the_grid_runs_windows_are_committed_even_when_all_would_be_too_many(tmp
         manifest["runs"].append({"name": name, "group": group, "seed": int(name[-1]), "overrides": {}})
         windows = {"nll": [1.0, 2.0, 3.0, 4.0], "tokens": [4.0] * 4}
         runs.append({"name": name, "scalars": {}, "budget": {}, "windows": windows, "stability": {}})
-    data = StudyData(manifest, groups={"std": {"runs": runs[1:]}}, tuning_runs=runs[:1])
+    data = StudyData(manifest, groups={"std": Group(runs=runs[1:])}, tuning_runs=runs[:1])
     results.write_committed(data, tmp_path)
     kept = json.loads((tmp_path / "val_windows.json").read_text())
     assert kept == {"tokens": {"*": [4.0] * 4}, "nll": {"tune-std-lr0.002-s0": [1.0, 2.0, 3.0, 4.0]}}
@@ -296,7 +296,7 @@ def test_what_a_report_commits_is_what_its_checks_recompute_from(tmp_path: Path)
 
     from lightning_cqk.study.judge.group_estimates import run_stability
     from lightning_cqk.study.report.results import read_committed, write_committed
-    from lightning_cqk.study.results_model import StudyData
+    from lightning_cqk.study.results_model import Group, StudyData
 
     scalars = {
         "val/loss": [(10, 2.5), (30, 2.0)],
@@ -311,7 +311,7 @@ def test_what_a_report_commits_is_what_its_checks_recompute_from(tmp_path: Path)
     budget = {"tokens": 31 * 512, "steps": 31, "tokens_per_step": 512}
     run = {"name": "a-s1", "seed": 1, "scalars": scalars, "budget": budget, "windows": None, "lr": 0.002}
     run["stability"] = run_stability(scalars)
-    write_committed(StudyData(manifest, groups={"a": {"levels": {}, "runs": [run]}}), tmp_path)
+    write_committed(StudyData(manifest, groups={"a": Group({}, [run])}), tmp_path)
     _, finished, _ = read_committed(tmp_path)
     assert finished["a-s1"]["stability"] == run["stability"] and finished["a-s1"]["budget"]["tokens"] == 31 * 512
     assert finished["a-s1"]["scalars"]["train/spikes"][-1] == (29, 3.0)

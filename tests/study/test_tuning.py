@@ -14,7 +14,7 @@ import yaml
 
 from lightning_cqk.study.design.spec import SpecError, expand
 from lightning_cqk.study.design.tuned_rate import TuningError, choose, held_out_loss
-from lightning_cqk.study.results_model import StudyData
+from lightning_cqk.study.results_model import StudyData, TuningTable
 from lightning_cqk.study.run.runner import fit_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,7 +142,7 @@ def test_a_grid_at_several_seeds_chooses_the_lowest_mean_and_never_a_rate_unstab
     ]
     data = StudyData({"spec": sweep.spec}, tuning_runs=runs)
     data.tuning = tuning_table(data)
-    assert data.tuning["chosen"] == {"standard": 2e-3, "coupled": 2e-3}
+    assert data.tuning.chosen == {"standard": 2e-3, "coupled": 2e-3}
     text = "\n".join(tuning_lines(data))
     assert "at each of seeds 0, 1000, 1001, chosen by the mean loss" in text
     assert "| 2.0100 ± 0.0100 |" in text and "| 2.4000 ± 0.4583 |" in text
@@ -240,7 +240,7 @@ def test_the_report_predicts_an_lr_controls_size_from_the_baselines_own_grid():
     runs = [{"name": "half_lr-s1", "group": "half_lr", "overrides": {"model.optim.lr": "{tuned_lr:standard*0.5}"}}]
     runs += [{"name": "coupled-s1", "group": "coupled", "overrides": {"model.optim.lr": "{tuned_lr:coupled}"}}]
     chosen = {"standard": 8e-3, "coupled": 4e-3}
-    data = StudyData({"spec": spec, "runs": runs}, tuning={"rows": rows, "chosen": chosen})
+    data = StudyData({"spec": spec, "runs": runs}, tuning=TuningTable(rows, chosen))
     assert lr_control_prediction(data, 0.5).startswith(f"{100 * math.expm1(2.10 - 2.05):+.2f}%")  # a grid point
     mid = 2.20 + (2.10 - 2.20) * math.log(8e-3 * 0.35 / 2e-3) / math.log(2)  # between 2e-3 and 4e-3
     assert lr_control_prediction(data, 0.35).startswith(f"{100 * math.expm1(mid - 2.05):+.2f}%")
@@ -254,7 +254,7 @@ def test_the_report_predicts_an_lr_controls_size_from_the_baselines_own_grid():
 def test_runs_csv_records_a_scaled_controls_rate():
     from lightning_cqk.study.report.results import run_lr
 
-    data = StudyData({}, tuning={"chosen": {"standard": 4e-3}})
+    data = StudyData({}, tuning=TuningTable(chosen={"standard": 4e-3}))
     assert run_lr({"overrides": {"model.optim.lr": "{tuned_lr:standard*0.5}"}}, data) == pytest.approx(2e-3)
     assert run_lr({"overrides": {"model.optim.lr": "{tuned_lr:standard}"}}, data) == pytest.approx(4e-3)
     assert math.isnan(run_lr({"overrides": {"model.optim.lr": "{tuned_lr:coupled*0.5}"}}, data))
@@ -312,7 +312,7 @@ def test_an_auto_scaled_control_starts_where_its_grid_predicts_the_target(tmp_pa
     runs = [
         {"name": "lower_lr-s1", "group": "lower_lr", "overrides": {"model.optim.lr": run.overrides["model.optim.lr"]}}
     ]
-    data = StudyData({"spec": spec, "runs": runs}, tuning={"rows": rows, "chosen": {"standard": 4e-3}})
+    data = StudyData({"spec": spec, "runs": runs}, tuning=TuningTable(rows, {"standard": 4e-3}))
     assert run_lr(runs[0], data) == pytest.approx(lr)  # runs.csv: the rate the run started at
     text = lr_control_prediction(data, None)
     assert text.startswith("+4.00% from the baseline's own learning-rate grid") and "target of +4.00%" in text
@@ -355,15 +355,14 @@ def test_the_tuned_rate_placeholder_is_built_and_read_in_tuning_only():
     import re
     from pathlib import Path
 
-    from lightning_cqk.study.design.tuned_rate import is_tuned_rate, parse_tuned, tuned_rate
+    from lightning_cqk.study.design.tuned_rate import TunedRate, is_tuned_rate, parse_tuned, tuned_rate
 
-    assert tuned_rate("wikitext") == "{tuned_lr:wikitext}" and parse_tuned(tuned_rate("wikitext")) == (
-        "wikitext",
-        None,
-        None,
+    assert tuned_rate("wikitext") == "{tuned_lr:wikitext}" and parse_tuned(tuned_rate("wikitext")) == TunedRate(
+        "wikitext"
     )
-    assert parse_tuned(tuned_rate("a", 0.46)) == ("a", 0.46, None)
-    assert parse_tuned(tuned_rate("a", auto_target_pct=3.0)) == ("a", None, 3.0)
+    assert parse_tuned(tuned_rate("a", 0.46)) == TunedRate("a", 0.46)
+    assert parse_tuned(tuned_rate("a", auto_target_pct=3.0)) == TunedRate("a", auto_target_pct=3.0)
+    assert parse_tuned("{tuned_lr:a*auto(3.0)}").text == "{tuned_lr:a*auto(3.0)}"
     assert is_tuned_rate(tuned_rate("a")) and not is_tuned_rate(4e-3) and not is_tuned_rate("4e-3")
     package = Path(__file__).resolve().parents[2] / "lightning_cqk"
     for path in package.rglob("*.py"):
@@ -383,7 +382,7 @@ def test_the_report_reads_the_rate_each_finished_run_recorded(tmp_path: Path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"model": {"optim": {"name": "adamw", "lr": 0.0023983}}}))
     assert recorded_lr(tmp_path) == 0.0023983 and math.isnan(recorded_lr(tmp_path / "absent"))
     rows = [("standard", lr, f"tune-{lr}", loss) for lr, loss in {1e-3: 2.3, 2e-3: 2.2, 4e-3: 2.0}.items()]
-    data = StudyData({"spec": {"metric": "val/ppl"}}, tuning={"rows": rows, "chosen": {"standard": 4e-3}})
+    data = StudyData({"spec": {"metric": "val/ppl"}}, tuning=TuningTable(rows, {"standard": 4e-3}))
     entry = {"overrides": {"model.optim.lr": "{tuned_lr:standard}"}}
     assert run_lr(entry, data, {"lr": 0.0023983}) == 0.0023983  # recorded: never recomputed from the grid
     assert run_lr(entry, data, None) == pytest.approx(4e-3)  # not finished: what the runner will fill in

@@ -39,6 +39,20 @@ class Claim:
     expected_pct: float  # a control's planted size, predicted before the run
     curve: dict[str, float]  # token_multiplier: {baseline group: its token multiple}
     is_control: bool = False
+    measure: str = ""  # the measure the claim is about (spec `metric:` of the claim); "": the study's metric
+    baseline: str = ""  # the group it is measured against as written (`vs`, else minus[0]): its training corpus
+
+    def on(self, measure: str) -> Claim:
+        """This claim with its groups named as `measured_group(group, measure)` (a curve's too): how the verdicts
+        keep one group's values on two measures apart. The names are labels, built here and never parsed."""
+        plus = [measured_group(g, measure) for g in self.plus]
+        minus = self.minus if self.expect == "token_multiplier" else [measured_group(g, measure) for g in self.minus]
+        return dataclasses.replace(self, plus=plus, minus=minus)
+
+
+def measured_group(group: str, measure: str) -> str:
+    """The label of a group's values on a measure other than the study's: "<group>@<measure>" (the report prints it)."""
+    return f"{group}@{measure}"
 
 
 def parse_claim(claim: Mapping[str, Any], where: str = "spec") -> Claim:
@@ -106,6 +120,8 @@ def parse_claim(claim: Mapping[str, Any], where: str = "spec") -> Claim:
         limited=str(claim.get("limited") or ""),
         expected_pct=float_or_nan(claim.get("expected_pct")),
         curve={str(g): float(r) for g, r in curve.items()} if expect == "token_multiplier" else {},
+        measure=str(claim.get("metric") or ""),
+        baseline=str(claim.get("vs") or (claim.get("minus") or [""])[0]),
     )
 
 

@@ -35,6 +35,7 @@ prints the Δ it predicts beside the target, so a control smaller than planned i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -97,14 +98,30 @@ def choose(losses: Mapping[float, float]) -> float:
 TUNED_PREFIX = "{tuned_lr:"
 
 
+@dataclasses.dataclass(frozen=True)
+class TunedRate:
+    """A learning rate still to be chosen by a level's grid: that choice, times `scale`, or times the scale the grid
+    gives for a planted change of `auto_target_pct` (at most one of the two). Spelled in a run's overrides (and in
+    the spec, manifest.json and study.json) as `text`; read back once, by `parse_tuned`."""
+
+    level: str
+    scale: float | None = None
+    auto_target_pct: float | None = None
+
+    @property
+    def text(self) -> str:
+        """ "{tuned_lr:<level>}", "{tuned_lr:<level>*0.5}" or "{tuned_lr:<level>*auto(3.0)}"."""
+        if self.auto_target_pct is not None:
+            times = f"*auto({float(self.auto_target_pct)!r})"
+        else:
+            times = "" if self.scale is None else f"*{float(self.scale)!r}"
+        return TUNED_PREFIX + self.level + times + "}"
+
+
 def tuned_rate(level: str, scale: float | None = None, auto_target_pct: float | None = None) -> str:
     """The override that starts a run at `level`'s grid choice: "{tuned_lr:<level>}", times `scale`
     ("{tuned_lr:<level>*0.5}"), or at the scale that plants `auto_target_pct` ("{tuned_lr:<level>*auto(3.0)}")."""
-    if auto_target_pct is not None:
-        times = f"*auto({float(auto_target_pct)!r})"
-    else:
-        times = "" if scale is None else f"*{float(scale)!r}"
-    return TUNED_PREFIX + level + times + "}"
+    return TunedRate(level, scale, auto_target_pct).text
 
 
 def is_tuned_rate(value: Any) -> bool:
@@ -112,13 +129,13 @@ def is_tuned_rate(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(TUNED_PREFIX)
 
 
-def parse_tuned(value: Any) -> tuple[str, float | None, float | None] | None:
-    """(level, scale, target %) of a "{tuned_lr:...}" override (scale and target None where absent); None otherwise."""
+def parse_tuned(value: Any) -> TunedRate | None:
+    """The `TunedRate` a "{tuned_lr:...}" override spells; None for any other value."""
     match = TUNED_LR.match(value) if isinstance(value, str) else None
     if not match:
         return None
     level, scale, target = match.groups()
-    return level, None if scale is None else float(scale), None if target is None else float(target)
+    return TunedRate(level, None if scale is None else float(scale), None if target is None else float(target))
 
 
 def loss_at(points: Sequence[tuple[float, float]], lr: float) -> float:

@@ -9,20 +9,21 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from lightning_cqk.study.design.claim import Claim, measured_group, parse_claim
 from lightning_cqk.study.design.tuned_rate import all_grid_runs, grid_names
 from lightning_cqk.study.judge.stats import bootstrap_se_of_mean_loss, contrast, mean, n_diverged, std, variance_ratio
 from lightning_cqk.study.judge.verdict import Judgement, judge
-from lightning_cqk.study.results_model import StudyData
+from lightning_cqk.study.results_model import Group, StudyData, TuningTable
 
 VAL_METRICS = ("val/ppl", "val/bpb")
 
 SETTLE_FRACTION = 0.8  # "still moving": the change of the metric over the last 20% of training
 
 
-def tuning_table(data: StudyData) -> dict[str, Any]:
-    """{"rows": [(level, lr, run(s), held-out loss)], "chosen": {level: lr}, "spread": {(level, lr): sd}} of the
-    learning-rate grid (empty without): a rate's loss is the mean over its grid seeds (tuning.mean_loss), its
-    spread their sample sd (nan at one seed); several runs are named joined by ", "."""
+def tuning_table(data: StudyData) -> TuningTable:
+    """The learning-rate grid's rows (level, lr, run(s), held-out loss), choice per level, and the spread and losses
+    of each rate over its seeds (empty without a grid): a rate's loss is the mean over its grid seeds
+    (tuned_rate.mean_loss), its spread their sample sd (nan at one seed); several runs are named joined by ", "."""
     from lightning_cqk.study.design.tuned_rate import choose, mean_loss
 
     spec = data.manifest["spec"].get("tuning") or {}
@@ -38,7 +39,7 @@ def tuning_table(data: StudyData) -> dict[str, Any]:
             seeds[(level, float(lr))] = per_seed
             rows.append((level, float(lr), ", ".join(names), losses[float(lr)]))
         chosen[level] = choose(losses)
-    return {"rows": rows, "chosen": chosen, "spread": spread, "per_seed": seeds}
+    return TuningTable(rows, chosen, spread, seeds)
 
 
 def untuned_groups(data: StudyData) -> dict[str, str]:
@@ -61,7 +62,7 @@ def untuned_groups(data: StudyData) -> dict[str, str]:
         if name in runs
     }
     for name, group in data.groups.items():
-        entries = [runs[r["name"]] for r in group["runs"] if r["name"] in runs]
+        entries = [runs[r["name"]] for r in group.runs if r["name"] in runs]
         rates = {str((e.get("overrides") or {}).get("model.optim.lr", "")) for e in entries}
         tuned = all(is_tuned_rate(rate) for rate in rates)
         if not entries or name == control:
@@ -81,7 +82,7 @@ def _inherited_from(levels: dict[str, str], rate: str, grid_levels: dict[str, di
     from lightning_cqk.study.design.tuned_rate import parse_tuned
 
     parsed = parse_tuned(rate)
-    level = parsed[0] if parsed else None
+    level = parsed.level if parsed else None
     ran_at = grid_levels.get(level) if level else None
     if not ran_at:
         return ""
@@ -181,16 +182,16 @@ def group_values(data: StudyData, tag: str) -> dict[str, dict[int, float]]:
     `tag` is a scalar (val/ppl, ...) or a stability measure of STABILITY (run_stability)."""
     if tag in STABILITY:
         return {
-            name: {r["seed"]: float(r.get("stability", {}).get(tag, math.nan)) for r in g["runs"]}
+            name: {r["seed"]: float(r.get("stability", {}).get(tag, math.nan)) for r in g.runs}
             for name, g in data.groups.items()
         }
-    return {name: {r["seed"]: final(r, tag) for r in g["runs"]} for name, g in data.groups.items()}
+    return {name: {r["seed"]: final(r, tag) for r in g.runs} for name, g in data.groups.items()}
 
 
-def baseline_group(levels: dict[str, str], baseline: dict[str, str], groups: dict[str, Any]) -> str | None:
+def baseline_group(levels: dict[str, str], baseline: dict[str, str], groups: dict[str, Group]) -> str | None:
     target = dict(levels, **baseline)
     for name, group in groups.items():
-        if group["levels"] == target:
+        if group.levels == target:
             return name
     return None
 
@@ -212,8 +213,8 @@ def table_rows(data: StudyData) -> list[dict[str, Any]]:
     values = group_values(data, metric)
     rows = []
     for name, group in groups.items():
-        runs = group["runs"]
-        base = baseline_group(group["levels"], spec["baseline"], groups)
+        runs = group.runs
+        base = baseline_group(group.levels, spec["baseline"], groups)
         own = list(values[name].values())
         row: dict[str, Any] = {"group": name, "baseline": base or "", "seeds": len(runs), "diverged": n_diverged(own)}
         for tag in VAL_METRICS:
@@ -249,7 +250,7 @@ def table_rows(data: StudyData) -> list[dict[str, Any]]:
                 mde_pct=math.nan,
                 seed_var_ratio=math.nan,
             )
-        row["val_se_delta_pct"] = paired_window_se(runs, groups[base]["runs"]) if base and base != name else math.nan
+        row["val_se_delta_pct"] = paired_window_se(runs, groups[base].runs) if base and base != name else math.nan
         for key in ("tokens", "flops", "wallclock"):
             row[key] = mean([float(r["budget"].get(key, math.nan)) for r in runs])
         row["published_delta_pct"] = _published_delta(name, base, published)
@@ -265,7 +266,7 @@ def val_sampling_error(data: StudyData) -> tuple[float, int, int]:
     metric = data.manifest["spec"].get("metric", "val/ppl")
     errs, windows = [], 0
     for group in data.groups.values():
-        for run in group["runs"]:
+        for run in group.runs:
             w = run.get("windows")
             if not w or not w.get("nll"):
                 continue
@@ -305,30 +306,26 @@ def verdicts(data: StudyData) -> list[Judgement]:
     values = dict(group_values(data, metric))
     untuned = untuned_groups(data)
     planned = planned_seeds(data)
-    claims = []
-    for claim in spec.get("claims") or []:
-        on = claim.get("metric")
-        if on and on != metric:  # a claim about another measure (a stability one): its groups as "<group>@<measure>"
+    claims = [parse_claim(c) for c in spec.get("claims") or []]  # parsed once; the verdicts read these
+    judged = []
+    for claim in claims:
+        on = claim.measure
+        if on and on != metric:  # a claim about another measure (a stability one): its groups' values on it
             for name, by_seed in group_values(data, on).items():
-                values[f"{name}@{on}"] = by_seed
+                values[measured_group(name, on)] = by_seed
                 if name in planned:
-                    planned[f"{name}@{on}"] = planned[name]
+                    planned[measured_group(name, on)] = planned[name]
                 if name in untuned:
-                    untuned[f"{name}@{on}"] = untuned[name]
-            claim = dict(claim)
-            if "group" in claim:
-                claim["group"], claim["vs"] = f"{claim['group']}@{on}", f"{claim['vs']}@{on}"
-            else:
-                claim["plus"] = [f"{g}@{on}" for g in claim["plus"]]
-                claim["minus"] = [f"{g}@{on}" for g in claim["minus"]]
-        claims.append(claim)
+                    untuned[measured_group(name, on)] = untuned[name]
+            claim = claim.on(on)
+        judged.append(claim)
     corpora = training_corpora(data, claims)
     return judge(
-        values, claims, spec.get("control"), metric=metric, untuned=untuned, planned=planned, train_corpus=corpora
+        values, judged, spec.get("control"), metric=metric, untuned=untuned, planned=planned, train_corpus=corpora
     )
 
 
-def training_corpora(data: StudyData, claims: list[dict[str, Any]]) -> dict[str, str]:
+def training_corpora(data: StudyData, claims: list[Claim]) -> dict[str, str]:
     """claim name -> the corpus its baseline group's runs train on (units.BYTES_PER_UNIT key), from the runs' config
     files (found as `--config` finds them) and overrides; claims whose corpus is none of the measured ones are left
     out."""
@@ -346,9 +343,8 @@ def training_corpora(data: StudyData, claims: list[dict[str, Any]]) -> dict[str,
             by_group[run["group"]] = training_corpus({f"data.{k}": v for k, v in settings.items()})
     out = {}
     for claim in claims:
-        base = str(claim.get("vs") or (claim.get("minus") or [""])[0]).split("@")[0]
-        if by_group.get(base):
-            out[str(claim["name"])] = str(by_group[base])
+        if by_group.get(claim.baseline):
+            out[claim.name] = str(by_group[claim.baseline])
     return out
 
 
@@ -369,18 +365,18 @@ def control_prediction(data: StudyData, control: Judgement) -> str:
     Δ = (tokens ratio)^slope - 1."""
     groups = data.groups
     ctrl, base = groups.get(control.plus[0]), groups.get(control.minus[0])
-    if not ctrl or not base or not ctrl["runs"] or not base["runs"]:
+    if not ctrl or not base or not ctrl.runs or not base.runs:
         return ""
     scale = (data.manifest["spec"].get("control") or {}).get("lr_scale")
     if scale is not None:
         return lr_control_prediction(data, None if scale == "auto" else float(scale))
     metric = data.manifest["spec"].get("metric", "val/ppl")
-    t_ctrl = mean([float(r["budget"].get("tokens", math.nan)) for r in ctrl["runs"]])
-    t_base = mean([float(r["budget"].get("tokens", math.nan)) for r in base["runs"]])
+    t_ctrl = mean([float(r["budget"].get("tokens", math.nan)) for r in ctrl.runs])
+    t_base = mean([float(r["budget"].get("tokens", math.nan)) for r in base.runs])
     if not (math.isfinite(t_ctrl) and math.isfinite(t_base)) or abs(t_ctrl / t_base - 1.0) < 1e-6:
         return ""
     xs, ys = [], []
-    for run in base["runs"]:
+    for run in base.runs:
         series = run["scalars"].get(metric) or []
         per_step = float(run["budget"].get("tokens_per_step") or 0) or t_base / max(series[-1][0] + 1, 1)
         half = series[len(series) // 2 :]
@@ -408,9 +404,9 @@ def lr_control_prediction(data: StudyData, scale: float | None) -> str:
     found = [p for p in map(parse_tuned, rates) if p]
     if not found:
         return ""
-    level, _, target = found[0]  # the level whose rate the control scales (e.g. `at: {mechanism: standard}`)
-    points = sorted((lr, loss) for lv, lr, _, loss in data.tuning["rows"] if lv == level)  # a nan: never crossed
-    chosen = data.tuning["chosen"].get(level, math.nan)
+    level, target = found[0].level, found[0].auto_target_pct  # the level whose rate the control scales
+    points = sorted((lr, loss) for lv, lr, _, loss in data.tuning.rows if lv == level)  # a nan: never crossed
+    chosen = data.tuning.chosen.get(level, math.nan)
     metric = spec.get("metric", "val/ppl")
     if sum(math.isfinite(loss) for _, loss in points) < 2 or not math.isfinite(chosen):
         return ""
@@ -452,14 +448,14 @@ def control_calibration(data: StudyData, control: Judgement) -> tuple[float, flo
     e = control.effect
     if scale_spec is None or not found or e is None or not math.isfinite(control.expected_pct) or e.n < 2:
         return math.nan, math.nan, 0
-    level, _, target = found[0]
+    level, target = found[0].level, found[0].auto_target_pct
     metric = spec.get("metric", "val/ppl")
-    chosen = data.tuning["chosen"].get(level, math.nan)
-    per_seed = {lr: xs for (lv, lr), xs in (data.tuning.get("per_seed") or {}).items() if lv == level}
+    chosen = data.tuning.chosen.get(level, math.nan)
+    per_seed = {lr: xs for (lv, lr), xs in data.tuning.per_seed.items() if lv == level}
     n_seeds = min((len(xs) for xs in per_seed.values()), default=0)
     if n_seeds < 2 or not math.isfinite(chosen):
         return math.nan, math.nan, n_seeds
-    points = sorted((lr, loss) for lv, lr, _, loss in data.tuning["rows"] if lv == level)
+    points = sorted((lr, loss) for lv, lr, _, loss in data.tuning.rows if lv == level)
     try:
         scale = auto_scale(points, chosen, target, metric) if scale_spec == "auto" else float(scale_spec)
     except TuningError:

@@ -64,7 +64,7 @@ def claim_curve(groups: dict[str, Any], plus: list[str], minus: list[str], tag: 
     named = [*plus, *minus]
     if not all(g in groups for g in named):
         return [], [], [], []
-    by = {g: {r["seed"]: dict(r["scalars"].get(tag) or []) for r in groups[g]["runs"]} for g in named}
+    by = {g: {r["seed"]: dict(r["scalars"].get(tag) or []) for r in groups[g].runs} for g in named}
     seeds = sorted(set.intersection(*(set(by[g]) for g in named)))
     if not seeds:
         return [], [], [], []
@@ -101,7 +101,7 @@ def figures(data: StudyData, out: Path, judgements: list | None = None) -> list[
 
     spec = data.manifest["spec"]
     metric = spec.get("metric", "val/ppl")
-    groups = {k: g for k, g in data.groups.items() if g["runs"]}
+    groups = {k: g for k, g in data.groups.items() if g.runs}
     cmap = plt.get_cmap("tab10")
     title = f"{data.manifest['study']} ({data.manifest['profile']})"
     written: list[Path] = []
@@ -115,10 +115,10 @@ def figures(data: StudyData, out: Path, judgements: list | None = None) -> list[
     def plot_bands(ax, tag: str, x_of=None) -> list[float]:
         shown: list[float] = []
         for i, (name, group) in enumerate(groups.items()):
-            xs, ms, lo, hi = _band(group["runs"], tag, x_of)
+            xs, ms, lo, hi = _band(group.runs, tag, x_of)
             if not xs:
                 continue
-            ax.plot(xs, ms, lw=1.4, label=f"{name} (n={len(group['runs'])})", **_style(i, cmap))
+            ax.plot(xs, ms, lw=1.4, label=f"{name} (n={len(group.runs)})", **_style(i, cmap))
             ax.fill_between(xs, lo, hi, color=cmap(i % 10), alpha=0.15, lw=0)
             shown += lo + hi
         return shown
@@ -177,7 +177,7 @@ def figures(data: StudyData, out: Path, judgements: list | None = None) -> list[
                 # The title holds the table's change (each run's last validation); where the groups end at different
                 # steps (a control on fewer tokens), the curve can only pair the steps they share.
                 ends = {max(s for s, _ in r["scalars"].get(metric) or [(-1, 0)]) for g in [*j.plus, *j.minus]
-                        for r in groups[g]["runs"]}  # fmt: skip
+                        for r in groups[g].runs}  # fmt: skip
                 shared = f" (curve: the steps both logged, to {xs[-1]})" if len(ends) > 1 else ""
                 ax.set_title(f"{label}{j.name}\nfinal {j.effect.delta_pct:+.2f}% · {j.verdict}{shared}", fontsize=7)
             else:
@@ -215,7 +215,7 @@ def figures(data: StudyData, out: Path, judgements: list | None = None) -> list[
     spikes = [
         max((v for _, v in r["scalars"].get("train/spikes") or []), default=math.nan)
         for g in groups.values()
-        for r in g["runs"]
+        for r in g.runs
     ]
     logged = [v for v in spikes if math.isfinite(v)]
     if logged and max(logged) > 0:
@@ -244,7 +244,7 @@ def figures(data: StudyData, out: Path, judgements: list | None = None) -> list[
     for i, group in enumerate(groups.values()):
         finals = [
             (float(r["budget"].get("tokens", 0)), (r["scalars"].get(metric) or [(0, math.nan)])[-1][1])
-            for r in group["runs"]
+            for r in group.runs
         ]
         finals = [f for f in finals if math.isfinite(f[1])]
         ax.scatter([f[0] for f in finals], [f[1] for f in finals], color=cmap(i % 10), s=14, zorder=3)

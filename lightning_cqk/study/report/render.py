@@ -14,7 +14,7 @@ from lightning_cqk.study.design.units import UNIT_NAMES
 from lightning_cqk.study.judge.group_estimates import control_calibration, control_prediction, final, val_sampling_error
 from lightning_cqk.study.judge.verdict import DETECTED, INTERIM, Judgement
 from lightning_cqk.study.report.report_read import computed_once
-from lightning_cqk.study.results_model import StudyData
+from lightning_cqk.study.results_model import StudyData, TuningTable
 
 
 def _fmt(x: float, spec: str = ".2f") -> str:
@@ -251,8 +251,8 @@ def tuning_lines(data: StudyData) -> list[str]:
     ]
     order = [lv for lv in spec.get("levels") or [] if lv in spec["grid"]]  # the spec's order: a list survives the
     for level in order + [lv for lv in spec["grid"] if lv not in order]:  # sorted keys of study.json, a dict does not
-        cells = {lr: loss for lv, lr, _, loss in table["rows"] if lv == level}
-        chosen = table["chosen"].get(level, math.nan)
+        cells = {lr: loss for lv, lr, _, loss in table.rows if lv == level}
+        chosen = table.chosen.get(level, math.nan)
         row = [_grid_cell(cells.get(float(lr), math.nan), table, level, float(lr)) for lr in spec["lrs"]]
         lines.append(f"| {level} | " + " | ".join(row) + f" | {_fmt(chosen, 'g')} |")
     sd_note = " (the mean over the grid seeds ± their sd)" if "seeds" in spec else ""
@@ -267,9 +267,9 @@ def _grid_at(spec: dict[str, Any]) -> str:
     return "each of seeds " + ", ".join(str(x) for x in spec["seeds"])
 
 
-def _grid_cell(loss: float, table: dict[str, Any], level: str, lr: float) -> str:
+def _grid_cell(loss: float, table: TuningTable, level: str, lr: float) -> str:
     """A grid point's held-out loss, with ± the sd over its seeds where it has several."""
-    sd = table.get("spread", {}).get((level, lr), math.nan)
+    sd = table.spread.get((level, lr), math.nan)
     return _fmt(loss, ".4f") + (f" ± {sd:.4f}" if math.isfinite(sd) and math.isfinite(loss) else "")
 
 
@@ -429,7 +429,7 @@ def markdown(data: StudyData, rows: list[dict[str, Any]], judgements: list[Judge
             + "; ".join(f"{study}: {', '.join(pairs)}" for study, pairs in same.items())
             + "."
         )
-    diverged = [r["name"] for g in data.groups.values() for r in g["runs"] if not math.isfinite(final(r, metric))]
+    diverged = [r["name"] for g in data.groups.values() for r in g.runs if not math.isfinite(final(r, metric))]
     if diverged:
         notes.append(f"Diverged (non-finite final {metric}; counted, never averaged): {', '.join(diverged)}.")
     if data.unfinished:

@@ -66,7 +66,7 @@ def write_report(
 
     sweep_dir = Path(sweep_dir)
     data = collect(sweep_dir)
-    if not any(g["runs"] for g in data.groups.values()):
+    if not any(g.runs for g in data.groups.values()):
         raise ReportError(
             f"{sweep_dir}: none of the {len(data.manifest['runs'])} runs has finished (budget.json and a last "
             "validation at its last step); run the sweep first."
@@ -135,7 +135,7 @@ def with_live_sweep_note(md: str, data: StudyData, output: str | Path | None) ->
     owner = None if data.committed else live_owner(source)
     if owner is None:
         return md
-    done = sum(len(g["runs"]) for g in data.groups.values()) + len(data.tuning_runs)
+    done = sum(len(g.runs) for g in data.groups.values()) + len(data.tuning_runs)
     again = shlex.join(["lightning_cqk", "report", str(source), *(["--output", str(output)] if output else [])])
     note = (
         f"**Interim report of a live sweep:** a sweep is still running in {source} ({owner.describe()}); "

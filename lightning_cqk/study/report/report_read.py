@@ -11,7 +11,7 @@ from typing import Any
 
 from lightning_cqk.study.design.tuned_rate import all_grid_runs
 from lightning_cqk.study.judge.group_estimates import run_stability, tuning_table
-from lightning_cqk.study.results_model import ReportError, StudyData
+from lightning_cqk.study.results_model import Group, ReportError, StudyData
 from lightning_cqk.study.run.run_scalars import read_scalars
 
 CURVE_TAGS = (
@@ -82,7 +82,7 @@ def collect(sweep_dir: str | Path) -> StudyData:
     metric = manifest["spec"].get("metric", "val/ppl")
     tune_spec = manifest["spec"].get("tuning") or {}
     tune_names = all_grid_runs(tune_spec)
-    groups: dict[str, dict[str, Any]] = {}
+    groups: dict[str, Group] = {}
     tuning_runs: list[dict[str, Any]] = []
     missing: list[str] = []
     unfinished: dict[str, str] = {}
@@ -90,7 +90,7 @@ def collect(sweep_dir: str | Path) -> StudyData:
     for run in manifest["runs"]:
         is_tune = run["name"] in tune_names
         if not is_tune:
-            group = groups.setdefault(run["group"], {"levels": run["levels"], "runs": []})
+            group = groups.setdefault(run["group"], Group(run["levels"]))
         if committed:
             record = finished.get(run["name"])
             if record is None:
@@ -128,7 +128,7 @@ def collect(sweep_dir: str | Path) -> StudyData:
             entry["stability"] = run_stability(scalars)
             if is_tune:
                 entry["heldout_loss"] = tuning.held_out_loss(windows, tune_spec["held_out"])
-        (tuning_runs if is_tune else group["runs"]).append(entry)
+        (tuning_runs if is_tune else group.runs).append(entry)
     data = StudyData(manifest, groups, missing, unfinished, tuning_runs, committed, sweep_dir)
     data.tuning = tuning_table(data)
     return data

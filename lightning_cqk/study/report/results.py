@@ -119,10 +119,10 @@ def run_lr(entry: dict[str, Any], data: StudyData, run: dict[str, Any] | None = 
         parsed = parse_tuned(value)
         if not parsed:
             return math.nan
-        level, scale, target = parsed
-        chosen = float(data.tuning.get("chosen", {}).get(level, math.nan))
+        level, scale, target = parsed.level, parsed.scale, parsed.auto_target_pct
+        chosen = float(data.tuning.chosen.get(level, math.nan))
         if target is not None and math.isfinite(chosen):  # lr_scale auto: the scale the grid chose at launch
-            rows = data.tuning.get("rows") or []
+            rows = data.tuning.rows
             points = [(lr, loss) for lv, lr, _, loss in rows if lv == level]
             metric = data.manifest.get("spec", {}).get("metric", "val/ppl")
             try:
@@ -143,7 +143,7 @@ def run_lr(entry: dict[str, Any], data: StudyData, run: dict[str, Any] | None = 
 def write_committed(data: StudyData, out: Path) -> list[Path]:
     """Write study.json, runs.csv, curves.csv and (when small) val_windows.json into `out`; returns their paths."""
     manifest = data.manifest
-    finished = {r["name"]: r for g in data.groups.values() for r in g["runs"]}
+    finished = {r["name"]: r for g in data.groups.values() for r in g.runs}
     finished.update({r["name"]: r for r in data.tuning_runs})
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=RUN_FIELDS, lineterminator="\n")
@@ -555,7 +555,7 @@ def same_results(folder: Path, data: StudyData) -> dict[str, list[str]]:
     `standard-B` here and `standard` there; training is deterministic), which `shared_runs` cannot see because the
     hashes hold the levels' names. Runs with the same config hash are left to `shared_runs`."""
     entries = {e["name"]: e for e in data.manifest.get("runs", [])}
-    finished = [r for g in data.groups.values() for r in g["runs"]] + list(data.tuning_runs)
+    finished = [r for g in data.groups.values() for r in g.runs] + list(data.tuning_runs)
     mine: dict[tuple[float, ...], list[tuple[str, str]]] = {}
     for run in finished:
         entry = entries.get(run["name"], {})

@@ -217,7 +217,7 @@ def unchecked_note(data: StudyData) -> str:
     """'' unless a finished run's late_loss_sd_pct has no committed train/loss to be recomputed from (a folder
     committed before train/loss was, or runs adopted from one: module docstring); then a line naming them, the
     claims that read it, and how to give it a source."""
-    runs = [r for g in data.groups.values() for r in g["runs"]] + list(data.tuning_runs)
+    runs = [r for g in data.groups.values() for r in g.runs] + list(data.tuning_runs)
     names = [
         r["name"]
         for r in runs

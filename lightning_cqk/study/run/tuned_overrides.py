@@ -46,7 +46,7 @@ def resolve_overrides(overrides: dict[str, Any], spec: Mapping[str, Any], sweep_
         parsed = parse_tuned(value)
         if not parsed:
             continue
-        level, scale, target = parsed
+        level, scale, target = parsed.level, parsed.scale, parsed.auto_target_pct
         grid = (tuning.get("grid") or {}).get(level)
         if not grid:
             raise TuningError(f"{key}={value}: level {level!r} has no tuning grid in this sweep's spec.")
