@@ -4,7 +4,7 @@ The convention the messages follow (and this test enforces): a flag belongs to t
 the same string, as `lightning_cqk <command> ...` or `<command>: --flag` (e.g. "fit: --data.source PATH; prepare:
 --source PATH"); a string that names no command suggests flags of its module's command (`MODULE_COMMANDS`, else
 `fit`). Flags after a foreign tool (`tensorboard --logdir`, `#SBATCH --array`, `sbatch --parsable`) or a module run as a
-script (`lightning_cqk claims-table --write`) are not the CLI's.
+script (`python -m lightning_cqk.<module> --flag`) are not the CLI's.
 Every string literal of the package is read (f-strings with their placeholders as `{}`), except documentation
 (docstrings and other bare string statements) and strings without a space (argv pieces such as "--output").
 `fit` is checked against both trainer CLIs (`CQKCLI` and the downstream `GlueCLI`: the config decides which runs).

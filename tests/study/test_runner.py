@@ -81,7 +81,7 @@ def _write_spec(tmp: Path) -> Path:
 
 
 def _sweep(spec: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "sweep")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "study")]))
     return subprocess.run(
         [sys.executable, "-m", "lightning_cqk", "sweep", str(spec), "--output", str(out), "--jobs", "2", *extra],
         cwd=spec.parent,

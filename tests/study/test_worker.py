@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from tiny_run import tiny_fit
 
+from lightning_cqk.study.design import start_mode
 from lightning_cqk.study.run import worker
 from lightning_cqk.study.run.run_scalars import read_scalars
 
@@ -38,11 +39,11 @@ def test_a_forked_run_equals_a_fresh_process_to_the_last_digit(tiny_shards: Path
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LIGHTNING_CQK_DEBUG": "1"}
     runs = tmp_path / "runs"
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(worker, "mode", "fresh")
+    monkeypatch.setattr(start_mode, "mode", "fresh")
     fresh = _run(
         [sys.executable, "-m", "lightning_cqk", *_fit_args(tiny_shards, runs, "fresh")], env, tmp_path / "a.log"
     )
-    monkeypatch.setattr(worker, "mode", "fork")
+    monkeypatch.setattr(start_mode, "mode", "fork")
     forked = worker.start_run(
         [sys.executable, "-m", "lightning_cqk", *_fit_args(tiny_shards, runs, "forked")],
         env,

@@ -81,6 +81,9 @@ def test_confirm_prints_the_estimate_and_asks_before_an_hour_long_study(tmp_path
     monkeypatch.chdir(QUICKSTART.parents[1])
     sweep = expand(tmp_path / "mine.yaml", "cpu", tmp_path / "out")
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    # the template's 78 runs are estimated under an hour since the estimate's calibration (issue 43): a threshold
+    # under their estimate, so that this study is a long one here
+    monkeypatch.setattr(runner, "CONFIRM_MINUTES", 20)
     monkeypatch.setattr("builtins.input", lambda prompt: "n")
     with pytest.raises(SystemExit, match="not started"):
         runner.confirm_start(sweep, 2)
