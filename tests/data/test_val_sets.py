@@ -20,7 +20,7 @@ from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
 from lightning_cqk.study.judge.group_estimates import final, val_sampling_error
 from lightning_cqk.study.report.report_read import VAL_WINDOWS, unfinished_reason
-from lightning_cqk.study.results_model import StudyData
+from lightning_cqk.study.results_model import Group, StudyData
 from lightning_cqk.study.run.run_scalars import read_scalars
 
 SUBSET_BATCHES, BATCH, FINAL = 2, 3, 10  # intermediate: 2 x 3 = 6 windows; final: 10 windows
@@ -67,7 +67,7 @@ def test_the_final_validation_scores_the_larger_set_and_the_report_reads_it(prep
     assert final({"scalars": scalars}, "val/ppl") == pytest.approx(math.exp(final_loss), rel=1e-5)
     assert unfinished_reason(scalars, {"steps": 4}, "val/ppl") == ""
     run_entry = {"seed": 1, "scalars": scalars, "windows": record}
-    data = StudyData({"spec": {"metric": "val/ppl"}}, groups={"g": {"runs": [run_entry]}})
+    data = StudyData({"spec": {"metric": "val/ppl"}}, groups={"g": Group(runs=[run_entry])})
     assert val_sampling_error(data)[1] == FINAL, "the sampling error is over the final set's windows"
 
 
