@@ -164,7 +164,7 @@ def _fragment_rows(p0: int, f0: int) -> list[str]:
     from lightning_cqk.config import ModelConfig
     from lightning_cqk.model import GPT
     from lightning_cqk.model.flops import forward_flops_per_token
-    from lightning_cqk.resources import ConfigNotFound, find_config
+    from lightning_cqk.files.resources import ConfigNotFound, find_config
 
     try:
         folder = find_config("configs/attention")
@@ -346,7 +346,7 @@ def recipe_hint(name: str) -> str | None:
     """When `configs/attention/<name>.yaml` exists (here or shipped): what it sets, and how to use it; else None."""
     import yaml
 
-    from lightning_cqk.resources import ConfigNotFound, find_config
+    from lightning_cqk.files.resources import ConfigNotFound, find_config
 
     recipe = f"configs/attention/{name}.yaml"
     try:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.atomic_files import write_json_atomically
+from lightning_cqk.files.atomic import write_json_atomically
 from lightning_cqk.environment import env_json, env_number
 from lightning_cqk.errors import UnavailableError
 

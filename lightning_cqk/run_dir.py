@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.atomic_files import write_json_atomically
+from lightning_cqk.files.atomic import write_json_atomically
 from lightning_cqk.checkpoint_files import checkpoint_problem, checkpoint_step, same_checkpoint, step_in_name
 from lightning_cqk.environment import env_text
 from lightning_cqk.errors import ConfigError

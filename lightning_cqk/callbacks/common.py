@@ -18,7 +18,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
-from lightning_cqk.atomic_files import write_json_atomically
+from lightning_cqk.files.atomic import write_json_atomically
 
 
 def step_index(trainer: L.Trainer) -> int:

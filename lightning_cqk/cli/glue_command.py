@@ -25,7 +25,7 @@ from lightning_cqk.checkpoint_files import check_checkpoint, refuse_checkpoint_f
 from lightning_cqk.downstream.glue_table import render_table, summarise_seeds, write_glue_table
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS, TaskDataMissing, get_task, load_task
 from lightning_cqk.errors import MissingInputError
-from lightning_cqk.resources import find_config
+from lightning_cqk.files.resources import find_config
 from lightning_cqk.run_dir import checkpoint_run, next_free_name
 
 #: The GLUE task configs: `configs/glue/` of the working directory, else the copy shipped with the package.

@@ -255,15 +255,15 @@ def _dispatch(argv: list[str], from_command_line: bool) -> None:
         EXTRA_COMMANDS[argv[0]](argv[1:])
         return
     argv = join_negative_values(argv)
-    from lightning_cqk.resources import ConfigNotFound, resolve_config_args  # configs/... of the installed package
+    from lightning_cqk.files.resources import ConfigNotFound, resolve_config_args  # configs/... of the installed package
 
     try:
         argv = resolve_config_args(argv)
     except ConfigNotFound as err:
         sys.exit(f"lightning_cqk {argv[0]}: {err}")
-    from lightning_cqk.strict_yaml import check_config_args
+    from lightning_cqk.files.strict_yaml import check_config_args
 
-    check_config_args(argv)  # a key given twice in a --config file is refused, naming the line (strict_yaml.py)
+    check_config_args(argv)  # a key given twice in a --config file is refused, naming the line (files/strict_yaml.py)
     if from_command_line:
         sys.argv[1:] = argv
     # From the shell, LightningCLI reads sys.argv itself (passing it again as `args` makes it warn).

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from lightning_cqk.atomic_files import remove_path, replace_folder
+from lightning_cqk.files.atomic import remove_path, replace_folder
 from lightning_cqk.checkpoint_files import (
     TRUSTED_GLOBALS,
     CorruptCheckpointError,

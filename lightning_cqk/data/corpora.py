@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from lightning_cqk.atomic_files import write_json_atomically
+from lightning_cqk.files.atomic import write_json_atomically
 from lightning_cqk.data.sources import WorkUnit, iter_unit_documents, list_source_files
 from lightning_cqk.errors import ConfigError, MissingInputError, UnavailableError
 

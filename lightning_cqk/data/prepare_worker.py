@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_cqk.atomic_files import write_json_atomically
+from lightning_cqk.files.atomic import write_json_atomically
 from lightning_cqk.data.manifest import SplitStats
 from lightning_cqk.data.sources import WorkUnit, iter_unit_documents
 from lightning_cqk.data.tokenizers import get_tokenizer

@@ -23,7 +23,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.atomic_files import write_json_atomically
+from lightning_cqk.files.atomic import write_json_atomically
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS
 
 FORMAT = "lightning_cqk.glue/1"

@@ -54,7 +54,7 @@ def _pct(x: float) -> str:
 def _paper(study: str) -> str:
     import yaml
 
-    from lightning_cqk.resources import ConfigNotFound, find_config
+    from lightning_cqk.files.resources import ConfigNotFound, find_config
 
     try:
         spec = yaml.safe_load(find_config(f"configs/ablations/{study}.yaml").read_text())

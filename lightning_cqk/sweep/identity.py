@@ -324,7 +324,7 @@ def data_fingerprint(data_dir: str | Path) -> str:
     known[stamp] = fingerprint
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        from lightning_cqk.atomic_files import write_json_atomically
+        from lightning_cqk.files.atomic import write_json_atomically
 
         write_json_atomically(cache, known)
     except OSError:

@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.atomic_files import write_json_atomically
+from lightning_cqk.files.atomic import write_json_atomically
 from lightning_cqk.package_versions import code_revision, describe_difference, git_revision, package_versions
 from lightning_cqk.run_dir import resumable_checkpoint
 from lightning_cqk.run_lock import LOCK_NAME, LockOwner, holder

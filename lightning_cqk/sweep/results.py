@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.atomic_files import write_text_atomically
+from lightning_cqk.files.atomic import write_text_atomically
 from lightning_cqk.sweep.estimators import late_loss_points
 from lightning_cqk.sweep.study_data import StudyData
 from lightning_cqk.sweep.tuning import all_grid_runs

@@ -112,7 +112,7 @@ def load_spec(path: str | Path) -> dict[str, Any]:
 
     `path` is found in the working directory, else among the specs shipped with the package (`resources.py`).
     """
-    from lightning_cqk.resources import ConfigNotFound, find_config, shipped_names
+    from lightning_cqk.files.resources import ConfigNotFound, find_config, shipped_names
 
     try:
         path = find_config(path)

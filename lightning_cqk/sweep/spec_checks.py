@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.strict_yaml import YAMLInputError, load
+from lightning_cqk.files.strict_yaml import YAMLInputError, load
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
 NAME_RULE = "letters, digits and _ . + = - only, starting with a letter or digit"

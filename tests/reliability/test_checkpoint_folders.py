@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tiny_run import checkpoint_folder
 
-from lightning_cqk.atomic_files import link_folder, replace_folder
+from lightning_cqk.files.atomic import link_folder, replace_folder
 from lightning_cqk.checkpoint_files import (
     CONSOLIDATE,
     checkpoint_problem,
