@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.files.atomic import write_json_atomically
-from lightning_cqk.checkpoint_files import checkpoint_problem, checkpoint_step, same_checkpoint, step_in_name
+from lightning_cqk.checkpoint.reading import checkpoint_problem, checkpoint_step, same_checkpoint, step_in_name
 from lightning_cqk.environment import env_text
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.package_versions import code_revision, package_versions

@@ -20,7 +20,7 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lightning_cqk.checkpoint_files import check_checkpoint, refuse_checkpoint_folder
+from lightning_cqk.checkpoint.reading import check_checkpoint, refuse_checkpoint_folder
 from lightning_cqk.errors import ConfigError, MissingInputError
 from lightning_cqk.launch import is_rank_zero_launch
 from lightning_cqk.run_dir import RunDirectory, checkpoint_run_name, is_husk, next_free_name

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.checkpoint_files import check_checkpoint, refuse_checkpoint_folder
+from lightning_cqk.checkpoint.reading import check_checkpoint, refuse_checkpoint_folder
 from lightning_cqk.downstream.glue_table import render_table, summarise_seeds, write_glue_table
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS, TaskDataMissing, get_task, load_task
 from lightning_cqk.errors import MissingInputError

@@ -142,7 +142,7 @@ def _eval_command(argv: list[str]) -> None:
 
 
 def _consolidate_command(argv: list[str]) -> None:
-    from lightning_cqk.checkpoint_consolidate import consolidate_command
+    from lightning_cqk.checkpoint.consolidate import consolidate_command
 
     consolidate_command(argv)
 

@@ -34,7 +34,7 @@ from lightning_cqk.callbacks.run_length import RunLengthCheck, limit_hours_from_
 from lightning_cqk.callbacks.run_session import RunSession  # noqa: E402
 from lightning_cqk.callbacks.tensorboard import TensorBoardLogger as CQKTensorBoardLogger  # noqa: E402
 from lightning_cqk.callbacks.tensorboard import layout_for  # noqa: E402
-from lightning_cqk.checkpoint_files import CorruptCheckpointError, load_checkpoint  # noqa: E402
+from lightning_cqk.checkpoint.reading import CorruptCheckpointError, load_checkpoint  # noqa: E402
 from lightning_cqk.cli import class_paths, slurm  # noqa: E402
 from lightning_cqk.cli.presets import PresetArgumentParser, unset_shape_defaults  # noqa: E402
 from lightning_cqk.cli.strategy import refuse_folder_without_fsdp2, resolve_strategy  # noqa: E402

@@ -240,7 +240,7 @@ def run_progress(log: Path, tail_bytes: int = 8192) -> tuple[int, int, str | Non
 
 def _fraction_left(run_dir: Path, steps: int | None) -> float:
     """The share of a run's steps still to train: 1 for a new run, less for one resumed from a checkpoint."""
-    from lightning_cqk.checkpoint_files import checkpoint_step
+    from lightning_cqk.checkpoint.reading import checkpoint_step
     from lightning_cqk.run_dir import resumable_checkpoint
 
     if not steps or not run_dir.is_dir():

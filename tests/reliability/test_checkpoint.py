@@ -18,7 +18,7 @@ import torch
 from tiny_run import tiny_fit
 
 from lightning_cqk.callbacks import AtomicCheckpointIO, RunCheckpoint
-from lightning_cqk.checkpoint_files import CorruptCheckpointError, checkpoint_problem
+from lightning_cqk.checkpoint.reading import CorruptCheckpointError, checkpoint_problem
 
 
 def ckpt_trainer(make_trainer, callback: RunCheckpoint, max_steps: int, **kwargs) -> L.Trainer:
@@ -185,7 +185,7 @@ def test_bad_options():
 def test_the_newest_intact_checkpoint_is_chosen_by_step_not_by_modification_time(tmp_path):
     """Issue 34 defect 8: after a `cp -r`, an rsync without -t or a restore the modification times say nothing (here
     step 4 is the most recently modified); the advice beside a damaged last.ckpt names step 16, the highest step."""
-    from lightning_cqk.checkpoint_files import load_checkpoint, newest_intact_checkpoint
+    from lightning_cqk.checkpoint.reading import load_checkpoint, newest_intact_checkpoint
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()

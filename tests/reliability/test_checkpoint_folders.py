@@ -11,7 +11,7 @@ import pytest
 from tiny_run import checkpoint_folder
 
 from lightning_cqk.files.atomic import link_folder, replace_folder
-from lightning_cqk.checkpoint_files import (
+from lightning_cqk.checkpoint.reading import (
     CONSOLIDATE,
     checkpoint_problem,
     checkpoint_step,

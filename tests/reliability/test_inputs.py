@@ -26,7 +26,7 @@ import torch
 from tiny_run import tiny_args
 
 from lightning_cqk.callbacks import AtomicCheckpointIO
-from lightning_cqk.checkpoint_files import CorruptCheckpointError, checkpoint_problem
+from lightning_cqk.checkpoint.reading import CorruptCheckpointError, checkpoint_problem
 from lightning_cqk.cli import main
 from lightning_cqk.cli.trainer import CQKCLI
 from lightning_cqk.config import ModelConfig

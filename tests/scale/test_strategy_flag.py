@@ -66,7 +66,7 @@ def _sharded_fit(shards: Path, root: Path, *extra: str) -> subprocess.CompletedP
 
 def _consolidated_weights(folder: Path, out: Path) -> dict[str, torch.Tensor]:
     """The weights of a distributed-checkpoint folder, consolidated by the command the package's refusals print."""
-    from lightning_cqk.checkpoint_files import CONSOLIDATE, load_checkpoint
+    from lightning_cqk.checkpoint.reading import CONSOLIDATE, load_checkpoint
 
     command = CONSOLIDATE.format(path=folder).split() + ["--output", str(out)]
     done = subprocess.run(
