@@ -344,7 +344,7 @@ def probe_memory(dry_run: bool) -> dict:
     """Peak memory of 3 AdamW steps under bf16 autocast against `memory_check.estimate` (16 x 1024 at 60m)."""
     import torch
 
-    from lightning_cqk.memory_check import estimate
+    from lightning_cqk.run.memory_check import estimate
     from lightning_cqk.model import GPT
 
     cuda = torch.cuda.is_available() and not dry_run

@@ -2,7 +2,7 @@
 
 Every import of the package (module level, inside functions and under `TYPE_CHECKING` alike: a lazy import is
 still a dependency) is read from the source, without importing anything. Each file belongs to a *unit* (a
-sub-package such as `attention/`, or a top-level module such as `run_dir.py`), and each unit to a layer, lowest
+sub-package such as `attention/`, or a top-level module such as `run/directory.py`), and each unit to a layer, lowest
 first, in the order data flows from settings to the command line (docs/layout.md):
 
     0  errors, config                           names and numbers; the user-error classes
@@ -88,7 +88,7 @@ def _module_name(path: Path) -> str:
 
 
 def _unit(module: str) -> str:
-    """`lightning_cqk.attention.base` -> `attention`; `lightning_cqk.run_dir` -> `run_dir`; the package -> __init__."""
+    """`lightning_cqk.attention.base` -> `attention`; `lightning_cqk.run.directory` -> `run_dir`; the package -> __init__."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 

@@ -60,7 +60,7 @@ def log_metrics(trainer: L.Trainer, metrics: Mapping[str, torch.Tensor | float |
 def run_dir(trainer: L.Trainer) -> Path:
     """The run's directory: the logger's log_dir (e.g. runs/<experiment>/<run>), else `default_root_dir`.
 
-    Which directory that is (its name, suffix, lock, record and resume) is decided by `lightning_cqk/run_dir.py`
+    Which directory that is (its name, suffix, lock, record and resume) is decided by `lightning_cqk/run/directory.py`
     before the trainer is built; callbacks only write into it.
 
     Collective under DDP (`trainer.log_dir` broadcasts): call it on every rank.

@@ -1,4 +1,4 @@
-"""The Lightning side of a run directory's record (`lightning_cqk/run_dir.py`): added by `lightning_cqk fit`.
+"""The Lightning side of a run directory's record (`lightning_cqk/run/directory.py`): added by `lightning_cqk fit`.
 
 When training really starts (`on_train_start`: the checkpoint, if any, is restored), `RunSession`
     - applies the optimizer settings a resume deliberately changed (learning rate, betas, eps, weight decay, warmup,
@@ -7,7 +7,7 @@ When training really starts (`on_train_start`: the checkpoint, if any, is restor
       optimizer (moments and step counts stay restored) and the scheduler its new base learning rates, at the
       restored step;
     - writes the resolved configuration (`config.yaml` for the first attempt, `config.resume-<n>.yaml` after) and
-      starts the attempt in `run.json` (run_dir.py), so nothing is recorded for a launch that never trained;
+      starts the attempt in `run.json` (run/directory.py), so nothing is recorded for a launch that never trained;
     - makes the first Ctrl-C (SIGINT) behave like SIGTERM: training stops at the end of the optimizer step in
       progress and `RunCheckpoint` saves (`save_on_sigterm`); a second Ctrl-C stops at once, without saving. With
       `accumulate_grad_batches` > 1 the stop waits for the step's last micro-batch (a save between micro-batches
@@ -41,7 +41,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_cqk.device_info import describe_device
-from lightning_cqk.run_dir import RunDirectory, next_config_name
+from lightning_cqk.run.directory import RunDirectory, next_config_name
 
 
 class RunSession(L.Callback):

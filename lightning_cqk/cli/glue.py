@@ -9,7 +9,7 @@ link is ``data.task`` -> ``model.task``, so the head, loss and metrics always ma
 picks this CLI when a ``--config`` file's ``model.class_path`` lies in ``lightning_cqk.downstream``.
 
 Defaults: TensorBoard logs under ``runs/glue/<task>-<checkpoint run>-s<seed>[-N]/`` (named, suffixed and locked
-by ``lightning_cqk/run_dir.py``: a new run never writes into an earlier one's directory), ``trainer.precision`` as for
+by ``lightning_cqk/run/directory.py``: a new run never writes into an earlier one's directory), ``trainer.precision`` as for
 pre-training (bf16-mixed on a bf16 GPU, fp32 elsewhere), seed 1.
 """
 
@@ -22,9 +22,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_cqk.checkpoint.reading import check_checkpoint, refuse_checkpoint_folder
 from lightning_cqk.errors import ConfigError, MissingInputError
-from lightning_cqk.launch import is_rank_zero_launch
-from lightning_cqk.run_dir import RunDirectory, checkpoint_run_name, is_husk, next_free_name
-from lightning_cqk.run_outputs import refuse_outside_outputs
+from lightning_cqk.run.launch_rank import is_rank_zero_launch
+from lightning_cqk.run.directory import RunDirectory, checkpoint_run_name, is_husk, next_free_name
+from lightning_cqk.run.outputs import refuse_outside_outputs
 
 DOWNSTREAM_PREFIX = "lightning_cqk.downstream"
 
@@ -89,7 +89,7 @@ class GlueCLI(LightningCLI):
             return
         args = logger.init_args
         root = Path(args.get("save_dir") or "runs") / str(args.get("name") or "glue")
-        if args.get("version") is None:  # a new run never writes into an earlier one's directory (run_dir.py)
+        if args.get("version") is None:  # a new run never writes into an earlier one's directory (run/directory.py)
             task = config.data.init_args.task
             args.version = next_free_name(root, f"{task}-{checkpoint_run_name(checkpoint)}-s{config.seed_everything}")
         elif self.subcommand == "fit" and (root / args.version).exists() and not is_husk(root / args.version):
@@ -97,7 +97,7 @@ class GlueCLI(LightningCLI):
                 f"{root / args.version} already holds a run; a new fine-tuning run must not write into it. Choose "
                 "another --trainer.logger.init_args.version, or leave it unset for a fresh name."
             )
-        refuse_outside_outputs(trainer, root / args.version)  # callbacks write inside this run only (run_outputs.py)
+        refuse_outside_outputs(trainer, root / args.version)  # callbacks write inside this run only (run/outputs.py)
         if self.subcommand == "fit" and is_rank_zero_launch():
             self.run_directory = RunDirectory.claim(root / args.version)  # one live process per run directory
 

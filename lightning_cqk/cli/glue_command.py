@@ -26,7 +26,7 @@ from lightning_cqk.downstream.glue_table import render_table, summarise_seeds, w
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS, TaskDataMissing, get_task, load_task
 from lightning_cqk.errors import MissingInputError
 from lightning_cqk.files.resources import find_config
-from lightning_cqk.run_dir import checkpoint_run, next_free_name
+from lightning_cqk.run.directory import checkpoint_run, next_free_name
 
 #: The GLUE task configs: `configs/glue/` of the working directory, else the copy shipped with the package.
 GLUE_CONFIGS = "configs/glue"

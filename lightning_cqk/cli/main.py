@@ -20,10 +20,10 @@ is `{attention}-{size}-s{seed}` (size: the preset, plus any shape field set agai
 `-3`, ... suffix keeps a new run from writing into an old one), and
 `trainer.precision: null` meaning bf16-mixed on a bf16-capable GPU, fp32 elsewhere.
 
-Run directories (`run_dir.py`, docs/reliability.md): `fit` decides the directory and the checkpoint to resume from
+Run directories (`run/directory.py`, docs/reliability.md): `fit` decides the directory and the checkpoint to resume from
 (`--ckpt_path last`: the newest run of this name with a checkpoint; the same command again resumes an unfinished
 run when nothing changed, `--on_unfinished new|refuse|resume`), checks that a resume changes only what a resume may
-change (and applies a changed learning rate or schedule), locks the directory (`run_lock.py`) before building
+change (and applies a changed learning rate or schedule), locks the directory (`run/lock.py`) before building
 anything, and records each attempt (`run.json`; `config.yaml`, then `config.resume-<n>.yaml` per resume) once
 training has started. SIGTERM and a first Ctrl-C save a checkpoint and print the command that resumes.
 `validate/test/predict` save their configuration as `config.<subcommand>.yaml`. `fit` also installs

@@ -40,9 +40,9 @@ from lightning_cqk.cli.presets import PresetArgumentParser, unset_shape_defaults
 from lightning_cqk.cli.strategy import refuse_folder_without_fsdp2, resolve_strategy  # noqa: E402
 from lightning_cqk.config import size_label, upgrade_config_dict, upgrade_run_config  # noqa: E402
 from lightning_cqk.errors import ConfigError  # noqa: E402
-from lightning_cqk.launch import detect_launch, publish_failure, publish_plan, receive_plan  # noqa: E402
+from lightning_cqk.run.launch_rank import detect_launch, publish_failure, publish_plan, receive_plan  # noqa: E402
 from lightning_cqk.module import LitLM  # noqa: E402
-from lightning_cqk.run_dir import (  # noqa: E402
+from lightning_cqk.run.directory import (  # noqa: E402
     FAILED,
     FINISHED,
     INTERRUPTED,
@@ -63,7 +63,7 @@ from lightning_cqk.run_dir import (  # noqa: E402
     resolve_fit,
     resumable_checkpoint,
 )
-from lightning_cqk.run_outputs import refuse_outside_outputs  # noqa: E402
+from lightning_cqk.run.outputs import refuse_outside_outputs  # noqa: E402
 
 
 def _vocab_size_of(datamodule: LightningDataModule) -> int:
@@ -71,7 +71,7 @@ def _vocab_size_of(datamodule: LightningDataModule) -> int:
 
 
 class CQKCLI(LightningCLI):
-    """LightningCLI with the links, defaults and run-directory handling of this framework (`run_dir.py`)."""
+    """LightningCLI with the links, defaults and run-directory handling of this framework (`run/directory.py`)."""
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         class_paths.install()  # values typed Any stay data; class paths only from the allow-list
@@ -115,7 +115,7 @@ class CQKCLI(LightningCLI):
             type=str,
             default="refuse",
             help="fit: refuse (default), warn about, or not check (off) a configuration whose analytic memory "
-            "estimate exceeds the memory of its device, before anything is prepared (lightning_cqk/memory_check.py).",
+            "estimate exceeds the memory of its device, before anything is prepared (lightning_cqk/run/memory_check.py).",
         )
         # Always present, a no-op unless a budget is set: `--budget.tokens 1e6`, `--budget.match_to <run dir>`.
         parser.add_lightning_class_args(TokenBudget, "budget")
@@ -179,7 +179,7 @@ class CQKCLI(LightningCLI):
         args = config.trainer.logger.init_args
         root = Path(args.get("save_dir") or "runs") / str(args.get("name") or "default")
         launch = detect_launch()
-        if not launch.is_zero:  # rank zero alone plans, checks and locks; the others take its plan (launch.py)
+        if not launch.is_zero:  # rank zero alone plans, checks and locks; the others take its plan (run/launch_rank.py)
             return self._follow_plan(receive_plan(launch, root, log=lambda m: print(m, file=sys.stderr, flush=True)))
         try:
             apply_optimizer = self._make_plan(root)
@@ -233,12 +233,12 @@ class CQKCLI(LightningCLI):
                 "To start a new run beside it: "
                 f"{command_line(self._argv, drop=('--on_unfinished',), add=('--on_unfinished', 'new'))}"
             )
-        # Every callback, logger and profiler writes inside this run's directory (run_outputs.py), checked before
+        # Every callback, logger and profiler writes inside this run's directory (run/outputs.py), checked before
         # the directory is claimed or anything built.
         refuse_outside_outputs(config.trainer, plan.run_dir)
         for note in plan.notes:
             print(f"run: {note}", file=sys.stderr, flush=True)
-        # One live process per run directory, checked before anything is built (lightning_cqk/run_lock.py).
+        # One live process per run directory, checked before anything is built (lightning_cqk/run/lock.py).
         self.run_directory = RunDirectory.claim(plan.run_dir)
         atexit.register(self._abandon_if_not_started)
         apply_optimizer = any(k in OPTIMIZER_KEYS for k in allowed)
@@ -394,8 +394,8 @@ class CQKCLI(LightningCLI):
         )
 
     def before_fit(self) -> None:
-        """Before shards are prepared or a step is taken: refuse a run that will not fit in memory (memory_check.py)."""
-        from lightning_cqk.memory_check import check_memory
+        """Before shards are prepared or a step is taken: refuse a run that will not fit in memory (run/memory_check.py)."""
+        from lightning_cqk.run.memory_check import check_memory
 
         fit = self.config.fit
         resuming = bool(fit.get("ckpt_path"))  # the advice then names only what a resume may change

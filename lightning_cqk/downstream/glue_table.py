@@ -149,7 +149,7 @@ def render_side_by_side(tables: list[dict[str, Any]], labels: list[str] | None =
         tables: loaded ``glue.json`` dicts.
         labels: column titles (default: each checkpoint's run name).
     """
-    from lightning_cqk.run_dir import checkpoint_run_name
+    from lightning_cqk.run.directory import checkpoint_run_name
 
     if not tables:
         raise ValueError("no GLUE tables to show")

@@ -83,7 +83,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.run_outputs import refuse_shared_outputs
+from lightning_cqk.run.outputs import refuse_shared_outputs
 from lightning_cqk.sweep import spec_checks
 from lightning_cqk.sweep.claim import ClaimError, parse_claim
 from lightning_cqk.sweep.control import check_control, control_claim, control_runs, control_seeds, parsed_control

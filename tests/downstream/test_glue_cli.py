@@ -189,7 +189,7 @@ def test_a_glue_callback_writing_into_another_run_is_refused_before_the_run_is_c
     lm_checkpoint: Path, glue_dir: Path, tmp_path: Path
 ):
     """Issue 45 item 4: a fine-tuning run's callbacks, like a pretraining run's, write inside its own directory."""
-    from lightning_cqk.run_outputs import OutsideRunDirectory
+    from lightning_cqk.run.outputs import OutsideRunDirectory
 
     other = tmp_path / "runs" / "glue" / "other" / "checkpoints"
     callback = {"class_path": "lightning_cqk.callbacks.BestCheckpoint", "init_args": {"dirpath": str(other)}}

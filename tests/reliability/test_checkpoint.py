@@ -168,7 +168,7 @@ def test_corrupt_last_through_the_cli(tiny_shards, tmp_path, monkeypatch):
     last.write_bytes(data[:1000])
     with pytest.raises(CorruptCheckpointError, match=rf"{last} cannot be loaded.*--ckpt_path {folder}/step=00000002"):
         main([*args, "--trainer.max_steps=5", f"--ckpt_path={last}"])
-    # `--ckpt_path last` resumes from that newest intact file instead, and says so (issue 13 class 7b, run_dir.py).
+    # `--ckpt_path last` resumes from that newest intact file instead, and says so (issue 13 class 7b, run/directory.py).
     main([*args, "--trainer.max_steps=5", "--ckpt_path=last"])
     assert torch.load(last, weights_only=False)["global_step"] == 5
 
@@ -206,7 +206,7 @@ def test_the_newest_intact_checkpoint_is_chosen_by_step_not_by_modification_time
 def test_a_periodic_file_newer_than_last_ckpt_is_resumed_from(make_module, make_trainer, token_loader, tmp_path):
     """Issue 34 defect 10: a kill between writing step=8 and pointing last.ckpt at it leaves last.ckpt at step 4;
     the resume takes step 8 (nothing retrained), also when last.ckpt is a copy rather than a link (`cp -r`)."""
-    from lightning_cqk.run_dir import resumable_checkpoint
+    from lightning_cqk.run.directory import resumable_checkpoint
 
     trainer = ckpt_trainer(make_trainer, RunCheckpoint(every_n_steps=4, keep_last=None), max_steps=8)
     trainer.fit(make_module(), token_loader())
@@ -229,7 +229,7 @@ def test_a_resume_from_an_earlier_file_deletes_the_continuation_it_replaces(
 ):
     """Issue 34 defect 10, its other side: resuming from step 4 explicitly replaces the continuation to step 8, so
     that file must not outrank this run's own last.ckpt (step 6) when the run is next resumed."""
-    from lightning_cqk.run_dir import resumable_checkpoint
+    from lightning_cqk.run.directory import resumable_checkpoint
 
     ckpt_trainer(make_trainer, RunCheckpoint(every_n_steps=4, keep_last=None), max_steps=8).fit(
         make_module(), token_loader()

@@ -19,7 +19,7 @@ from lightning_cqk.checkpoint.reading import (
     refuse_checkpoint_folder,
 )
 from lightning_cqk.errors import ConfigError
-from lightning_cqk.run_dir import resolve_fit, resumable_checkpoint
+from lightning_cqk.run.directory import resolve_fit, resumable_checkpoint
 
 
 def test_a_folder_is_intact_with_its_index_and_an_intact_meta(tmp_path: Path):

@@ -25,7 +25,7 @@ from lightning_cqk.checkpoint.reading import (
 )
 from lightning_cqk.checkpoint.folder import load_into, read_full_state
 from lightning_cqk.errors import ConfigError
-from lightning_cqk.run_dir import resumable_checkpoint
+from lightning_cqk.run.directory import resumable_checkpoint
 
 
 def test_a_planted_index_is_refused_without_running_it(tmp_path: Path):

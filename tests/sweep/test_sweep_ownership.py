@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from lightning_cqk.cli import main
-from lightning_cqk.run_lock import acquire
+from lightning_cqk.run.lock import acquire
 from lightning_cqk.sweep.runner import Ledger
 from lightning_cqk.sweep.spec import expand
 

@@ -15,7 +15,7 @@ died before it wrote anything) counts as free and is reused. `fit` removes a dir
 launch fails before training starts (a typo in a path, a refused resume), so no empty directory is left to be
 mistaken for a run later.
 
-Locking. `run_lock.py`: one live process per directory, by an OS file lock held for the process's life.
+Locking. `run/lock.py`: one live process per directory, by an OS file lock held for the process's life.
 
 Records. `run.json` lists the run's attempts: when each started (pid, host, command, the checkpoint and step it
 resumed from, the settings it changed, the code it ran (`revision`: the git commit, `-dirty` with uncommitted
@@ -67,7 +67,7 @@ from lightning_cqk.checkpoint.reading import checkpoint_problem, checkpoint_step
 from lightning_cqk.environment import env_text
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.package_versions import code_revision, package_versions
-from lightning_cqk.run_lock import (
+from lightning_cqk.run.lock import (
     LOCK_NAME,
     RunDirectoryInUse,
     acquire,
