@@ -59,7 +59,7 @@ from lightning_cqk.model.sharding import clip_grad_norm_, shard_gpt
 from lightning_cqk.optim import OptimConfig, build_logit_control, build_optimizer, warmup_cosine
 from lightning_cqk.optim.config import check_schedule, check_trainer_numbers
 from lightning_cqk.optim.schedule import learning_rates_at_scheduler_step
-from lightning_cqk.versions import check_torch_features, require_torch
+from lightning_cqk.run.version_records import check_torch_features, require_torch
 
 
 class LitLM(L.LightningModule):

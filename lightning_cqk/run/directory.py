@@ -19,7 +19,7 @@ Locking. `run/lock.py`: one live process per directory, by an OS file lock held 
 
 Records. `run.json` lists the run's attempts: when each started (pid, host, command, the checkpoint and step it
 resumed from, the settings it changed, the code it ran (`revision`: the git commit, `-dirty` with uncommitted
-changes) and the versions of Python and of every direct dependency it ran with: `packages`, package_versions.py)
+changes) and the versions of Python and of every direct dependency it ran with: `packages`, run/version_records.py)
 and how it ended (`finished`, `interrupted` by SIGTERM/SIGINT with a saved checkpoint, `failed` with the error); an
 attempt still `running` whose process is gone was killed (SIGKILL, power loss). The resolved configuration of the
 first attempt is `config.yaml`; every resume adds `config.resume-<n>.yaml`, so each earlier configuration is kept.
@@ -66,7 +66,7 @@ from lightning_cqk.files.atomic import write_json_atomically
 from lightning_cqk.checkpoint.reading import checkpoint_problem, checkpoint_step, same_checkpoint, step_in_name
 from lightning_cqk.environment import env_text
 from lightning_cqk.errors import ConfigError
-from lightning_cqk.package_versions import code_revision, package_versions
+from lightning_cqk.run.version_records import code_revision, package_versions
 from lightning_cqk.run.lock import (
     LOCK_NAME,
     RunDirectoryInUse,
