@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 
 from lightning_cqk.callbacks import AtomicCheckpointIO, NonFiniteGuard
 from lightning_cqk.checkpoint.reading import checkpoint_problem
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
 

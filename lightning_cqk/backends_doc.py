@@ -141,9 +141,9 @@ def _cell(text: str) -> str:
 def _sizes(names: list[str]) -> dict[str, tuple[int, int, int]]:
     import torch
 
-    from lightning_cqk.config import ModelConfig
     from lightning_cqk.model import GPT
     from lightning_cqk.model.flops import forward_flops_per_step, forward_flops_per_token
+    from lightning_cqk.model_config import ModelConfig
 
     base = ModelConfig(preset=REFERENCE["preset"], vocab_size=REFERENCE["vocab_size"])
     sizes = {}
@@ -161,10 +161,10 @@ def _fragment_rows(p0: int, f0: int) -> list[str]:
     import torch
     import yaml
 
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.files.resources import ConfigNotFound, find_config
     from lightning_cqk.model import GPT
     from lightning_cqk.model.flops import forward_flops_per_token
-    from lightning_cqk.files.resources import ConfigNotFound, find_config
+    from lightning_cqk.model_config import ModelConfig
 
     try:
         folder = find_config("configs/attention")

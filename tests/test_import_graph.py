@@ -88,7 +88,7 @@ def _module_name(path: Path) -> str:
 
 
 def _unit(module: str) -> str:
-    """`lightning_cqk.attention.base` -> `attention`; `lightning_cqk.run.directory` -> `run_dir`; the package -> __init__."""
+    """`lightning_cqk.attention.base` -> `attention`; `lightning_cqk.run.lock` -> `run`; the package -> __init__."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from tiny_run import tiny_fit
 
-from lightning_cqk.run import memory_check
 from lightning_cqk.cli import main
 from lightning_cqk.errors import UserError
+from lightning_cqk.run import memory_check
 from lightning_cqk.run.memory_check import MemoryRefused, estimate, largest_fitting_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -228,8 +228,8 @@ def test_on_a_resume_the_memory_advice_names_only_what_a_resume_may_change(monke
 def _saved_bytes_per_token_and_layer(ffn: str, checkpointing: bool) -> float:
     """What autograd keeps for backward under CPU bf16 autocast, per token and layer: the slope in both the depth
     and the batch (which cancels the per-layer casts of the weights), storages counted once."""
-    from lightning_cqk.config import ModelConfig
     from lightning_cqk.model.gpt import GPT
+    from lightning_cqk.model_config import ModelConfig
 
     def saved(n_layer: int, batch: int) -> int:
         torch.manual_seed(0)

@@ -1,4 +1,5 @@
-"""Config paths: the working directory first, then the package's shipped copy, else a clear error (files/resources.py)."""
+"""Config paths: the working directory first, then the package's shipped copy, else a clear error
+(lightning_cqk/files/resources.py)."""
 
 from __future__ import annotations
 

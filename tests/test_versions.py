@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.errors import ConfigError
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
 from lightning_cqk.run.version_records import require_torch, torch_version

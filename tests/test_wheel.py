@@ -118,6 +118,8 @@ def test_wheel_runs_quickstart_and_sweep_dry_run_from_an_empty_directory(wheel_v
     editable = _venv_with_shared_deps(tmp_path / "editable", env)
     pip = [sys.executable, "-m", "pip", "--python", str(editable), "install", "-q", "--no-deps", "--no-build-isolation"]
     _run([*pip, "-e", str(src)], tmp_path, env)
-    probe = "from lightning_cqk.files.resources import find_config; print(find_config('configs/ablations/coupling.yaml'))"
+    probe = (
+        "from lightning_cqk.files.resources import find_config; print(find_config('configs/ablations/coupling.yaml'))"
+    )
     found = _run([str(editable), "-c", probe], work, env)
     assert Path(found.strip().splitlines()[-1]) == src / "configs" / "ablations" / "coupling.yaml", found

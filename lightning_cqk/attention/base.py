@@ -65,7 +65,7 @@ from lightning_cqk.errors import ConfigError
 
 if TYPE_CHECKING:
     from lightning_cqk.attention.cache import LayerCache
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 
 #: Per-head Q/K weight roles: MHA rule ("q", "k", or "qk" for one matrix serving both) and the MLA rule (arXiv

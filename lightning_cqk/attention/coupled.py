@@ -31,7 +31,7 @@ from lightning_cqk.attention.dynamics import CoupledDynamicsOptions, UncoupledDy
 from lightning_cqk.attention.standard import StandardAttention, StandardOptions
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 #: Keys of a v1 checkpoint (relative to the attention module) -> their names under the transform stage.
 LEGACY_KEYS = (("dynamics.", "qk_transform.dynamics."), ("dt_raw", "qk_transform.dt_raw"))

@@ -60,7 +60,7 @@ from lightning_cqk.attention.dynamics import heads_back, heads_first
 from lightning_cqk.attention.transform import QKTransform, TransformOptions
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 
 @dataclass

@@ -114,7 +114,7 @@ from lightning_cqk.attention.matched_norm import MatchedRMSNorm
 from lightning_cqk.attention.rope import apply_rope
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 IMPLS = ("sdpa", "math")
 

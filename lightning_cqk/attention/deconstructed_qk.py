@@ -101,7 +101,7 @@ from lightning_cqk.attention.functional import attention_probs, causal_attention
 from lightning_cqk.attention.rope import apply_rope
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 BUILTIN_TOKENS = "builtin:python_docs"
 

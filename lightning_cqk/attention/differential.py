@@ -91,7 +91,7 @@ from lightning_cqk.attention.matched_norm import MatchedRMSNorm
 from lightning_cqk.attention.transform import build_transform, check_transform, qk_stage, transform_flops
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 #: eps of the per-head RMSNorm ("subln") in the official code.
 SUBLN_EPS = 1e-5

@@ -91,7 +91,7 @@ from lightning_cqk.attention.coupled_flow import coupled_mlp_flow, heads_back, h
 from lightning_cqk.attention.transform import QKTransform, TransformOptions
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 MAX_STEPS = 7
 

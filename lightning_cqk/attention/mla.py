@@ -135,7 +135,7 @@ from lightning_cqk.attention.rope import apply_rope, build_rope_cache
 from lightning_cqk.attention.transform import build_transform, check_transform, qk_stage, transform_flops
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 
 @dataclass

@@ -53,7 +53,7 @@ from lightning_cqk.attention.rope import apply_rope
 
 if TYPE_CHECKING:
     from lightning_cqk.attention.base import AttentionContext
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 
 @dataclasses.dataclass

@@ -76,10 +76,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_cqk.files.atomic import fsync_path, link_folder, remove_path
 from lightning_cqk.callbacks.final_validation import validation_due
 from lightning_cqk.checkpoint.reading import checkpoint_problem, load_checkpoint, state_file, step_in_name
 from lightning_cqk.errors import StorageFullError, storage_full_errno
+from lightning_cqk.files.atomic import fsync_path, link_folder, remove_path
 
 TMP_PATTERN = re.compile(r"^\..+\.\d+\.tmp$")
 

@@ -40,8 +40,8 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_cqk.run.version_records import describe_device
 from lightning_cqk.run.directory import RunDirectory, next_config_name
+from lightning_cqk.run.version_records import describe_device
 
 
 class RunSession(L.Callback):

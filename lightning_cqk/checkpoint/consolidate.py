@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from lightning_cqk.checkpoint.folder import read_full_state
 from lightning_cqk.checkpoint.reading import (
     META_NAME,
     CorruptCheckpointError,
@@ -25,7 +26,6 @@ from lightning_cqk.checkpoint.reading import (
     corrupt_checkpoint_message,
     load_checkpoint,
 )
-from lightning_cqk.checkpoint.folder import read_full_state
 from lightning_cqk.errors import ConfigError
 
 

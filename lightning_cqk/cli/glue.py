@@ -9,8 +9,8 @@ link is ``data.task`` -> ``model.task``, so the head, loss and metrics always ma
 picks this CLI when a ``--config`` file's ``model.class_path`` lies in ``lightning_cqk.downstream``.
 
 Defaults: TensorBoard logs under ``runs/glue/<task>-<checkpoint run>-s<seed>[-N]/`` (named, suffixed and locked
-by ``lightning_cqk/run/directory.py``: a new run never writes into an earlier one's directory), ``trainer.precision`` as for
-pre-training (bf16-mixed on a bf16 GPU, fp32 elsewhere), seed 1.
+by ``lightning_cqk/run/directory.py``: a new run never writes into an earlier one's directory), ``trainer.precision``
+as for pre-training (bf16-mixed on a bf16 GPU, fp32 elsewhere), seed 1.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lightning_cqk.checkpoint.reading import check_checkpoint, refuse_checkpoint_folder
 from lightning_cqk.errors import ConfigError, MissingInputError
-from lightning_cqk.run.launch_rank import is_rank_zero_launch
 from lightning_cqk.run.directory import RunDirectory, checkpoint_run_name, is_husk, next_free_name
+from lightning_cqk.run.launch_rank import is_rank_zero_launch
 from lightning_cqk.run.outputs import refuse_outside_outputs
 
 DOWNSTREAM_PREFIX = "lightning_cqk.downstream"

@@ -255,7 +255,10 @@ def _dispatch(argv: list[str], from_command_line: bool) -> None:
         EXTRA_COMMANDS[argv[0]](argv[1:])
         return
     argv = join_negative_values(argv)
-    from lightning_cqk.files.resources import ConfigNotFound, resolve_config_args  # configs/... of the installed package
+    from lightning_cqk.files.resources import (  # configs/... of the installed package
+        ConfigNotFound,
+        resolve_config_args,
+    )
 
     try:
         argv = resolve_config_args(argv)

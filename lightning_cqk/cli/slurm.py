@@ -3,9 +3,9 @@
 Lightning's SLURM auto-requeue saves `hpc_ckpt_N.ckpt` into the trainer's `default_root_dir` (the working directory)
 when the job gets `SIGUSR1`, and restores the newest such file into *any* later run started under SLURM without a
 `ckpt_path`: a different experiment launched from the same folder silently continued another's weights, optimizer
-and step (issue 34, defect 2). This project already owns resuming (`run/directory.py`: the run directory, its checkpoints,
-`--ckpt_path last`, the record of every attempt), so Lightning's mechanism is switched off, and its one useful part,
-the requeue, is done here with the run's own checkpoint:
+and step (issue 34, defect 2). This project already owns resuming (`run/directory.py`: the run directory, its
+checkpoints, `--ckpt_path last`, the record of every attempt), so Lightning's mechanism is switched off, and its one
+useful part, the requeue, is done here with the run's own checkpoint:
 
 - `take_over(trainer)`: the SLURM environment's `auto_requeue` is off (no `hpc_ckpt_*` is written, no SIGUSR1
   handler of Lightning's) and the checkpoint connector never resumes from an `hpc_ckpt_*` file: a run starts at step

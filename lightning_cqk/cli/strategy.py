@@ -25,15 +25,15 @@ from typing import Any, Literal
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from lightning_cqk.files.atomic import remove_path, replace_folder
+from lightning_cqk.checkpoint.folder import load_sharded_training_state
 from lightning_cqk.checkpoint.reading import (
     TRUSTED_GLOBALS,
     CorruptCheckpointError,
     checkpoint_problem,
     corrupt_checkpoint_message,
 )
-from lightning_cqk.checkpoint.folder import load_sharded_training_state
 from lightning_cqk.errors import ConfigError
+from lightning_cqk.files.atomic import remove_path, replace_folder
 
 
 class FSDP2Strategy(ModelParallelStrategy):

@@ -38,9 +38,8 @@ from lightning_cqk.checkpoint.reading import CorruptCheckpointError, load_checkp
 from lightning_cqk.cli import class_paths, slurm  # noqa: E402
 from lightning_cqk.cli.presets import PresetArgumentParser, unset_shape_defaults  # noqa: E402
 from lightning_cqk.cli.strategy import refuse_folder_without_fsdp2, resolve_strategy  # noqa: E402
-from lightning_cqk.config import size_label, upgrade_config_dict, upgrade_run_config  # noqa: E402
 from lightning_cqk.errors import ConfigError  # noqa: E402
-from lightning_cqk.run.launch_rank import detect_launch, publish_failure, publish_plan, receive_plan  # noqa: E402
+from lightning_cqk.model_config import size_label, upgrade_config_dict, upgrade_run_config  # noqa: E402
 from lightning_cqk.module import LitLM  # noqa: E402
 from lightning_cqk.run.directory import (  # noqa: E402
     FAILED,
@@ -63,6 +62,7 @@ from lightning_cqk.run.directory import (  # noqa: E402
     resolve_fit,
     resumable_checkpoint,
 )
+from lightning_cqk.run.launch_rank import detect_launch, publish_failure, publish_plan, receive_plan  # noqa: E402
 from lightning_cqk.run.outputs import refuse_outside_outputs  # noqa: E402
 
 
@@ -115,7 +115,8 @@ class CQKCLI(LightningCLI):
             type=str,
             default="refuse",
             help="fit: refuse (default), warn about, or not check (off) a configuration whose analytic memory "
-            "estimate exceeds the memory of its device, before anything is prepared (lightning_cqk/run/memory_check.py).",
+            "estimate exceeds the memory of its device, before anything is prepared "
+            "(lightning_cqk/run/memory_check.py).",
         )
         # Always present, a no-op unless a budget is set: `--budget.tokens 1e6`, `--budget.match_to <run dir>`.
         parser.add_lightning_class_args(TokenBudget, "budget")
@@ -394,7 +395,8 @@ class CQKCLI(LightningCLI):
         )
 
     def before_fit(self) -> None:
-        """Before shards are prepared or a step is taken: refuse a run that will not fit in memory (run/memory_check.py)."""
+        """Before shards are prepared or a step is taken: refuse a run that will not fit in memory
+        (run/memory_check.py)."""
         from lightning_cqk.run.memory_check import check_memory
 
         fit = self.config.fit

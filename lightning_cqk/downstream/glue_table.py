@@ -23,8 +23,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.files.atomic import write_json_atomically
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS
+from lightning_cqk.files.atomic import write_json_atomically
 
 FORMAT = "lightning_cqk.glue/1"
 JSON_NAME, MD_NAME = "glue.json", "glue.md"

@@ -24,11 +24,11 @@ from typing import Any
 
 from lightning_cqk.attention.registry import check_recorded
 from lightning_cqk.checkpoint.reading import load_checkpoint, refuse_checkpoint_folder
-from lightning_cqk.config import ModelConfig, upgrade_config_dict
 from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.tokenizers import Tokenizer, get_tokenizer, vocab_size_of
 from lightning_cqk.errors import ConfigError, MissingInputError
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig, upgrade_config_dict
 
 
 @dataclass

@@ -62,11 +62,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.files.atomic import write_json_atomically
 from lightning_cqk.checkpoint.reading import checkpoint_problem, checkpoint_step, same_checkpoint, step_in_name
 from lightning_cqk.environment import env_text
 from lightning_cqk.errors import ConfigError
-from lightning_cqk.run.version_records import code_revision, package_versions
+from lightning_cqk.files.atomic import write_json_atomically
 from lightning_cqk.run.lock import (
     LOCK_NAME,
     RunDirectoryInUse,
@@ -74,6 +73,7 @@ from lightning_cqk.run.lock import (
     holder,
     process_start,
 )
+from lightning_cqk.run.version_records import code_revision, package_versions
 
 __all__ = [
     "RunDirectoryInUse",

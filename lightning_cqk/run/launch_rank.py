@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.files.atomic import write_json_atomically
 from lightning_cqk.environment import env_json, env_number
 from lightning_cqk.errors import UnavailableError
+from lightning_cqk.files.atomic import write_json_atomically
 
 RUN_ENV, CKPT_ENV, PLAN_ENV = "LIGHTNING_CQK_RUN_DIR", "LIGHTNING_CQK_RUN_CKPT", "LIGHTNING_CQK_RUN_PLAN"
 TIMEOUT_ENV = "LIGHTNING_CQK_PLAN_TIMEOUT"

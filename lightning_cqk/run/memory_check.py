@@ -280,7 +280,8 @@ def refusal(
         new_run = f" --data.batch_size {fits_batch}" if fits_batch else " and a smaller --data.batch_size"
         fixes = (
             f"{precision}a device with more memory, or --memory_check warn (the estimate is a lower bound; "
-            "lightning_cqk/run/memory_check.py). A resume keeps the micro-batch (data.* cannot change on a resume); for a "
+            "lightning_cqk/run/memory_check.py). A resume keeps the micro-batch (data.* cannot change on a resume); "
+            "for a "
             f"smaller one start a new run: leave out --ckpt_path and add --on_unfinished new{new_run}"
         )
     else:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from lightning_cqk.errors import ConfigError
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
     from lightning_cqk.optim import OptimConfig
 
 

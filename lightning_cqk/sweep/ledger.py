@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.files.atomic import write_json_atomically
-from lightning_cqk.run.version_records import code_revision, describe_difference, git_revision, package_versions
 from lightning_cqk.run.directory import resumable_checkpoint
 from lightning_cqk.run.lock import LOCK_NAME, LockOwner, holder
+from lightning_cqk.run.version_records import code_revision, describe_difference, git_revision, package_versions
 from lightning_cqk.sweep.adopt import CommittedRun
 from lightning_cqk.sweep.identity import Identity, changes, identity_of, replace_run_paths, resolved_flat, result_dir
 from lightning_cqk.sweep.spec import Run, SpecError, Sweep

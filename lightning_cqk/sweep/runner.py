@@ -55,10 +55,10 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.environment import env_number
-from lightning_cqk.run.version_records import package_versions
 from lightning_cqk.run.directory import RUN_IDENTITY_ENV, config_files, resumable_checkpoint
 from lightning_cqk.run.lock import RunDirectoryInUse, acquire, holder
 from lightning_cqk.run.slurm_job import REQUEUE_BY_ENV, requeue_job, slurm_job_id
+from lightning_cqk.run.version_records import package_versions
 from lightning_cqk.sweep import worker
 from lightning_cqk.sweep.adopt import committed_folders, index_committed
 from lightning_cqk.sweep.ledger import (

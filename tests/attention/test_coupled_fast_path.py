@@ -18,8 +18,8 @@ import torch
 from lightning_cqk.attention import AttentionContext, build_attention
 from lightning_cqk.attention.coupled_flow import coupled_mlp_flow, heads_back, heads_first
 from lightning_cqk.attention.rope import build_rope_cache
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 
 B, T, P, D, H = 2, 5, 3, 4, 5
 TOL = dict(rtol=1e-12, atol=1e-12)

@@ -31,9 +31,9 @@ from lightning_cqk.attention.deconstructed_mixing import (
 )
 from lightning_cqk.attention.deconstructed_qk import load_token_ids
 from lightning_cqk.attention.rope import build_rope_cache
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import MLP_MATRICES, training_flops_per_token
+from lightning_cqk.model_config import ModelConfig
 
 VARIANTS = ["mlp", "approximate", "non_approximate", "static_emb_qk", "rnd_emb_qk", "fixed_seq_qk"]
 C, NH, T, L = 32, 4, 19, 24

@@ -18,9 +18,9 @@ import pytest
 from lightning_cqk import attention
 from lightning_cqk.attention import registry
 from lightning_cqk.attention.registry import ATTENTION, check_recorded
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 
 EXAMPLE_SRC = Path(__file__).resolve().parents[2] / "examples" / "sigmoid_attention" / "src"
 SIGMOID = "cqk_sigmoid.attention:SigmoidAttention"

@@ -6,8 +6,8 @@ import pytest
 
 from lightning_cqk import attention
 from lightning_cqk.attention import ATTENTION_BACKENDS, AttentionBackend
-from lightning_cqk.config import LayerOverride, ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import LayerOverride, ModelConfig
 
 
 def test_available_lists_registered_backends():

@@ -11,7 +11,7 @@ import torch
 
 from lightning_cqk.attention import build_attention
 from lightning_cqk.attention.functional import attention_probs, causal_attention
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.model_config import ModelConfig
 
 
 def naive_attention(q, k, v):

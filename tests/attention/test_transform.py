@@ -20,8 +20,8 @@ import torch
 from lightning_cqk.attention import AttentionContext, MultiHeadLatentAttention, build_attention
 from lightning_cqk.attention.coupling import InvertibleCoupling
 from lightning_cqk.attention.rope import build_rope_cache
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 
 FIXTURE = Path(__file__).parent / "fixtures" / "legacy_coupled_v1.pt"
 C, NH, T = 32, 4, 10

@@ -26,8 +26,8 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 
 pytestmark = [
     pytest.mark.gpu,

@@ -19,8 +19,8 @@ from tiny_run import tiny_args
 from lightning_cqk.callbacks import TokenBudget
 from lightning_cqk.cli import main
 from lightning_cqk.cli.trainer import CQKCLI
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.data import TokenDataModule, prepare
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
 from lightning_cqk.run.lock import RunDirectoryInUse, acquire

@@ -168,7 +168,8 @@ def test_corrupt_last_through_the_cli(tiny_shards, tmp_path, monkeypatch):
     last.write_bytes(data[:1000])
     with pytest.raises(CorruptCheckpointError, match=rf"{last} cannot be loaded.*--ckpt_path {folder}/step=00000002"):
         main([*args, "--trainer.max_steps=5", f"--ckpt_path={last}"])
-    # `--ckpt_path last` resumes from that newest intact file instead, and says so (issue 13 class 7b, run/directory.py).
+    # `--ckpt_path last` resumes from that newest intact file instead, and says so (issue 13 class 7b,
+    # run/directory.py).
     main([*args, "--trainer.max_steps=5", "--ckpt_path=last"])
     assert torch.load(last, weights_only=False)["global_step"] == 5
 

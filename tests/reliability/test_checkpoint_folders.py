@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from tiny_run import checkpoint_folder
 
-from lightning_cqk.files.atomic import link_folder, replace_folder
 from lightning_cqk.checkpoint.reading import (
     CONSOLIDATE,
     checkpoint_problem,
@@ -19,6 +18,7 @@ from lightning_cqk.checkpoint.reading import (
     refuse_checkpoint_folder,
 )
 from lightning_cqk.errors import ConfigError
+from lightning_cqk.files.atomic import link_folder, replace_folder
 from lightning_cqk.run.directory import resolve_fit, resumable_checkpoint
 
 

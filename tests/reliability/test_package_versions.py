@@ -11,8 +11,8 @@ import pytest
 import yaml
 from tiny_run import tiny_fit
 
-from lightning_cqk.run import version_records as pv
 from lightning_cqk.cli import main
+from lightning_cqk.run import version_records as pv
 from lightning_cqk.sweep.runner import Ledger
 from lightning_cqk.sweep.spec import expand
 

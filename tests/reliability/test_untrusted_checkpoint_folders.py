@@ -18,12 +18,12 @@ import torch
 from tiny_run import Planted, checkpoint_folder, child_env, plant_index, tiny_command
 
 from lightning_cqk.checkpoint.consolidate import consolidate
+from lightning_cqk.checkpoint.folder import load_into, read_full_state
 from lightning_cqk.checkpoint.reading import (
     CorruptCheckpointError,
     UntrustedCheckpointError,
     checkpoint_problem,
 )
-from lightning_cqk.checkpoint.folder import load_into, read_full_state
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.run.directory import resumable_checkpoint
 

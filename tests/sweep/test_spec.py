@@ -15,8 +15,8 @@ import yaml
 
 from lightning_cqk.cli import main
 from lightning_cqk.cli.trainer import CQKCLI
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model.flops import training_flops_per_batch
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.sweep.estimate import MARGIN, STEP_MS_FIXED, STEP_MS_PER_GFLOP, estimate_runs
 from lightning_cqk.sweep.spec import SpecError, expand, load_spec
 
