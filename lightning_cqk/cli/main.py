@@ -34,10 +34,11 @@ unless set: `--budget.tokens 2e6`, `--budget.flops 1e15`, `--budget.wallclock 60
 `--budget.match_to runs/<experiment>/<run> --budget.ratio 2.4 [--budget.match_on tokens]`. Every run writes
 `budget.json` (tokens, flops, wallclock, steps) into its run directory.
 
-Errors (`cli/errors.py`): a user error (`lightning_cqk.errors.UserError`, a refused resume, a run directory in use)
-prints as `lightning_cqk <command>: <message>` and exits 1; its traceback goes to ~/.cache/lightning_cqk/last-error.log
-(`--debug` or LIGHTNING_CQK_DEBUG=1 prints it). Any other exception keeps its traceback. Warnings that repeat on every
-run and that nobody can act on are hidden by message (`cli/warnings.py`, the one list).
+Errors (`cli/error_report.py`): a user error (`lightning_cqk.errors.UserError`, a refused resume, a run directory in
+use) prints as `lightning_cqk <command>: <message>` and exits 1; its traceback goes to
+~/.cache/lightning_cqk/last-error.log (`--debug` or LIGHTNING_CQK_DEBUG=1 prints it). Any other exception keeps its
+traceback. Warnings that repeat on every run and that nobody can act on are hidden by message (`cli/warnings.py`, the
+one list).
 
 This module imports neither torch nor Lightning: `--help`, `attention`, `sweep` and `report` answer at once, and the
 trainer subcommands import `cli/trainer.py` (CQKCLI) when they run.
@@ -48,7 +49,7 @@ from __future__ import annotations
 import os
 import sys
 
-from lightning_cqk.cli.errors import pop_debug, user_errors_reported
+from lightning_cqk.cli.error_report import pop_debug, user_errors_reported
 from lightning_cqk.environment import EnvironmentValueError
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata would otherwise ping PyPI (offline runs)
@@ -82,13 +83,13 @@ def _prepare_command(argv: list[str]) -> None:
 
 
 def _attention_command(argv: list[str]) -> None:
-    from lightning_cqk.backends_doc import attention_command
+    from lightning_cqk.contract.backends_table import attention_command
 
     attention_command(argv)
 
 
 def _check_backend_command(argv: list[str]) -> None:
-    from lightning_cqk.contract.command import check_backend_command
+    from lightning_cqk.contract.check_backend import check_backend_command
 
     check_backend_command(argv)
 
@@ -196,7 +197,7 @@ prints alone; --debug (or LIGHTNING_CQK_DEBUG=1) prints its traceback too.
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (`lightning_cqk` and `python -m lightning_cqk`).
 
-    From the shell, a user error prints alone and exits 1 (`cli/errors.py`); from Python (`main([...])`) every
+    From the shell, a user error prints alone and exits 1 (`cli/error_report.py`); from Python (`main([...])`) every
     exception propagates.
     """
     from_command_line = argv is None

@@ -133,7 +133,7 @@ class CQKCLI(LightningCLI):
         config = self.config[sub] if sub else self.config
         attention_name = config.get("model.config.attention")
         if isinstance(attention_name, str):  # a recipe's name (gqa) gets a pointer to its config file
-            from lightning_cqk.backends_doc import check_backend_name
+            from lightning_cqk.contract.backends_table import check_backend_name
 
             check_backend_name(attention_name)
         logger = config.trainer.get("logger")

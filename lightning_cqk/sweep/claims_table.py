@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.write is None:
         print(section, end="")
         return
-    from lightning_cqk.backends_doc import replace_section
+    from lightning_cqk.contract.backends_table import replace_section
 
     path = Path(args.write)
     path.write_text(replace_section(path.read_text(), section, BEGIN, END))

@@ -265,7 +265,7 @@ def test_validate_from_a_checkpoint_never_imports_the_path_it_names(site, tiny_s
 
 
 def test_the_attention_command_lists_a_plugin_that_does_not_load_with_why(site, capsys):
-    from lightning_cqk.backends_doc import attention_command
+    from lightning_cqk.contract.backends_table import attention_command
 
     install(site, "broken-lab2", {registry.ATTENTION_GROUP: {"broken2": "broken_lab2:X"}}, {"broken_lab2": "1 / 0\n"})
     attention_command([])
