@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from lightning_cqk.attention.functional import softmax_map_stats
+from lightning_cqk.attention.kernels.functional import softmax_map_stats
 from lightning_cqk.attention.options import check_option_names
 from lightning_cqk.errors import ConfigError
 

@@ -43,7 +43,7 @@ from torch import nn
 from lightning_cqk import attention
 from lightning_cqk.attention import AttentionBackend, AttentionContext, AttentionOptions
 from lightning_cqk.attention.base import QKWeight, QKWeights
-from lightning_cqk.attention.functional import causal_attention, causal_logits
+from lightning_cqk.attention.kernels.functional import causal_attention, causal_logits
 from lightning_cqk.attention.transform import transform_registry
 from lightning_cqk.contract.cases import B, T
 from lightning_cqk.contract.checks import (

@@ -23,8 +23,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_cqk.attention import AttentionContext, StandardAttention, build_attention
+from lightning_cqk.attention.backends.standard import StandardOptions
 from lightning_cqk.attention.rope import build_rope_cache
-from lightning_cqk.attention.standard import StandardOptions
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import training_flops_per_token
 from lightning_cqk.model_config import ModelConfig

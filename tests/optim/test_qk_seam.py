@@ -13,7 +13,7 @@ from torch import nn
 from lightning_cqk import attention
 from lightning_cqk.attention import AttentionBackend, AttentionContext
 from lightning_cqk.attention.base import QKWeight, QKWeights
-from lightning_cqk.attention.functional import causal_attention, causal_logits
+from lightning_cqk.attention.kernels.functional import causal_attention, causal_logits
 from lightning_cqk.callbacks.grad_norm_computer import GradNormComputer, param_groups
 from lightning_cqk.model import GPT
 from lightning_cqk.model_config import ModelConfig

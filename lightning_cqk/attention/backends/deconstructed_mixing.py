@@ -109,8 +109,8 @@ from torch.utils.checkpoint import checkpoint
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
 from lightning_cqk.attention.cache import LayerCache
-from lightning_cqk.attention.functional import causal_mask
-from lightning_cqk.attention.matched_norm import MatchedRMSNorm
+from lightning_cqk.attention.kernels.functional import causal_mask
+from lightning_cqk.attention.kernels.matched_norm import MatchedRMSNorm
 from lightning_cqk.attention.rope import apply_rope
 
 if TYPE_CHECKING:
