@@ -34,7 +34,7 @@ MODULE_COMMANDS = {
     "downstream/multiple_choice.py": "mc-eval",
     "downstream/glue_table.py": "glue-table",
     "contract/backends_table.py": "attention",
-    "inference/cli.py": "generate",
+    "inference/generate_command.py": "generate",
     "evaluation/command.py": "eval",
     "evaluation/lm.py": "eval",
 }

@@ -104,8 +104,8 @@ class GlueCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-        from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO
         from lightning_cqk.callbacks.progress import use_line_progress
+        from lightning_cqk.callbacks.run_checkpoint import AtomicCheckpointIO
         from lightning_cqk.cli import slurm
 
         trainer = super().instantiate_trainer(**kwargs)

@@ -131,7 +131,7 @@ def _mc_eval_command(argv: list[str]) -> None:
 
 
 def _generate_command(argv: list[str]) -> None:
-    from lightning_cqk.inference.cli import generate_command
+    from lightning_cqk.inference.generate_command import generate_command
 
     generate_command(argv)
 

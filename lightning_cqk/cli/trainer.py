@@ -26,10 +26,10 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO  # noqa: E402
 
 from lightning_cqk.attention.registry import check_recorded  # noqa: E402
 from lightning_cqk.callbacks import FinalValidation, RunSummary, TokenBudget  # noqa: E402
-from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO  # noqa: E402
 from lightning_cqk.callbacks.data_guard import DataFolderGuard  # noqa: E402
 from lightning_cqk.callbacks.model_summary import without_flops_column  # noqa: E402
 from lightning_cqk.callbacks.progress import use_line_progress  # noqa: E402
+from lightning_cqk.callbacks.run_checkpoint import AtomicCheckpointIO  # noqa: E402
 from lightning_cqk.callbacks.run_length import RunLengthCheck, limit_hours_from_env  # noqa: E402
 from lightning_cqk.callbacks.run_session import RunSession  # noqa: E402
 from lightning_cqk.callbacks.tensorboard import TensorBoardLogger as CQKTensorBoardLogger  # noqa: E402

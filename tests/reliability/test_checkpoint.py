@@ -52,7 +52,7 @@ def test_last_is_a_hard_link_of_the_periodic_file(make_module, make_trainer, tok
 
 
 def test_time_trigger(make_module, make_trainer, token_loader, tmp_path, monkeypatch):
-    import lightning_cqk.callbacks.checkpoint as module
+    import lightning_cqk.callbacks.run_checkpoint as module
 
     clock = {"now": 0.0}
     monkeypatch.setattr(module.time, "monotonic", lambda: clock["now"])
