@@ -1,12 +1,14 @@
-"""The LightningCLI of downstream fine-tuning, chosen by ``lightning_cqk`` when a config names a downstream model.
+"""The LightningCLI of downstream fine-tuning: ``lightning_cqk glue fit|validate|test ...``, one GLUE task.
 
-    lightning_cqk fit --config configs/glue/sst2.yaml --model.checkpoint runs/<experiment>/<run>/checkpoints/last.ckpt
+    lightning_cqk glue fit --config configs/glue/sst2.yaml --model.checkpoint runs/<exp>/<run>/checkpoints/last.ckpt
 
 Why a second CLI: ``CQKCLI`` is built around ``LitLM`` and links the data's ``seq_len``/tokenizer into the model's
 config, which only makes sense for language modelling. Here the direction is the other way round (the checkpoint
 decides the tokenizer and the context length, and the data module takes them from the model at setup), and the one
-link is ``data.task`` -> ``model.task``, so the head, loss and metrics always match the data. ``lightning_cqk.cli.main``
-picks this CLI when a ``--config`` file's ``model.class_path`` lies in ``lightning_cqk.downstream``.
+link is ``data.task`` -> ``model.task``, so the head, loss and metrics always match the data. ``lightning_cqk fit`` with
+such a config (a ``--config`` file's ``model.class_path`` in ``lightning_cqk.downstream``) is the same command:
+``lightning_cqk.cli.main`` reads that from the config files it checks anyway, so the language model's ``fit`` never
+imports this module.
 
 Defaults: TensorBoard logs under ``runs/glue/<task>-<checkpoint run>-s<seed>[-N]/`` (named, suffixed and locked
 by ``lightning_cqk/run/directory.py``: a new run never writes into an earlier one's directory), ``trainer.precision``
@@ -25,8 +27,6 @@ from lightning_cqk.errors import ConfigError, MissingInputError
 from lightning_cqk.run.directory import RunDirectory, checkpoint_run_name, is_husk, next_free_name
 from lightning_cqk.run.launch_rank import is_rank_zero_launch
 from lightning_cqk.run.outputs import refuse_outside_outputs
-
-DOWNSTREAM_PREFIX = "lightning_cqk.downstream"
 
 
 class GlueCLI(LightningCLI):
@@ -115,33 +115,3 @@ class GlueCLI(LightningCLI):
         sub = self.subcommand
         use_line_progress(trainer, (self.config[sub] if sub else self.config).trainer.get("callbacks"))
         return trainer
-
-
-def names_downstream_model(argv: list[str]) -> bool:
-    """Whether the ``--config`` files (or a ``--model`` class path) of a trainer command name a downstream model."""
-    import yaml
-
-    for i, arg in enumerate(argv):
-        value = None
-        if arg in ("--config", "-c", "--model") and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(("--config=", "--model=")):
-            value = arg.split("=", 1)[1]
-        if value is None:
-            continue
-        if arg.startswith("--model"):
-            if value.startswith(DOWNSTREAM_PREFIX):
-                return True
-            continue
-        path = Path(value)
-        if not path.is_file():
-            continue
-        try:
-            config = yaml.safe_load(path.read_text())
-        except yaml.YAMLError:
-            continue
-        model = config.get("model") if isinstance(config, dict) else None
-        class_path = model.get("class_path") if isinstance(model, dict) else None
-        if isinstance(class_path, str) and class_path.startswith(DOWNSTREAM_PREFIX):
-            return True
-    return False

@@ -6,7 +6,7 @@
     lightning_cqk attention            # list the registered attention backends and their options
     lightning_cqk sweep configs/ablations/coupling.yaml --profile cpu [--dry-run]   # an ablation study, resumable
     lightning_cqk report runs/coupling-cpu                                          # its tables and figures
-    lightning_cqk fit --config configs/glue/sst2.yaml --model.checkpoint <ckpt>   # downstream: GlueCLI
+    lightning_cqk glue fit --config configs/glue/sst2.yaml --model.checkpoint <ckpt>   # one GLUE task: GlueCLI
     lightning_cqk glue --checkpoint <ckpt> | glue-table <ckpt|dir>... | mc-eval --checkpoint <ckpt> --tasks '[a.jsonl]'
     lightning_cqk consolidate runs/<experiment>/<run>/checkpoints/last.ckpt     # FSDP2 folder -> one file
 
@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from lightning_cqk.cli.error_report import pop_debug, user_errors_reported
 from lightning_cqk.environment import EnvironmentValueError
@@ -179,6 +180,8 @@ USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,swe
   report     tables + figures of it:    lightning_cqk report runs/coupling-cpu
   glue       GLUE fine-tuning of a checkpoint, every task x seeds -> glue.json/glue.md beside it:
                   lightning_cqk glue --checkpoint <ckpt> [--tasks '[cola, rte]'] [--seeds '[1, 2]']
+             one task, through Lightning's subcommands (GlueCLI; `fit --config` of a GLUE config is the same):
+                  lightning_cqk glue fit --config configs/glue/sst2.yaml
   glue-table GLUE tables of several checkpoints side by side: lightning_cqk glue-table <ckpt|dir|glue.json>...
   mc-eval    zero/few-shot multiple choice (jsonl: context, choices, label):
                   lightning_cqk mc-eval --checkpoint <ckpt> --tasks '[arc.jsonl]' [--num_fewshot 5]
@@ -252,7 +255,10 @@ def _dispatch(argv: list[str], from_command_line: bool) -> None:
         import torch
 
         torch.set_float32_matmul_precision("high")
-    if argv[0] in EXTRA_COMMANDS:
+    downstream = argv[0] == "glue" and len(argv) > 1 and argv[1] in TRAINER_COMMANDS
+    if downstream:  # `glue fit --config configs/glue/<task>.yaml ...`: one fine-tuning run, GlueCLI
+        argv = argv[1:]
+    elif argv[0] in EXTRA_COMMANDS:
         EXTRA_COMMANDS[argv[0]](argv[1:])
         return
     argv = join_negative_values(argv)
@@ -267,15 +273,40 @@ def _dispatch(argv: list[str], from_command_line: bool) -> None:
         sys.exit(f"lightning_cqk {argv[0]}: {err}")
     from lightning_cqk.files.strict_yaml import check_config_args
 
-    check_config_args(argv)  # a key given twice in a --config file is refused, naming the line (files/strict_yaml.py)
+    # A key given twice in a --config file is refused, naming the line (files/strict_yaml.py); the files read there
+    # also say whether this is GLUE fine-tuning (`fit --config configs/glue/<task>.yaml`, the `glue fit` command).
+    documents = check_config_args(argv)
     if from_command_line:
         sys.argv[1:] = argv
     # From the shell, LightningCLI reads sys.argv itself (passing it again as `args` makes it warn).
-    from lightning_cqk.cli.glue import GlueCLI, names_downstream_model
+    if downstream or names_downstream_model(documents, argv):
+        from lightning_cqk.cli.glue import GlueCLI
+
+        GlueCLI(args=None if from_command_line else argv)
+        return
     from lightning_cqk.cli.trainer import CQKCLI
 
-    cli_class = GlueCLI if names_downstream_model(argv) else CQKCLI
-    cli_class(args=None if from_command_line else argv)
+    CQKCLI(args=None if from_command_line else argv)
+
+
+#: Where the downstream models live: a config whose `model.class_path` starts so is fine-tuned by `glue`'s GlueCLI.
+DOWNSTREAM_PREFIX = "lightning_cqk.downstream"
+
+
+def names_downstream_model(documents: list[Any], argv: list[str]) -> bool:
+    """Whether the `--config` documents (as read by `check_config_args`) or a `--model` class path of a trainer
+    command name a downstream model: then `fit ...` is `glue fit ...` (no file is read again)."""
+    for i, arg in enumerate(argv):
+        value = argv[i + 1] if arg == "--model" and i + 1 < len(argv) else None
+        value = arg.split("=", 1)[1] if arg.startswith("--model=") else value
+        if isinstance(value, str) and value.startswith(DOWNSTREAM_PREFIX):
+            return True
+    for document in documents:
+        model = document.get("model") if isinstance(document, dict) else None
+        class_path = model.get("class_path") if isinstance(model, dict) else None
+        if isinstance(class_path, str) and class_path.startswith(DOWNSTREAM_PREFIX):
+            return True
+    return False
 
 
 if __name__ == "__main__":
