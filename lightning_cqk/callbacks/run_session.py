@@ -15,7 +15,7 @@ When training really starts (`on_train_start`: the checkpoint, if any, is restor
       lost, so the stop comes at the end of the micro-batch in progress and nothing is saved (the CLI then removes
       the run directory this launch created and prints the command that starts the run again);
     - makes SIGUSR1 (SLURM's warning before the time limit, `#SBATCH --signal=SIGUSR1@90`) the same clean stop,
-      after which the CLI requeues the job (`cli/slurm.py`: Lightning's own auto-requeue, which saved
+      after which the CLI requeues the job (`run/slurm_preemption.py`: Lightning's own auto-requeue, which saved
       `hpc_ckpt_N.ckpt` into the working directory, is off);
     - with several processes, makes every rank stop at the same batch: Lightning's SIGTERM handler broadcasts from
       inside the handler (a collective at a random point, which can pair with another rank's gradient all-reduce)
@@ -153,7 +153,7 @@ class RunSession(L.Callback):
 
     def _on_sigusr1(self, signum: int, frame: Any) -> None:
         """SLURM's warning before the time limit (`#SBATCH --signal=SIGUSR1@90`): the same clean stop as SIGTERM,
-        saved into this run's checkpoints/; the CLI then requeues the job (`cli/slurm.py`)."""
+        saved into this run's checkpoints/; the CLI then requeues the job (`run/slurm_preemption.py`)."""
         if self.signal_name is None:
             self.signal_name = "SIGUSR1"
         self._want_stop(signal.SIGTERM)

@@ -64,7 +64,7 @@ class GlueCLI(LightningCLI):
         parser.link_arguments("data.init_args.task", "model.init_args.task", apply_on="parse")
 
     def before_instantiate_classes(self) -> None:
-        from lightning_cqk.cli.trainer import auto_precision, is_tensorboard
+        from lightning_cqk.run.preflight import auto_precision, is_tensorboard
 
         config = self.config[self.subcommand] if self.subcommand else self.config
         trainer = config.trainer
@@ -106,10 +106,10 @@ class GlueCLI(LightningCLI):
 
         from lightning_cqk.callbacks.progress import use_line_progress
         from lightning_cqk.callbacks.run_checkpoint import AtomicCheckpointIO
-        from lightning_cqk.cli import slurm
+        from lightning_cqk.run import slurm_preemption as slurm
 
         trainer = super().instantiate_trainer(**kwargs)
-        slurm.take_over(trainer)  # no hpc_ckpt_* written or restored (cli/slurm.py)
+        slurm.take_over(trainer)  # no hpc_ckpt_* written or restored (run/slurm_preemption.py)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # atomic saves; weights_only, clear errors
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         sub = self.subcommand

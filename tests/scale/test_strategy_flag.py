@@ -15,11 +15,13 @@ import pytest
 import torch
 from tiny_run import child_env, plant_index, tiny_command
 
-from lightning_cqk.cli.strategy import FSDP2Strategy, resolve_strategy
+from lightning_cqk.cli.strategy import FSDP2Strategy
+from lightning_cqk.run.strategy_flag import FSDP2_CLASS_PATH, resolve_strategy
 
 
 def test_a_bare_strategy_class_name_is_its_class_and_model_parallel_is_fsdp2():
     assert resolve_strategy("ModelParallelStrategy")["class_path"] == "lightning_cqk.cli.strategy.FSDP2Strategy"
+    assert FSDP2_CLASS_PATH == f"{FSDP2Strategy.__module__}.{FSDP2Strategy.__name__}"  # the path names the class
     assert resolve_strategy("DDPStrategy") == {
         "class_path": "lightning.pytorch.strategies.DDPStrategy",
         "init_args": {},
