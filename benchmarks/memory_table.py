@@ -32,11 +32,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lightning_cqk.config import ModelConfig, upgrade_config_dict  # noqa: E402
 from lightning_cqk.data.tokenizers import vocab_size_of  # noqa: E402
-from lightning_cqk.memory_check import block_activation_bytes  # noqa: E402
 from lightning_cqk.model import GPT  # noqa: E402
+from lightning_cqk.model_config import ModelConfig, upgrade_config_dict  # noqa: E402
 from lightning_cqk.optim.muon import muon_split  # noqa: E402
+from lightning_cqk.run.memory_check import block_activation_bytes  # noqa: E402
 
 GB = 1e9
 CHUNK = 4096

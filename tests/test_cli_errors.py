@@ -16,7 +16,7 @@ import pytest
 
 from lightning_cqk.cli import main
 from lightning_cqk.cli import warnings as warning_filters
-from lightning_cqk.cli.errors import DEBUG_ENV, LOG_DIR_ENV, pop_debug, user_errors_reported
+from lightning_cqk.cli.error_report import DEBUG_ENV, LOG_DIR_ENV, pop_debug, user_errors_reported
 from lightning_cqk.errors import ConfigError, UserError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,14 +14,14 @@ import yaml
 from lightning_cqk.cli import main
 from lightning_cqk.cli.presets import resolve_shape_in
 from lightning_cqk.cli.trainer import CQKCLI
-from lightning_cqk.config import PRESETS, preset_shape
+from lightning_cqk.model_config import PRESETS, preset_shape
 from lightning_cqk.study.design.spec import expand
 
 REPO = Path(__file__).resolve().parents[1]
 PUBMED = REPO / "configs" / "pubmed.yaml"
 SHAPE = ("n_layer", "n_head", "n_embd", "mlp_hidden")
 SHAPE_FLAGS = tuple(f"model.config.{k}" for k in ("preset", *SHAPE))
-PARAMS_60M = 57_199_616  # config.py's table: 60m with the GPT-2 vocabulary
+PARAMS_60M = 57_199_616  # model_config.py's table: 60m with the GPT-2 vocabulary
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +105,7 @@ def _explicit_shape(args: list[str]) -> dict[str, int | None]:
 
 def test_mlp_hidden_follows_n_embd_unless_set(capsys):
     """Issue 26: `tiny` at n_embd 256 gets a 4x MLP (1024), not the preset's absolute 512; an explicit width wins."""
-    from lightning_cqk.config import ModelConfig, size_label
+    from lightning_cqk.model_config import ModelConfig, size_label
 
     assert ModelConfig(preset="tiny", n_embd=256).mlp_hidden == 1024
     assert ModelConfig(preset="60m", n_embd=256, n_head=4).mlp_hidden == 1024

@@ -17,7 +17,7 @@ import pytest
 
 from lightning_cqk import environment
 from lightning_cqk.callbacks.run_length import limit_hours_from_env
-from lightning_cqk.cli.errors import pop_debug
+from lightning_cqk.cli.error_report import pop_debug
 from lightning_cqk.environment import VARIABLES, EnvironmentValueError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,7 +95,7 @@ def _child(code: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_a_malformed_value_is_no_import_time_traceback():
     done = _child(
-        "import lightning_cqk.study.run.runner, lightning_cqk.study.run.worker, lightning_cqk.cli.errors",
+        "import lightning_cqk.study.run.runner, lightning_cqk.study.run.worker, lightning_cqk.cli.error_report",
         LIGHTNING_CQK_SWEEP_PROGRESS_SECONDS="x",
         LIGHTNING_CQK_SWEEP_START="spawn",
         LIGHTNING_CQK_DEBUG="maybe",

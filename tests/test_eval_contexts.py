@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.data import TokenDataModule
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM, sliding_window_nll
 
 

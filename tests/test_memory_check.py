@@ -1,5 +1,5 @@
 """A configuration that will not fit in memory is refused before anything is prepared or trained, with the numbers
-and the flag to override (issue 26; lightning_cqk/memory_check.py)."""
+and the flag to override (issue 26; lightning_cqk/run/memory_check.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 from tiny_run import tiny_fit
 
-from lightning_cqk import memory_check
 from lightning_cqk.cli import main
 from lightning_cqk.errors import UserError
-from lightning_cqk.memory_check import MemoryRefused, estimate, largest_fitting_batch
+from lightning_cqk.run import memory_check
+from lightning_cqk.run.memory_check import MemoryRefused, estimate, largest_fitting_batch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -155,7 +155,7 @@ def test_a_validation_that_will_not_fit_is_refused_before_anything_is_trained(tm
 def test_the_validation_estimate_takes_its_largest_forward():
     """Plain windows (the loss chunk applies), windows longer than block_size (block_size chunks) and each eval
     context (full logits): the peak is the resident state plus the largest of them."""
-    from lightning_cqk.memory_check import estimate_validation
+    from lightning_cqk.run.memory_check import estimate_validation
 
     shape = dict(n_params=1000, n_embd=8, mlp_hidden=32, vocab_rows=50, val_batch=2, block_size=64)
     resident, block = 4 * 4 * 1000, 9 * 8 + 2 * 32
@@ -188,7 +188,7 @@ def _tiny_run_objects(precision: str = "32-true", eval_contexts: tuple[int, ...]
 
 
 def _changes_a_resume_accepts(flags: list[str]) -> None:
-    from lightning_cqk.run_dir import classify_changes
+    from lightning_cqk.run.directory import classify_changes
 
     allowed, refused = classify_changes({flag: ("before", "after") for flag in flags})
     assert set(allowed) == set(flags) and not refused
@@ -228,8 +228,8 @@ def test_on_a_resume_the_memory_advice_names_only_what_a_resume_may_change(monke
 def _saved_bytes_per_token_and_layer(ffn: str, checkpointing: bool) -> float:
     """What autograd keeps for backward under CPU bf16 autocast, per token and layer: the slope in both the depth
     and the batch (which cancels the per-layer casts of the weights), storages counted once."""
-    from lightning_cqk.config import ModelConfig
     from lightning_cqk.model.gpt import GPT
+    from lightning_cqk.model_config import ModelConfig
 
     def saved(n_layer: int, batch: int) -> int:
         torch.manual_seed(0)
@@ -260,7 +260,7 @@ def test_the_activation_rule_is_what_autograd_keeps_under_autocast(ffn, checkpoi
     checkpointing; autograd keeps 42 C (norm inputs are the fp32 residual stream, and the norm output was cast three
     times) and 4 C (the fp32 block input). With one cast of each norm output the measurement is 38 C + small per-token
     statistics (norm and softmax), and the rule follows it."""
-    from lightning_cqk.memory_check import block_activation_bytes, residual_bytes_per_element
+    from lightning_cqk.run.memory_check import block_activation_bytes, residual_bytes_per_element
 
     measured = _saved_bytes_per_token_and_layer(ffn, checkpointing)
     if checkpointing:

@@ -13,7 +13,7 @@ import pytest
 from tiny_run import child_env, tiny_command
 
 from lightning_cqk.cli.main import join_negative_values
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.model_config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,5 @@
-"""Config paths: the working directory first, then the package's shipped copy, else a clear error (resources.py)."""
+"""Config paths: the working directory first, then the package's shipped copy, else a clear error
+(lightning_cqk/files/resources.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_cqk import resources
-from lightning_cqk.resources import ConfigNotFound, find_config, resolve_config_args
+from lightning_cqk.files import resources
+from lightning_cqk.files.resources import ConfigNotFound, find_config, resolve_config_args
 from lightning_cqk.study.design.spec import SpecError, expand
 
 REPO = Path(__file__).resolve().parents[1]

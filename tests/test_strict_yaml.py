@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lightning_cqk.cli import main
-from lightning_cqk.strict_yaml import YAMLInputError, check_text
+from lightning_cqk.files.strict_yaml import YAMLInputError, check_text
 
 REPO = Path(__file__).resolve().parents[1]
 DUPLICATE = """\

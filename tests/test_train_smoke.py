@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from lightning_cqk import attention
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.data import TokenDataModule
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
 

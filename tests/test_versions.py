@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.errors import ConfigError
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
-from lightning_cqk.versions import require_torch, torch_version
+from lightning_cqk.run.version_records import require_torch, torch_version
 
 TINY = dict(preset="tiny", n_layer=1, n_head=4, n_embd=32, block_size=16, vocab_size=97)
 

@@ -1,5 +1,5 @@
 """The package stands on its own: a wheel built from the tree, installed in a fresh virtualenv, runs the quickstart
-and a sweep dry-run from an empty directory, finding its configs as package data (`lightning_cqk/resources.py`).
+and a sweep dry-run from an empty directory, finding its configs as package data (`lightning_cqk/files/resources.py`).
 
 The new virtualenv gets its dependencies from the running interpreter's site-packages (a `.pth` line), so the test
 needs no network; the package itself must come from the wheel (asserted: `lightning_cqk.__file__` lies in the new
@@ -118,6 +118,8 @@ def test_wheel_runs_quickstart_and_sweep_dry_run_from_an_empty_directory(wheel_v
     editable = _venv_with_shared_deps(tmp_path / "editable", env)
     pip = [sys.executable, "-m", "pip", "--python", str(editable), "install", "-q", "--no-deps", "--no-build-isolation"]
     _run([*pip, "-e", str(src)], tmp_path, env)
-    probe = "from lightning_cqk.resources import find_config; print(find_config('configs/ablations/coupling.yaml'))"
+    probe = (
+        "from lightning_cqk.files.resources import find_config; print(find_config('configs/ablations/coupling.yaml'))"
+    )
     found = _run([str(editable), "-c", probe], work, env)
     assert Path(found.strip().splitlines()[-1]) == src / "configs" / "ablations" / "coupling.yaml", found

@@ -61,7 +61,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_cqk.callbacks.common import is_log_step, log_metrics, run_dir, step_index, write_json
 from lightning_cqk.callbacks.step_reads import StepReads
-from lightning_cqk.checkpoint_files import load_checkpoint
+from lightning_cqk.checkpoint.reading import load_checkpoint
 
 
 class NonFiniteGuard(L.Callback):

@@ -21,7 +21,7 @@ parses anything):
   classes, before anything is built. A researcher's own callbacks or data modules are added by naming their package
   (or a module or class) in the environment variable `LIGHTNING_CQK_TRUSTED_MODULES` (comma-separated, e.g.
   `LIGHTNING_CQK_TRUSTED_MODULES=mylab`; read by `environment.env_modules`).
-- Where the classes may write is `run_outputs.py`'s: inside their own run directory (checked on the settings, before
+- Where the classes may write is `run/outputs.py`'s: inside their own run directory (checked on the settings, before
   anything is built).
 
 A checkpoint's hyper-parameters are data too: `refuse_class_specs` checks them (`cli/trainer.py`,

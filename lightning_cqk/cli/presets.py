@@ -21,7 +21,7 @@ from typing import Any
 from jsonargparse import Namespace
 
 from lightning_cqk.cli.hints import HintingArgumentParser
-from lightning_cqk.config import PRESETS, SHAPE_FIELDS, preset_shape
+from lightning_cqk.model_config import PRESETS, SHAPE_FIELDS, preset_shape
 
 #: Where the CLI keeps the model config (LitLM's `config` argument).
 MODEL_CONFIG_KEY = "model.config"

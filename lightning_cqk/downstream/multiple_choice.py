@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 
-from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.data.tokenizers import Tokenizer
 from lightning_cqk.evaluation.scoring import score_continuations
+from lightning_cqk.files.atomic import write_json_atomically
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 
 
 def _largest_saved(model: GPT, x: torch.Tensor) -> tuple[int, torch.Tensor, list[torch.Tensor]]:

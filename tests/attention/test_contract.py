@@ -43,7 +43,7 @@ from torch import nn
 from lightning_cqk import attention
 from lightning_cqk.attention import AttentionBackend, AttentionContext, AttentionOptions
 from lightning_cqk.attention.base import QKWeight, QKWeights
-from lightning_cqk.attention.functional import causal_attention, causal_logits
+from lightning_cqk.attention.kernels.functional import causal_attention, causal_logits
 from lightning_cqk.attention.transform import transform_registry
 from lightning_cqk.contract.cases import B, T
 from lightning_cqk.contract.checks import (
@@ -376,7 +376,7 @@ def test_the_learning_check_catches_a_backend_that_breaks_training(monkeypatch):
 
 def test_the_harness_runs_the_check_backend_command_s_checks():
     """One implementation: every check this harness runs is a row of `lightning_cqk check-backend`."""
-    from lightning_cqk.contract.command import CHECKS
+    from lightning_cqk.contract.check_backend import CHECKS
 
     rows = {check for _, check in CHECKS}
     harness = [check_layer_causality, check_model_causality, check_fast_equals_math, check_fp32_finite, check_qk_seam]
@@ -385,7 +385,7 @@ def test_the_harness_runs_the_check_backend_command_s_checks():
 
 
 def test_check_backend_fails_a_leaky_backend_naming_causality(monkeypatch, capsys):
-    from lightning_cqk.contract.command import check_backend_command
+    from lightning_cqk.contract.check_backend import check_backend_command
 
     _register(monkeypatch, type("_Leaky", (_Dummy,), {"name": "dummy_leaky", "leak": True}))
     with pytest.raises(SystemExit) as done:
@@ -400,7 +400,7 @@ def test_check_backend_fails_a_leaky_backend_naming_causality(monkeypatch, capsy
 
 
 def test_check_backend_shows_a_constructor_that_raises_as_the_failing_row(monkeypatch):
-    from lightning_cqk.contract.command import run_checks
+    from lightning_cqk.contract.check_backend import run_checks
 
     def broken_init(self, config, layer_idx, options):
         raise RuntimeError("no weights for you\nsecond line")

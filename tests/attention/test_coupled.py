@@ -20,11 +20,11 @@ import torch.nn.functional as F
 import yaml
 
 from lightning_cqk.attention import AttentionContext, build_attention, get_attention
-from lightning_cqk.attention.dynamics import HeadMLPBank, HeadPotentialBank
 from lightning_cqk.attention.rope import build_rope_cache
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.attention.transforms.dynamics import HeadMLPBank, HeadPotentialBank
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import forward_flops_per_token
+from lightning_cqk.model_config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = ["coupled", "uncoupled_mlp"]

@@ -1,4 +1,4 @@
-"""The coupled flow's fast path (`lightning_cqk.attention.coupled_flow`, arXiv 2604.01683 v1) against plain autograd.
+"""The coupled flow's fast path (`attention/transforms/coupled_flow.py`, arXiv 2604.01683 v1) against plain autograd.
 
 The fast path is an autograd.Function with a hand-written backward. Checked in fp64: outputs and gradients w.r.t. q, k,
 dt and every bank parameter equal, to round-off (1e-12), a plain-autograd reference written from the definition
@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from lightning_cqk.attention import AttentionContext, build_attention
-from lightning_cqk.attention.coupled_flow import coupled_mlp_flow, heads_back, heads_first
 from lightning_cqk.attention.rope import build_rope_cache
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.attention.transforms.coupled_flow import coupled_mlp_flow, heads_back, heads_first
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 
 B, T, P, D, H = 2, 5, 3, 4, 5
 TOL = dict(rtol=1e-12, atol=1e-12)
@@ -203,7 +203,7 @@ def test_layer_fast_path_equals_autograd_flow(options, monkeypatch):
 def test_layer_tells_the_flow_when_its_keys_are_kept(monkeypatch):
     """A tied v (Q-K=V) is the raw k, kept by attention anyway: the layer says so when that k reaches the flow
     unchanged; after QK-norm, or repeated for grouped heads, it does not."""
-    import lightning_cqk.attention.dynamics as dynamics
+    import lightning_cqk.attention.transforms.dynamics as dynamics
 
     seen = []
     real = dynamics.coupled_mlp_flow
@@ -229,7 +229,7 @@ def test_layer_tells_the_flow_when_its_keys_are_kept(monkeypatch):
 
 
 def test_fast_path_is_taken_and_gradient_field_is_not(monkeypatch):
-    import lightning_cqk.attention.dynamics as dynamics
+    import lightning_cqk.attention.transforms.dynamics as dynamics
 
     calls = []
     real = dynamics.coupled_mlp_flow
@@ -297,7 +297,7 @@ def test_fast_path_compiles_without_graph_breaks(integrator, recompute):
 def test_autocast_that_would_cast_inside_the_flow_takes_the_autograd_path(monkeypatch):
     """Under CPU autocast to bf16, an fp32 q would be cast by the flow's matmuls: the fast path (which computes in q's
     dtype) steps aside; a bf16 q (what autocast's projections produce) keeps it."""
-    import lightning_cqk.attention.dynamics as dynamics
+    import lightning_cqk.attention.transforms.dynamics as dynamics
 
     calls = []
     real = dynamics.coupled_mlp_flow

@@ -22,18 +22,18 @@ from flop_counting import analytic_sdpa_training_flops, counted_sdpa_flops
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_cqk.attention import AttentionContext, build_attention, get_attention
-from lightning_cqk.attention.deconstructed_mixing import (
+from lightning_cqk.attention.backends.deconstructed_mixing import (
     softmax_pool_quadratic,
     softmax_pool_scan,
     taylor_attention_chunked,
     taylor_attention_quadratic,
     taylor_chunk_size,
 )
-from lightning_cqk.attention.deconstructed_qk import load_token_ids
+from lightning_cqk.attention.backends.deconstructed_qk import load_token_ids
 from lightning_cqk.attention.rope import build_rope_cache
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import MLP_MATRICES, training_flops_per_token
+from lightning_cqk.model_config import ModelConfig
 
 VARIANTS = ["mlp", "approximate", "non_approximate", "static_emb_qk", "rnd_emb_qk", "fixed_seq_qk"]
 C, NH, T, L = 32, 4, 19, 24

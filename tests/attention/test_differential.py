@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from lightning_cqk.attention import AttentionContext, StandardAttention, build_attention
-from lightning_cqk.attention.differential import DifferentialAttention, lambda_init_schedule
+from lightning_cqk.attention.backends.differential import DifferentialAttention, lambda_init_schedule
 from lightning_cqk.attention.rope import apply_rope, build_rope_cache
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import forward_flops_per_token
+from lightning_cqk.model_config import ModelConfig
 
 C, NH, T = 32, 4, 12
 HS = C // NH

@@ -11,8 +11,8 @@ import yaml
 
 from lightning_cqk.attention import get_attention
 from lightning_cqk.attention.hybrid import NAMED_PATTERNS, pattern_names, resolve_layer_pattern
-from lightning_cqk.config import LayerOverride, ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import LayerOverride, ModelConfig
 
 # Table 11 of the paper, verbatim: the 1-based layers that keep standard attention in its 24-layer model.
 TABLE_11 = {

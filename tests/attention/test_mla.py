@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from lightning_cqk.attention import AttentionContext, StandardAttention, build_attention
-from lightning_cqk.attention.mla import MLAOptions, MultiHeadLatentAttention, mla_dims
+from lightning_cqk.attention.backends.mla import MLAOptions, MultiHeadLatentAttention, mla_dims
 from lightning_cqk.attention.rope import apply_rope, build_rope_cache
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model.flops import forward_flops_per_token
+from lightning_cqk.model_config import ModelConfig
 
 C, NH, T = 32, 4, 12
 HS = C // NH

@@ -18,9 +18,9 @@ import pytest
 from lightning_cqk import attention
 from lightning_cqk.attention import registry
 from lightning_cqk.attention.registry import ATTENTION, check_recorded
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 
 EXAMPLE_SRC = Path(__file__).resolve().parents[2] / "examples" / "sigmoid_attention" / "src"
 SIGMOID = "cqk_sigmoid.attention:SigmoidAttention"
@@ -265,7 +265,7 @@ def test_validate_from_a_checkpoint_never_imports_the_path_it_names(site, tiny_s
 
 
 def test_the_attention_command_lists_a_plugin_that_does_not_load_with_why(site, capsys):
-    from lightning_cqk.backends_doc import attention_command
+    from lightning_cqk.contract.backends_table import attention_command
 
     install(site, "broken-lab2", {registry.ATTENTION_GROUP: {"broken2": "broken_lab2:X"}}, {"broken_lab2": "1 / 0\n"})
     attention_command([])

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from lightning_cqk.attention.base import QKWeights
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.optim.quack import QuacK
 
 CASES = [

@@ -6,8 +6,8 @@ import pytest
 
 from lightning_cqk import attention
 from lightning_cqk.attention import ATTENTION_BACKENDS, AttentionBackend
-from lightning_cqk.config import LayerOverride, ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import LayerOverride, ModelConfig
 
 
 def test_available_lists_registered_backends():
@@ -63,3 +63,27 @@ def test_impossible_shapes():
         ModelConfig(n_embd=30, n_head=4)
     with pytest.raises(ValueError, match="Unknown preset"):
         ModelConfig(preset="huge")
+
+
+def test_built_ins_are_found_in_the_catalogue_folders():
+    """The registry walks attention/'s folders: backends/, transforms/ (the coupling files) and kernels/ apart."""
+    from lightning_cqk.attention.registry import TRANSFORMS
+
+    assert ATTENTION_BACKENDS["standard"].__module__ == "lightning_cqk.attention.backends.standard"
+    assert ATTENTION_BACKENDS["coupled"].__module__ == "lightning_cqk.attention.transforms.coupled"
+    assert TRANSFORMS.builtins["invertible"].__module__ == "lightning_cqk.attention.transforms.coupling"
+
+
+@pytest.mark.parametrize(
+    "path, name",
+    [
+        ("lightning_cqk.attention.standard:StandardAttention", "standard"),
+        ("lightning_cqk.attention.mla:MultiHeadLatentAttention", "mla"),
+    ],
+)
+def test_a_path_recorded_before_the_catalogue_folders_names_the_same_class(path, name):
+    """A config or checkpoint that named a built-in by its old module path (before backends/ and transforms/) gets
+    the same class, typed or read from a file (data: `recorded_by`)."""
+    assert attention.get_attention(path) is ATTENTION_BACKENDS[name]
+    with attention.recorded_by("the checkpoint x"):
+        assert attention.get_attention(path) is ATTENTION_BACKENDS[name]

@@ -23,11 +23,11 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_cqk.attention import AttentionContext, StandardAttention, build_attention
+from lightning_cqk.attention.backends.standard import StandardOptions
 from lightning_cqk.attention.rope import build_rope_cache
-from lightning_cqk.attention.standard import StandardOptions
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import training_flops_per_token
+from lightning_cqk.model_config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[2]
 C, NH, HS, T = 32, 4, 8, 12

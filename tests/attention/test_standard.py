@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from lightning_cqk.attention import build_attention
-from lightning_cqk.attention.functional import attention_probs, causal_attention
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.attention.kernels.functional import attention_probs, causal_attention
+from lightning_cqk.model_config import ModelConfig
 
 
 def naive_attention(q, k, v):
@@ -59,7 +59,7 @@ def test_qk_norm_runs_the_fused_rms_norm_on_bf16_inputs():
 
     from torch import nn
 
-    from lightning_cqk.attention.matched_norm import MatchedRMSNorm
+    from lightning_cqk.attention.kernels.matched_norm import MatchedRMSNorm
 
     torch.manual_seed(0)
     norm = MatchedRMSNorm(16, eps=1e-6)

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from lightning_cqk.attention import AttentionContext, MultiHeadLatentAttention, build_attention
-from lightning_cqk.attention.coupling import InvertibleCoupling
 from lightning_cqk.attention.rope import build_rope_cache
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.attention.transforms.coupling import InvertibleCoupling
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 
 FIXTURE = Path(__file__).parent / "fixtures" / "legacy_coupled_v1.pt"
 C, NH, T = 32, 4, 10
@@ -272,7 +272,7 @@ def test_fused_computes_the_scale_in_fp32_for_bf16_inputs(options):
     """Issue 32 item 5: in bf16 the fused path computed exp(S(s)) in bf16 (rounded twice before the product); now the
     scale is fp32 and the product is rounded once, as a compiler's fused kernel does. Pure bf16 (no autocast) runs
     forward and backward, with gradients in the inputs' dtype."""
-    from lightning_cqk.attention.coupling import coupling_step_forward
+    from lightning_cqk.attention.transforms.coupling import coupling_step_forward
 
     P, d = 3, 4
     module = coupling(P, d, **options, fused=True).to(torch.bfloat16)

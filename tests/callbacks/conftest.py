@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.loggers.logger import Logger
 from torch.utils.data import DataLoader
 
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
 

@@ -17,8 +17,8 @@ from torch.utils.data import DataLoader
 
 from lightning_cqk.callbacks import GradNormMonitor, LossSpikeMonitor
 from lightning_cqk.callbacks.grad_norm_computer import GradNormComputer
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
 

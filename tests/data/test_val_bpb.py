@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.data import TokenDataModule, prepare
 from lightning_cqk.data.tokenizers import GPT2_BPE_ENV, get_tokenizer
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 
 SEQ, BATCH, SCORED = 16, 2, 3  # three validation batches of two 16-token windows

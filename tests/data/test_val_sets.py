@@ -13,9 +13,9 @@ import lightning as L
 import pytest
 
 from lightning_cqk.callbacks import ValWindowLosses
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.data import TokenDataModule
 from lightning_cqk.errors import ConfigError
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
 from lightning_cqk.study.judge.group_estimates import final, val_sampling_error

@@ -1,5 +1,6 @@
-"""`lightning_cqk fit --config configs/glue/<task>.yaml --model.checkpoint <ckpt>` for every shipped GLUE config,
-`lightning_cqk glue` (glue.json, glue.md, TensorBoard summary), `lightning_cqk glue-table`, and `make glue`."""
+"""`lightning_cqk glue fit --config configs/glue/<task>.yaml --model.checkpoint <ckpt>` (and the same as `fit`) for
+every shipped GLUE config, `lightning_cqk glue` (glue.json, glue.md, TensorBoard summary), `lightning_cqk glue-table`,
+and `make glue`."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 import yaml
 
 from lightning_cqk.cli import main
-from lightning_cqk.cli.glue import names_downstream_model
+from lightning_cqk.cli.main import names_downstream_model
 from lightning_cqk.downstream.glue_table import load_glue_table, render_side_by_side, side_by_side
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS
+from lightning_cqk.files.strict_yaml import check_config_args
 
 REPO = Path(__file__).resolve().parents[2]
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -31,16 +33,21 @@ def test_every_task_has_a_config_naming_the_downstream_classes():
         config = yaml.safe_load(path.read_text())
         assert config["data"]["init_args"]["task"] == name
         assert config["model"]["class_path"] == "lightning_cqk.downstream.GlueClassifier"
-        assert names_downstream_model(["fit", "--config", str(path)])
-    assert not names_downstream_model(["fit", "--config", str(REPO / "configs" / "quickstart.yaml")])
-    assert names_downstream_model(["fit", "--model=lightning_cqk.downstream.GlueClassifier"])
+        argv = ["fit", "--config", str(path)]
+        assert names_downstream_model(check_config_args(argv), argv)  # `fit` of it is `glue fit`
+    argv = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml")]
+    assert not names_downstream_model(check_config_args(argv), argv)
+    assert names_downstream_model([], ["fit", "--model=lightning_cqk.downstream.GlueClassifier"])
+    assert names_downstream_model([], ["fit", "--model", "lightning_cqk.downstream.GlueClassifier"])
 
 
 @pytest.mark.parametrize("name", list(GLUE_TASKS))
 def test_glue_config_smoke_runs(name: str, lm_checkpoint: Path, glue_dir: Path, tmp_path: Path):
+    """Each task fine-tunes through `glue fit` (its own subcommand); two through `fit`, which is the same command."""
+    command = ["fit"] if name in ("rte", "stsb") else ["glue", "fit"]
     main(
         [
-            "fit",
+            *command,
             "--config",
             str(REPO / "configs" / "glue" / f"{name}.yaml"),
             f"--model.checkpoint={lm_checkpoint}",
@@ -189,7 +196,7 @@ def test_a_glue_callback_writing_into_another_run_is_refused_before_the_run_is_c
     lm_checkpoint: Path, glue_dir: Path, tmp_path: Path
 ):
     """Issue 45 item 4: a fine-tuning run's callbacks, like a pretraining run's, write inside its own directory."""
-    from lightning_cqk.run_outputs import OutsideRunDirectory
+    from lightning_cqk.run.outputs import OutsideRunDirectory
 
     other = tmp_path / "runs" / "glue" / "other" / "checkpoints"
     callback = {"class_path": "lightning_cqk.callbacks.BestCheckpoint", "init_args": {"dirpath": str(other)}}

@@ -133,9 +133,9 @@ def test_tiny_task_is_solved_by_a_trained_lm(tmp_path: Path):
 def test_mc_eval_reads_the_window_of_a_fixed_reference_stream(tmp_path: Path):
     """rnd_emb_qk with a stream of 12 < block_size 16 has 12 positions: mc-eval cuts prompts to that (it failed in
     the forward) and counts the truncation."""
-    from lightning_cqk.config import ModelConfig
     from lightning_cqk.downstream.multiple_choice import mc_eval
     from lightning_cqk.model import GPT
+    from lightning_cqk.model_config import ModelConfig
 
     torch.manual_seed(0)
     config = ModelConfig(

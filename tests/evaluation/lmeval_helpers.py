@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 
 BLOCK = 16
 

@@ -17,10 +17,10 @@ pytest.importorskip("lm_eval", reason="lm-eval is the `eval` extra: pip install 
 from lm_eval.api.instance import Instance  # noqa: E402
 
 from lightning_cqk import attention  # noqa: E402
-from lightning_cqk.config import ModelConfig  # noqa: E402
 from lightning_cqk.evaluation.lm import CQKLM  # noqa: E402
 from lightning_cqk.evaluation.scoring import score_continuations  # noqa: E402
 from lightning_cqk.model import GPT  # noqa: E402
+from lightning_cqk.model_config import ModelConfig  # noqa: E402
 
 
 def _lm(model, tokenizer, **kwargs) -> CQKLM:

@@ -13,7 +13,7 @@ import pytest
 from lmeval_helpers import write_tasks
 
 from lightning_cqk.evaluation.task_files import check_task_folder
-from lightning_cqk.strict_yaml import YAMLInputError
+from lightning_cqk.files.strict_yaml import YAMLInputError
 
 REPO = Path(__file__).resolve().parents[2]
 TASK = """\

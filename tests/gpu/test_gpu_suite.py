@@ -26,8 +26,8 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 
 pytestmark = [
     pytest.mark.gpu,
@@ -100,8 +100,8 @@ def test_backend_trains_200_steps_bf16(name, compiled):
 
 
 def test_fused_invertible_matches_compiled_bf16():
-    from lightning_cqk.attention.coupling import InvertibleCoupling
     from lightning_cqk.attention.transform import parse_transform
+    from lightning_cqk.attention.transforms.coupling import InvertibleCoupling
 
     cfg = ModelConfig(preset="tiny", n_layer=1, n_head=4, n_embd=256, block_size=256)
     _, options = parse_transform({"kind": "invertible", "layers": 2})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.model_config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -109,7 +109,7 @@ def test_decode_step_has_no_host_sync() -> None:
 @pytest.mark.parametrize("n_kv", [4, 2, 1])
 def test_masked_attention_sdpa_equals_math(n_kv: int) -> None:
     """The decode attention's fused path (grouped queries folded into the query axis) equals the explicit path."""
-    from lightning_cqk.attention.functional import masked_attention
+    from lightning_cqk.attention.kernels.functional import masked_attention
 
     g = torch.Generator().manual_seed(n_kv)
     q = torch.randn(3, 4, 5, 8, generator=g, dtype=torch.float64)  # (B, nh, T, d)

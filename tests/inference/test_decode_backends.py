@@ -13,7 +13,7 @@ import pytest
 import torch
 from backend_cases import CASES, Case, build_model, case_params
 
-from lightning_cqk.attention.deconstructed_mixing import recurrent_state_values
+from lightning_cqk.attention.backends.deconstructed_mixing import recurrent_state_values
 
 #: The backends whose decode paths live in mla.py, deconstructed_mixing.py and deconstructed_qk.py.
 MINE = {"mla", "mlp", "approximate", "non_approximate", "static_emb_qk", "rnd_emb_qk", "fixed_seq_qk"}

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.inference import generate, generate_all, generate_reference, max_new_tokens_that_fit
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [40, 41], [100, 3, 200, 3, 7]]
 

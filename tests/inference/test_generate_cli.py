@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.data.tokenizers import get_tokenizer
 from lightning_cqk.inference import generate_all
-from lightning_cqk.inference.cli import generate_command
+from lightning_cqk.inference.generate_command import generate_command
 from lightning_cqk.inference.text import TextStream
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 
 REPO = Path(__file__).resolve().parents[2]

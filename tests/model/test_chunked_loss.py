@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model.loss import chunked_cross_entropy
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 
 

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from lightning_cqk import attention
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 
 #: Every registered backend, plus the tied-projection setting of `standard` whose speed issue 9 targets.

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from lightning_cqk.cli.trainer import CQKCLI
-from lightning_cqk.config import ModelConfig, upgrade_config_dict, upgrade_run_config
 from lightning_cqk.errors import ConfigError
+from lightning_cqk.model_config import ModelConfig, upgrade_config_dict, upgrade_run_config
 from lightning_cqk.module import LitLM, check_checkpoint_config
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"

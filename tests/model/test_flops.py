@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_cqk import attention
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import forward_flops_per_step, forward_flops_per_token, training_flops_per_batch
+from lightning_cqk.model_config import ModelConfig
 
 
 def measured_training_flops(config: ModelConfig, B: int, T: int) -> int:

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_cqk.config import PRESETS, ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import PRESETS, ModelConfig
 
 # Counted by hand from the shapes: embedding V*C; per layer 4*C^2 (attention) + 2*C*H (MLP) + 2*C (LayerNorm
 # weights); final LayerNorm C. GPT-2 vocabulary, tied embeddings, no biases.

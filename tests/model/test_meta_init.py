@@ -9,8 +9,8 @@ import pytest
 import torch
 import yaml
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 
 ATTENTION_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "attention").glob("*.yaml"))
 EXTRA = {  # compositions the shipped files do not cover: shared invertible banks, per-head dt, MLA + transform

@@ -12,8 +12,8 @@ import torch
 from lightning_cqk.attention import build_attention
 from lightning_cqk.attention.base import AttentionContext
 from lightning_cqk.attention.rope import build_rope_cache
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.optim import QKClip, QuacK
 
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.optim import OptimConfig, warmup_cosine, weight_decay_groups
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig, QKClip
 from lightning_cqk.optim.qk_clip import head_max_logits

@@ -13,10 +13,10 @@ from torch import nn
 from lightning_cqk import attention
 from lightning_cqk.attention import AttentionBackend, AttentionContext
 from lightning_cqk.attention.base import QKWeight, QKWeights
-from lightning_cqk.attention.functional import causal_attention, causal_logits
+from lightning_cqk.attention.kernels.functional import causal_attention, causal_logits
 from lightning_cqk.callbacks.grad_norm_computer import GradNormComputer, param_groups
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.optim import QKClip
 from lightning_cqk.optim.quack import QuacK
 

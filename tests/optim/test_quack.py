@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import FixedQKFactor, OptimConfig, QuacK, build_logit_control, weight_decay_groups
 

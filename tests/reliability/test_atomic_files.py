@@ -6,8 +6,8 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from lightning_cqk import atomic_files
-from lightning_cqk.atomic_files import write_bytes_atomically, write_text_atomically
+from lightning_cqk.files import atomic as atomic_files
+from lightning_cqk.files.atomic import write_bytes_atomically, write_text_atomically
 
 
 def test_a_symlink_planted_at_the_temporary_name_is_skipped_not_followed(tmp_path: Path, monkeypatch):

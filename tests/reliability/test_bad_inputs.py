@@ -19,11 +19,11 @@ from tiny_run import tiny_args
 from lightning_cqk.callbacks import TokenBudget
 from lightning_cqk.cli import main
 from lightning_cqk.cli.trainer import CQKCLI
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.data import TokenDataModule, prepare
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
-from lightning_cqk.run_lock import RunDirectoryInUse, acquire
+from lightning_cqk.run.lock import RunDirectoryInUse, acquire
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -226,7 +226,7 @@ def test_non_utf8_text_is_replaced_counted_and_reported(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------ run directory
-HOLD = "import sys, time; from lightning_cqk.run_lock import acquire; acquire(sys.argv[1]); print('held', flush=True); "
+HOLD = "import sys, time; from lightning_cqk.run.lock import acquire; acquire(sys.argv[1]); print('held', flush=True); "
 HOLD += "time.sleep(120)"
 
 

@@ -18,7 +18,7 @@ import torch
 from tiny_run import tiny_fit
 
 from lightning_cqk.callbacks import AtomicCheckpointIO, RunCheckpoint
-from lightning_cqk.checkpoint_files import CorruptCheckpointError, checkpoint_problem
+from lightning_cqk.checkpoint.reading import CorruptCheckpointError, checkpoint_problem
 
 
 def ckpt_trainer(make_trainer, callback: RunCheckpoint, max_steps: int, **kwargs) -> L.Trainer:
@@ -52,7 +52,7 @@ def test_last_is_a_hard_link_of_the_periodic_file(make_module, make_trainer, tok
 
 
 def test_time_trigger(make_module, make_trainer, token_loader, tmp_path, monkeypatch):
-    import lightning_cqk.callbacks.checkpoint as module
+    import lightning_cqk.callbacks.run_checkpoint as module
 
     clock = {"now": 0.0}
     monkeypatch.setattr(module.time, "monotonic", lambda: clock["now"])
@@ -168,7 +168,8 @@ def test_corrupt_last_through_the_cli(tiny_shards, tmp_path, monkeypatch):
     last.write_bytes(data[:1000])
     with pytest.raises(CorruptCheckpointError, match=rf"{last} cannot be loaded.*--ckpt_path {folder}/step=00000002"):
         main([*args, "--trainer.max_steps=5", f"--ckpt_path={last}"])
-    # `--ckpt_path last` resumes from that newest intact file instead, and says so (issue 13 class 7b, run_dir.py).
+    # `--ckpt_path last` resumes from that newest intact file instead, and says so (issue 13 class 7b,
+    # run/directory.py).
     main([*args, "--trainer.max_steps=5", "--ckpt_path=last"])
     assert torch.load(last, weights_only=False)["global_step"] == 5
 
@@ -185,7 +186,7 @@ def test_bad_options():
 def test_the_newest_intact_checkpoint_is_chosen_by_step_not_by_modification_time(tmp_path):
     """Issue 34 defect 8: after a `cp -r`, an rsync without -t or a restore the modification times say nothing (here
     step 4 is the most recently modified); the advice beside a damaged last.ckpt names step 16, the highest step."""
-    from lightning_cqk.checkpoint_files import load_checkpoint, newest_intact_checkpoint
+    from lightning_cqk.checkpoint.reading import load_checkpoint, newest_intact_checkpoint
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
@@ -206,7 +207,7 @@ def test_the_newest_intact_checkpoint_is_chosen_by_step_not_by_modification_time
 def test_a_periodic_file_newer_than_last_ckpt_is_resumed_from(make_module, make_trainer, token_loader, tmp_path):
     """Issue 34 defect 10: a kill between writing step=8 and pointing last.ckpt at it leaves last.ckpt at step 4;
     the resume takes step 8 (nothing retrained), also when last.ckpt is a copy rather than a link (`cp -r`)."""
-    from lightning_cqk.run_dir import resumable_checkpoint
+    from lightning_cqk.run.directory import resumable_checkpoint
 
     trainer = ckpt_trainer(make_trainer, RunCheckpoint(every_n_steps=4, keep_last=None), max_steps=8)
     trainer.fit(make_module(), token_loader())
@@ -229,7 +230,7 @@ def test_a_resume_from_an_earlier_file_deletes_the_continuation_it_replaces(
 ):
     """Issue 34 defect 10, its other side: resuming from step 4 explicitly replaces the continuation to step 8, so
     that file must not outrank this run's own last.ckpt (step 6) when the run is next resumed."""
-    from lightning_cqk.run_dir import resumable_checkpoint
+    from lightning_cqk.run.directory import resumable_checkpoint
 
     ckpt_trainer(make_trainer, RunCheckpoint(every_n_steps=4, keep_last=None), max_steps=8).fit(
         make_module(), token_loader()

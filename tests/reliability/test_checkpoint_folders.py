@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from tiny_run import checkpoint_folder
 
-from lightning_cqk.atomic_files import link_folder, replace_folder
-from lightning_cqk.checkpoint_files import (
+from lightning_cqk.checkpoint.reading import (
     CONSOLIDATE,
     checkpoint_problem,
     checkpoint_step,
@@ -19,7 +18,8 @@ from lightning_cqk.checkpoint_files import (
     refuse_checkpoint_folder,
 )
 from lightning_cqk.errors import ConfigError
-from lightning_cqk.run_dir import resolve_fit, resumable_checkpoint
+from lightning_cqk.files.atomic import link_folder, replace_folder
+from lightning_cqk.run.directory import resolve_fit, resumable_checkpoint
 
 
 def test_a_folder_is_intact_with_its_index_and_an_intact_meta(tmp_path: Path):

@@ -206,7 +206,7 @@ def test_a_run_stopped_by_sigterm_while_waiting_for_a_data_lock_leaves_no_run_di
     leaving its run directory (TensorBoard events file and lock), so the next run of the name became `-2`. Now the
     wait unwinds: status 143, the directory it created is removed, the name is free. `reader`: the run waits to read
     finished shards; `writer`: the run prepares them itself (data.source) and waits for the prepare that holds them."""
-    from lightning_cqk.run_dir import next_free_name
+    from lightning_cqk.run.directory import next_free_name
 
     shards, runs = tmp_path / "shards", tmp_path / "runs"
     source = corpus(tmp_path / "a.jsonl", "fox")

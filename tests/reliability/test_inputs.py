@@ -26,15 +26,15 @@ import torch
 from tiny_run import tiny_args
 
 from lightning_cqk.callbacks import AtomicCheckpointIO
-from lightning_cqk.checkpoint_files import CorruptCheckpointError, checkpoint_problem
+from lightning_cqk.checkpoint.reading import CorruptCheckpointError, checkpoint_problem
 from lightning_cqk.cli import main
 from lightning_cqk.cli.trainer import CQKCLI
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.data import Manifest, TokenDataModule, prepare
 from lightning_cqk.data import tokenizers as tokenizers_module
 from lightning_cqk.data.corpora import resolve_corpus
 from lightning_cqk.data.mixture import MixtureDataModule
 from lightning_cqk.data.tokenizers import GPT2_BPE_ENV
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
 from lightning_cqk.optim.config import check_trainer_numbers

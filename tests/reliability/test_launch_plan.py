@@ -1,4 +1,4 @@
-"""Who plans a multi-process launch, and how the plan reaches the other ranks (lightning_cqk/launch.py), in-process.
+"""Who plans a multi-process launch, and how the plan reaches the other ranks (run/launch_rank.py), in-process.
 
 The end-to-end runs under torchrun and srun are tests/reliability/test_launchers.py; these check the pieces fast.
 """
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from lightning_cqk.launch import (
+from lightning_cqk.run.launch_rank import (
     CKPT_ENV,
     PLAN_ENV,
     RUN_ENV,

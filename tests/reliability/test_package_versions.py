@@ -11,8 +11,8 @@ import pytest
 import yaml
 from tiny_run import tiny_fit
 
-from lightning_cqk import package_versions as pv
 from lightning_cqk.cli import main
+from lightning_cqk.run import version_records as pv
 from lightning_cqk.study.design.spec import expand
 from lightning_cqk.study.run.runner import Ledger
 
@@ -65,7 +65,7 @@ def test_each_attempt_of_run_json_records_its_package_versions(tiny_shards: Path
 
     # The same run continued after an upgrade: the second attempt records the versions it really ran with.
     upgraded = {**pv.package_versions(), "torch": "99.0.0"}
-    monkeypatch.setattr("lightning_cqk.run_dir.package_versions", lambda: upgraded)
+    monkeypatch.setattr("lightning_cqk.run.directory.package_versions", lambda: upgraded)
     main([*_fit_args(tiny_shards, runs), "--trainer.max_steps=3", "--ckpt_path=last"])
     attempts = json.loads((run_dir / "run.json").read_text())["attempts"]
     assert [a["packages"]["torch"] for a in attempts] == [pv.package_versions()["torch"], "99.0.0"]

@@ -10,7 +10,7 @@ import pytest
 from tiny_run import tiny_args
 
 from lightning_cqk.cli import main
-from lightning_cqk.run_dir import (
+from lightning_cqk.run.directory import (
     RESUME_POLICY,
     ResumeRefused,
     classify_changes,
@@ -40,7 +40,7 @@ def test_docs_show_the_table_the_check_uses():
     docs = (REPO / "docs" / "reliability.md").read_text()
     assert policy_markdown() in docs, (
         "docs/reliability.md's 'What a resume may change' table differs from run_dir.RESUME_POLICY; paste "
-        "`python -c 'from lightning_cqk.run_dir import policy_markdown; print(policy_markdown())'` there"
+        "`python -c 'from lightning_cqk.run.directory import policy_markdown; print(policy_markdown())'` there"
     )
 
 

@@ -25,7 +25,7 @@ from tiny_run import child_env, quickstart_callbacks, tiny_fit
 
 from lightning_cqk.cli import main
 from lightning_cqk.optim.schedule import warmup_cosine
-from lightning_cqk.run_dir import ResumeRefused, resolve_fit, resumable_checkpoint
+from lightning_cqk.run.directory import ResumeRefused, resolve_fit, resumable_checkpoint
 
 
 def fit(shards: Path, runs: Path, *extra: str, every: int = 2) -> list[str]:

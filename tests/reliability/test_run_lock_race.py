@@ -17,7 +17,7 @@ RACERS = 24
 RACER = """
 import os, sys, time
 from pathlib import Path
-from lightning_cqk.run_lock import RunDirectoryInUse, acquire
+from lightning_cqk.run.lock import RunDirectoryInUse, acquire
 target, sync, n = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 (sync / f"ready-{os.getpid()}").touch()
 deadline = time.time() + 120
@@ -91,7 +91,7 @@ def test_an_exited_process_not_yet_reaped_holds_nothing():
     import socket
     import time
 
-    from lightning_cqk.run_lock import LockOwner, process_start, process_state
+    from lightning_cqk.run.lock import LockOwner, process_start, process_state
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     try:

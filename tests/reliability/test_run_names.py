@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tiny_run import child_env, tiny_command
 
-from lightning_cqk.run_dir import UnsafeRunName, check_run_name_part
+from lightning_cqk.run.directory import UnsafeRunName, check_run_name_part
 
 
 def fit(runs: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:

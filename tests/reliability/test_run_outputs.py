@@ -3,7 +3,7 @@
 The trigger: `--trainer.callbacks+='{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args":
 {"dirpath": "<another run>/checkpoints", "filename": "last"}}'` overwrote that run's `last.ckpt`; in a sweep spec's
 overrides every run wrote into one folder; the allow-list admitted whole library modules. Now such settings are
-refused naming the key before anything is built (`run_outputs.py`), Lightning's checkpoint callbacks are refused
+refused naming the key before anything is built (`run/outputs.py`), Lightning's checkpoint callbacks are refused
 naming the package's, and of the libraries only the classes `class_paths.TRUSTED_CLASSES` lists may be named."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tiny_run import QUICKSTART, REPO, tiny_fit
 
 from lightning_cqk.cli import class_paths
 from lightning_cqk.cli.main import main
-from lightning_cqk.run_outputs import OutsideRunDirectory, output_problems, run_trainer_settings
+from lightning_cqk.run.outputs import OutsideRunDirectory, output_problems, run_trainer_settings
 
 
 def _callback(class_path: str, **init_args) -> str:

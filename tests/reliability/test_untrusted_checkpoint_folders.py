@@ -17,15 +17,15 @@ import pytest
 import torch
 from tiny_run import Planted, checkpoint_folder, child_env, plant_index, tiny_command
 
-from lightning_cqk.checkpoint_consolidate import consolidate
-from lightning_cqk.checkpoint_files import (
+from lightning_cqk.checkpoint.consolidate import consolidate
+from lightning_cqk.checkpoint.folder import load_into, read_full_state
+from lightning_cqk.checkpoint.reading import (
     CorruptCheckpointError,
     UntrustedCheckpointError,
     checkpoint_problem,
 )
-from lightning_cqk.checkpoint_folder import load_into, read_full_state
 from lightning_cqk.errors import ConfigError
-from lightning_cqk.run_dir import resumable_checkpoint
+from lightning_cqk.run.directory import resumable_checkpoint
 
 
 def test_a_planted_index_is_refused_without_running_it(tmp_path: Path):

@@ -2,7 +2,7 @@
 
 A checkpoint is a pickle, and a pickle can run code while it loads. Every command that reads one (`generate`,
 `eval`, `glue`, `mc-eval`, `fit`/`validate --ckpt_path`, downstream `fit --model.checkpoint`) reads it with
-`torch.load(weights_only=True)` (`lightning_cqk.checkpoint_files.load_checkpoint`): a real checkpoint of `fit`
+`torch.load(weights_only=True)` (`lightning_cqk.checkpoint.reading.load_checkpoint`): a real checkpoint of `fit`
 loads, a file with one extra pickled object whose `__reduce__` would create a marker file is refused by every
 command, in a real subprocess, with a message naming the file and what to do, exit status 1, no traceback, and the
 marker never appears. A truncated checkpoint says "truncated or corrupt" (through `glue` too, where it was a 70-line
@@ -24,7 +24,7 @@ import pytest
 import torch
 from tiny_run import tiny_fit
 
-from lightning_cqk.checkpoint_files import (
+from lightning_cqk.checkpoint.reading import (
     TRUSTED_GLOBALS,
     CorruptCheckpointError,
     UntrustedCheckpointError,

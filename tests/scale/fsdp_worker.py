@@ -17,7 +17,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
 

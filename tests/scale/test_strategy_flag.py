@@ -15,11 +15,13 @@ import pytest
 import torch
 from tiny_run import child_env, plant_index, tiny_command
 
-from lightning_cqk.cli.strategy import FSDP2Strategy, resolve_strategy
+from lightning_cqk.cli.strategy import FSDP2Strategy
+from lightning_cqk.run.strategy_flag import FSDP2_CLASS_PATH, resolve_strategy
 
 
 def test_a_bare_strategy_class_name_is_its_class_and_model_parallel_is_fsdp2():
     assert resolve_strategy("ModelParallelStrategy")["class_path"] == "lightning_cqk.cli.strategy.FSDP2Strategy"
+    assert FSDP2_CLASS_PATH == f"{FSDP2Strategy.__module__}.{FSDP2Strategy.__name__}"  # the path names the class
     assert resolve_strategy("DDPStrategy") == {
         "class_path": "lightning.pytorch.strategies.DDPStrategy",
         "init_args": {},
@@ -66,7 +68,7 @@ def _sharded_fit(shards: Path, root: Path, *extra: str) -> subprocess.CompletedP
 
 def _consolidated_weights(folder: Path, out: Path) -> dict[str, torch.Tensor]:
     """The weights of a distributed-checkpoint folder, consolidated by the command the package's refusals print."""
-    from lightning_cqk.checkpoint_files import CONSOLIDATE, load_checkpoint
+    from lightning_cqk.checkpoint.reading import CONSOLIDATE, load_checkpoint
 
     command = CONSOLIDATE.format(path=folder).split() + ["--output", str(out)]
     done = subprocess.run(

@@ -88,7 +88,7 @@ def resolve(configs: list[str], overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def model_config(resolved: dict[str, Any]):
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
     fields = {k: v for k, v in resolved["model"]["config"].items() if v is not None}
     fields["vocab_size"] = VOCAB.get(str(resolved["data"].get("tokenizer", "bytes")), 50257)

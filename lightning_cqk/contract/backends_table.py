@@ -141,9 +141,9 @@ def _cell(text: str) -> str:
 def _sizes(names: list[str]) -> dict[str, tuple[int, int, int]]:
     import torch
 
-    from lightning_cqk.config import ModelConfig
     from lightning_cqk.model import GPT
     from lightning_cqk.model.flops import forward_flops_per_step, forward_flops_per_token
+    from lightning_cqk.model_config import ModelConfig
 
     base = ModelConfig(preset=REFERENCE["preset"], vocab_size=REFERENCE["vocab_size"])
     sizes = {}
@@ -161,10 +161,10 @@ def _fragment_rows(p0: int, f0: int) -> list[str]:
     import torch
     import yaml
 
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.files.resources import ConfigNotFound, find_config
     from lightning_cqk.model import GPT
     from lightning_cqk.model.flops import forward_flops_per_token
-    from lightning_cqk.resources import ConfigNotFound, find_config
+    from lightning_cqk.model_config import ModelConfig
 
     try:
         folder = find_config("configs/attention")
@@ -277,6 +277,7 @@ def attention_command(argv: list[str]) -> None:
         return
 
     from lightning_cqk import attention
+    from lightning_cqk.run.preflight import check_backend_name
 
     if args.names:
         for name in args.names:
@@ -325,41 +326,6 @@ def print_backend(name: str) -> None:
         text = f"{key} = {_yaml(default)}: {docs.get(key, '')}".rstrip(": ")
         print(textwrap.fill(text, width=116, initial_indent="    ", subsequent_indent="      "))
     print()
-
-
-def check_backend_name(name: str) -> None:
-    """A ConfigError for a name that is no registered backend, pointing at the recipe of that name when one ships
-    (`gqa` is configs/attention/gqa.yaml, standard attention with n_kv_groups set)."""
-    from lightning_cqk import attention
-    from lightning_cqk.errors import ConfigError
-
-    try:
-        attention.get_attention(name)  # a built-in, an installed plugin or a module:Class path
-    except ConfigError:
-        hint = recipe_hint(name)
-        if hint is None:
-            raise  # the registry's own message: did-you-mean, the list, how plugins are found
-        raise ConfigError(f"Unknown attention backend {name!r}: {hint}") from None
-
-
-def recipe_hint(name: str) -> str | None:
-    """When `configs/attention/<name>.yaml` exists (here or shipped): what it sets, and how to use it; else None."""
-    import yaml
-
-    from lightning_cqk.resources import ConfigNotFound, find_config
-
-    recipe = f"configs/attention/{name}.yaml"
-    try:
-        loaded = yaml.safe_load(find_config(recipe).read_text()) or {}
-    except (ConfigNotFound, OSError, yaml.YAMLError):
-        return None
-    config = ((loaded.get("model") or {}).get("config") or {}) if isinstance(loaded, dict) else {}
-    backend = config.get("attention", "standard")
-    return (
-        f"{name} is a recipe, not a backend: {recipe} sets attention: {backend} with its options. Use it as a "
-        f"config file after your main one, e.g. lightning_cqk fit --config configs/quickstart.yaml --config {recipe} "
-        f"(lightning_cqk attention {backend} lists the options it sets)."
-    )
 
 
 def write_or_print(path: str | None) -> None:

@@ -109,12 +109,12 @@ from torch.utils.checkpoint import checkpoint
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions
 from lightning_cqk.attention.cache import LayerCache
-from lightning_cqk.attention.functional import causal_mask
-from lightning_cqk.attention.matched_norm import MatchedRMSNorm
+from lightning_cqk.attention.kernels.functional import causal_mask
+from lightning_cqk.attention.kernels.matched_norm import MatchedRMSNorm
 from lightning_cqk.attention.rope import apply_rope
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 IMPLS = ("sdpa", "math")
 

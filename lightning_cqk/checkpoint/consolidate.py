@@ -18,14 +18,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.checkpoint_files import (
+from lightning_cqk.checkpoint.folder import read_full_state
+from lightning_cqk.checkpoint.reading import (
     META_NAME,
     CorruptCheckpointError,
     checkpoint_problem,
     corrupt_checkpoint_message,
     load_checkpoint,
 )
-from lightning_cqk.checkpoint_folder import read_full_state
 from lightning_cqk.errors import ConfigError
 
 

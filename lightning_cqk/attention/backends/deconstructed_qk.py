@@ -94,14 +94,19 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from lightning_cqk.attention.backends.deconstructed_mixing import DeconstructedOptions, ProjectedAttention
 from lightning_cqk.attention.base import AttentionContext
 from lightning_cqk.attention.cache import LayerCache
-from lightning_cqk.attention.deconstructed_mixing import DeconstructedOptions, ProjectedAttention
-from lightning_cqk.attention.functional import attention_probs, causal_attention, causal_logits, masked_attention
+from lightning_cqk.attention.kernels.functional import (
+    attention_probs,
+    causal_attention,
+    causal_logits,
+    masked_attention,
+)
 from lightning_cqk.attention.rope import apply_rope
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 BUILTIN_TOKENS = "builtin:python_docs"
 

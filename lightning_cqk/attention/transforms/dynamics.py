@@ -87,11 +87,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from lightning_cqk.attention.coupled_flow import coupled_mlp_flow, heads_back, heads_first, integrate
 from lightning_cqk.attention.transform import QKTransform, TransformOptions
+from lightning_cqk.attention.transforms.coupled_flow import coupled_mlp_flow, heads_back, heads_first, integrate
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 MAX_STEPS = 7
 

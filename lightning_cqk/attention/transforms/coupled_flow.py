@@ -1,8 +1,8 @@
 """The coupled flow of a free-MLP bank with a hand-written backward: the fast path of `qk_transform: {kind: coupled}`.
 
 Paper: B. Gahtan and A. M. Bronstein, "Coupled Query-Key Dynamics for Attention", arXiv 2604.01683 v1 (2026); the
-flow and its integrators are defined in `lightning_cqk.attention.dynamics` (module docstring). Per pair, with the
-per-pair MLP f(x) = W2 silu(W1 x + b1) + b2 (written row-wise below, x W1 + b1) and h = dt / 2:
+flow and its integrators are defined in `lightning_cqk.attention.transforms.dynamics` (module docstring). Per pair, with
+the per-pair MLP f(x) = W2 silu(W1 x + b1) + b2 (written row-wise below, x W1 + b1) and h = dt / 2:
 
     leapfrog (n steps, forces F_j = f(q_j), j = 0..n):   a_i = k_i + h F_i,  q_{i+1} = q_i + dt a_i,
                                                           k_{i+1} = a_i + h F_{i+1}

@@ -3,9 +3,9 @@
 Lightning's SLURM auto-requeue saves `hpc_ckpt_N.ckpt` into the trainer's `default_root_dir` (the working directory)
 when the job gets `SIGUSR1`, and restores the newest such file into *any* later run started under SLURM without a
 `ckpt_path`: a different experiment launched from the same folder silently continued another's weights, optimizer
-and step (issue 34, defect 2). This project already owns resuming (`run_dir.py`: the run directory, its checkpoints,
-`--ckpt_path last`, the record of every attempt), so Lightning's mechanism is switched off, and its one useful part,
-the requeue, is done here with the run's own checkpoint:
+and step (issue 34, defect 2). This project already owns resuming (`run/directory.py`: the run directory, its
+checkpoints, `--ckpt_path last`, the record of every attempt), so Lightning's mechanism is switched off, and its one
+useful part, the requeue, is done here with the run's own checkpoint:
 
 - `take_over(trainer)`: the SLURM environment's `auto_requeue` is off (no `hpc_ckpt_*` is written, no SIGUSR1
   handler of Lightning's) and the checkpoint connector never resumes from an `hpc_ckpt_*` file: a run starts at step
@@ -14,7 +14,7 @@ the requeue, is done here with the run's own checkpoint:
   in a note and left alone.
 - `SIGUSR1` (the sbatch script's `#SBATCH --signal=SIGUSR1@90`) stops training like SIGTERM: at the end of the batch
   in progress, a checkpoint saved into the run's own `checkpoints/` (`callbacks/run_session.py`); then `requeue_job`
-  (`slurm_job.py`) asks SLURM to requeue the job, whose `srun ... --ckpt_path last` resumes that run; a run that a
+  (`run/slurm_job.py`) asks SLURM to requeue the job, whose `srun ... --ckpt_path last` resumes that run; a run that a
   sweep's array task started leaves the requeue to that task, which records the run as requeued first.
 """
 
@@ -24,7 +24,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.slurm_job import requeue_job, slurm_job_id  # noqa: F401 (the fit's stop requeues with them)
+from lightning_cqk.run.slurm_job import requeue_job, slurm_job_id  # noqa: F401 (the fit's stop requeues with them)
 
 HPC_PATTERN = "hpc_ckpt_*.ckpt"
 REQUEUE_SIGNAL_NAME = "SIGUSR1"

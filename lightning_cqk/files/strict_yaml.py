@@ -113,9 +113,11 @@ def check_text(text: str, where: str) -> yaml.Node | None:
     return node
 
 
-def check_config_args(argv: list[str]) -> None:
+def check_config_args(argv: list[str]) -> list[Any]:
     """Refuse a `--config FILE` of a command line whose YAML has a syntax error or a key given twice (naming the
-    file and line): jsonargparse reads config files with `safe_load`, which keeps the last of two equal keys."""
+    file and line): jsonargparse reads config files with `safe_load`, which keeps the last of two equal keys.
+    Returns the documents read, in order (what the command line reads from them, e.g. which model they name)."""
+    documents = []
     for i, arg in enumerate(argv):
         value = argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None
         if arg.startswith("--config="):
@@ -127,6 +129,8 @@ def check_config_args(argv: list[str]) -> None:
         except (OSError, UnicodeDecodeError):
             continue  # the CLI's own reading reports it
         check_text(text, f"--config {value}")
+        documents.append(construct(text, f"--config {value}"))
+    return documents
 
 
 def load(path: str | Path, where: str | None = None) -> tuple[Any, dict[tuple[str, ...], int]]:

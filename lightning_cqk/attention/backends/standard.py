@@ -84,13 +84,13 @@ from torch.utils.checkpoint import checkpoint
 
 from lightning_cqk.attention.base import AttentionBackend, AttentionContext, AttentionOptions, QKWeight, QKWeights
 from lightning_cqk.attention.cache import LayerCache
-from lightning_cqk.attention.functional import causal_attention, causal_logits, masked_attention
-from lightning_cqk.attention.matched_norm import MatchedRMSNorm
+from lightning_cqk.attention.kernels.functional import causal_attention, causal_logits, masked_attention
+from lightning_cqk.attention.kernels.matched_norm import MatchedRMSNorm
 from lightning_cqk.attention.rope import apply_rope
 from lightning_cqk.attention.transform import build_transform, check_transform, qk_stage, transform_flops
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 QKVSharing = Literal["none", "k_eq_v", "q_eq_k", "q_eq_k_eq_v"]
 QKV_SHARING_CHOICES: tuple[str, ...] = ("none", "k_eq_v", "q_eq_k", "q_eq_k_eq_v")

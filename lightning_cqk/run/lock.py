@@ -1,9 +1,10 @@
 """A run directory belongs to one live process: `<run dir>/.lock`, held with an OS file lock for the process's life.
 
 `lightning_cqk fit` takes the lock as soon as it knows the run directory, before any model, data or logger is built
-(`lightning_cqk/run_dir.py` decides which directory), so a second `fit` aimed at a directory in use stops at once with
-a message naming the live process, instead of interleaving logs and checkpoints with it. The sweep runner takes the
-same kind of lock on a sweep directory (`.sweep.lock`), and probes a run's lock (`holder`) before it deletes anything.
+(`lightning_cqk/run/directory.py` decides which directory), so a second `fit` aimed at a directory in use stops at
+once with a message naming the live process, instead of interleaving logs and checkpoints with it. The sweep runner
+takes the same kind of lock on a sweep directory (`.sweep.lock`), and probes a run's lock (`holder`) before it deletes
+anything.
 
 How (atomic by construction): the lock file is opened (created if missing) and locked with a POSIX record lock
 (`fcntl.lockf(LOCK_EX | LOCK_NB)`). The kernel grants it to exactly one process and releases it when that process

@@ -6,7 +6,7 @@ checkpoint to a hidden temporary file in the target folder, fsyncs it, renames i
 intact and at most a `.<name>.<pid>.tmp` leftover, which `RunCheckpoint` removes at the next start. (Lightning's own
 `TorchCheckpointIO` also writes through a temporary file, but first serialises the whole checkpoint into memory and
 never fsyncs, so a power loss can still leave a renamed but empty file.) Loading goes through
-`lightning_cqk.checkpoint_files.load_checkpoint`: weights_only=True (a checkpoint holding other pickled objects is
+`lightning_cqk.checkpoint.reading.load_checkpoint`: weights_only=True (a checkpoint holding other pickled objects is
 refused, `UntrustedCheckpointError`), and a truncated or corrupt file raises `CorruptCheckpointError`, naming the file
 and the newest intact checkpoint beside it; the zip CRCs are checked before loading (`verify`), because `torch.load`
 would load damaged tensor bytes silently.
@@ -76,10 +76,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_cqk.atomic_files import fsync_path, link_folder, remove_path
 from lightning_cqk.callbacks.final_validation import validation_due
-from lightning_cqk.checkpoint_files import checkpoint_problem, load_checkpoint, state_file, step_in_name
+from lightning_cqk.checkpoint.reading import checkpoint_problem, load_checkpoint, state_file, step_in_name
 from lightning_cqk.errors import StorageFullError, storage_full_errno
+from lightning_cqk.files.atomic import fsync_path, link_folder, remove_path
 
 TMP_PATTERN = re.compile(r"^\..+\.\d+\.tmp$")
 

@@ -27,7 +27,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.checkpoint_files import (
+from lightning_cqk.checkpoint.reading import (
     META_NAME,
     TRUSTED_GLOBALS,
     CorruptCheckpointError,
@@ -154,7 +154,7 @@ def load_sharded_training_state(folder: str | Path, model: Any, optimizers: list
         set_optimizer_state_dict,
     )
 
-    from lightning_cqk.checkpoint_files import load_checkpoint
+    from lightning_cqk.checkpoint.reading import load_checkpoint
 
     folder = Path(folder)
     weights = {"state_dict": get_model_state_dict(model)}

@@ -30,7 +30,7 @@ content (the sharded weights and optimizer states are the strategy's to load, th
 weights are needed (`generate`, `eval`, `glue`): `refuse_checkpoint_folder` names the command that consolidates it into
 one file first (`CONSOLIDATE`); the NaN guard's rollback finds no weights in one and does not roll back to it.
 
-Standard library only at import (torch is imported when a file is loaded): `run_dir.py` and the light command line
+Standard library only at import (torch is imported when a file is loaded): `run/directory.py` and the light command line
 use `checkpoint_problem`.
 """
 

@@ -56,11 +56,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_cqk.attention.dynamics import heads_back, heads_first
 from lightning_cqk.attention.transform import QKTransform, TransformOptions
+from lightning_cqk.attention.transforms.dynamics import heads_back, heads_first
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 
 @dataclass

@@ -29,8 +29,8 @@ LOG_NAME = "last-error.log"
 def user_error_types() -> tuple[type[BaseException], ...]:
     """The exception types whose message is the whole answer (standard-library-only imports)."""
     from lightning_cqk.errors import UserError
-    from lightning_cqk.run_dir import ResumeRefused
-    from lightning_cqk.run_lock import RunDirectoryInUse
+    from lightning_cqk.run.directory import ResumeRefused
+    from lightning_cqk.run.lock import RunDirectoryInUse
 
     return (UserError, ResumeRefused, RunDirectoryInUse)
 

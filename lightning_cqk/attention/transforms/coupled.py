@@ -2,8 +2,9 @@
 
 Paper: B. Gahtan and A. M. Bronstein, "Coupled Query-Key Dynamics for Attention", arXiv 2604.01683 v1 (2026). The
 dynamics themselves (integrators, banks, options, parameter counts, what is and is not symplectic) live in
-`lightning_cqk.attention.dynamics` as the transforms ``qk_transform: {kind: coupled}`` and ``{kind: uncoupled_mlp}``,
-which compose with any backend that forms per-head q and k (`transform.py`). These two backends are exactly
+`lightning_cqk.attention.transforms.dynamics` as the transforms ``qk_transform: {kind: coupled}`` and ``{kind:
+uncoupled_mlp}``, which compose with any backend that forms per-head q and k (`transform.py`). These two backends are
+exactly
 
     attention: coupled,       attention_options: {<standard options>, <dynamics options>}
     ==  attention: standard,  attention_options: {<standard options>, qk_transform: {kind: coupled, <dynamics options>}}
@@ -27,11 +28,11 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from lightning_cqk.attention.dynamics import CoupledDynamicsOptions, UncoupledDynamicsOptions
-from lightning_cqk.attention.standard import StandardAttention, StandardOptions
+from lightning_cqk.attention.backends.standard import StandardAttention, StandardOptions
+from lightning_cqk.attention.transforms.dynamics import CoupledDynamicsOptions, UncoupledDynamicsOptions
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 #: Keys of a v1 checkpoint (relative to the attention module) -> their names under the transform stage.
 LEGACY_KEYS = (("dynamics.", "qk_transform.dynamics."), ("dt_raw", "qk_transform.dt_raw"))

@@ -280,7 +280,8 @@ def refusal(
         new_run = f" --data.batch_size {fits_batch}" if fits_batch else " and a smaller --data.batch_size"
         fixes = (
             f"{precision}a device with more memory, or --memory_check warn (the estimate is a lower bound; "
-            "lightning_cqk/memory_check.py). A resume keeps the micro-batch (data.* cannot change on a resume); for a "
+            "lightning_cqk/run/memory_check.py). A resume keeps the micro-batch (data.* cannot change on a resume); "
+            "for a "
             f"smaller one start a new run: leave out --ckpt_path and add --on_unfinished new{new_run}"
         )
     else:
@@ -296,7 +297,7 @@ def refusal(
             smaller = "a smaller micro-batch (--data.batch_size) or --data.seq_len"
         fixes = (
             f"{smaller}, a smaller model, or a device with more memory; or start it anyway with --memory_check warn "
-            "(the estimate is a lower bound; lightning_cqk/memory_check.py)"
+            "(the estimate is a lower bound; lightning_cqk/run/memory_check.py)"
         )
     return (
         f"this configuration needs {_needs(est.total, processes, 'one training step')} ({est.describe()}), but the "
@@ -326,7 +327,7 @@ def validation_refusal(
         f"this configuration's validation needs {_needs(est.total, processes, 'one validation batch')} "
         f"({est.describe()}), but the {where} is {available / GB:.1f} GB, so the run would train until its first "
         f"validation and run out of memory there. Use {' or '.join(fixes)}{kept if resuming else ''}, a device with "
-        "more memory, or --memory_check warn (the estimate is a lower bound; lightning_cqk/memory_check.py)."
+        "more memory, or --memory_check warn (the estimate is a lower bound; lightning_cqk/run/memory_check.py)."
     )
 
 

@@ -15,11 +15,11 @@ died before it wrote anything) counts as free and is reused. `fit` removes a dir
 launch fails before training starts (a typo in a path, a refused resume), so no empty directory is left to be
 mistaken for a run later.
 
-Locking. `run_lock.py`: one live process per directory, by an OS file lock held for the process's life.
+Locking. `run/lock.py`: one live process per directory, by an OS file lock held for the process's life.
 
 Records. `run.json` lists the run's attempts: when each started (pid, host, command, the checkpoint and step it
 resumed from, the settings it changed, the code it ran (`revision`: the git commit, `-dirty` with uncommitted
-changes) and the versions of Python and of every direct dependency it ran with: `packages`, package_versions.py)
+changes) and the versions of Python and of every direct dependency it ran with: `packages`, run/version_records.py)
 and how it ended (`finished`, `interrupted` by SIGTERM/SIGINT with a saved checkpoint, `failed` with the error); an
 attempt still `running` whose process is gone was killed (SIGKILL, power loss). The resolved configuration of the
 first attempt is `config.yaml`; every resume adds `config.resume-<n>.yaml`, so each earlier configuration is kept.
@@ -62,18 +62,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.atomic_files import write_json_atomically
-from lightning_cqk.checkpoint_files import checkpoint_problem, checkpoint_step, same_checkpoint, step_in_name
+from lightning_cqk.checkpoint.reading import checkpoint_problem, checkpoint_step, same_checkpoint, step_in_name
 from lightning_cqk.environment import env_text
 from lightning_cqk.errors import ConfigError
-from lightning_cqk.package_versions import code_revision, package_versions
-from lightning_cqk.run_lock import (
+from lightning_cqk.files.atomic import write_json_atomically
+from lightning_cqk.run.lock import (
     LOCK_NAME,
     RunDirectoryInUse,
     acquire,
     holder,
     process_start,
 )
+from lightning_cqk.run.version_records import code_revision, package_versions
 
 __all__ = [
     "RunDirectoryInUse",

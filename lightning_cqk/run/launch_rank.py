@@ -1,7 +1,7 @@
 """Which process of a launch this is, and how rank zero's run plan reaches the other processes.
 
 A `fit` started by several processes (one per GPU) is one run: rank zero alone decides the run directory and the
-checkpoint to resume from (`run_dir.resolve_fit`), checks the resume and locks the directory (`run_lock.py`); every
+checkpoint to resume from (`run_dir.resolve_fit`), checks the resume and locks the directory (`run/lock.py`); every
 other rank takes that plan as it is. Deciding on every rank would not do: the ranks would race for directory names
 (two runs, or `RunDirectoryInUse`), and a rank that looked after rank zero had locked the run would resume from no
 checkpoint while rank zero resumed from one.
@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.environment import env_json, env_number
 from lightning_cqk.errors import UnavailableError
+from lightning_cqk.files.atomic import write_json_atomically
 
 RUN_ENV, CKPT_ENV, PLAN_ENV = "LIGHTNING_CQK_RUN_DIR", "LIGHTNING_CQK_RUN_CKPT", "LIGHTNING_CQK_RUN_PLAN"
 TIMEOUT_ENV = "LIGHTNING_CQK_PLAN_TIMEOUT"
@@ -169,7 +169,7 @@ def publish_failure(launch: Launch, root: Path, message: str) -> None:
 
 
 def _stamp(launch: Launch) -> dict[str, Any]:
-    from lightning_cqk.run_lock import process_start
+    from lightning_cqk.run.lock import process_start
 
     return {
         "key": launch.key,
@@ -242,7 +242,7 @@ def _read_fresh(path: Path, not_before: float) -> dict[str, Any] | None:
     if float(data.get("written", 0)) < not_before:
         return None  # an earlier launch's plan with the same key
     if data.get("status") == "ok" and data.get("host") == socket.gethostname():
-        from lightning_cqk.run_lock import LockOwner
+        from lightning_cqk.run.lock import LockOwner
 
         owner = LockOwner(int(data.get("pid", -1)), data["host"], data.get("process_start"), 0.0, [])
         if owner.alive() is False:
