@@ -1,6 +1,6 @@
 """Coupled QK dynamics (`coupled`) and the uncoupled control (`uncoupled_mlp`), arXiv 2604.01683 v1.
 
-Checks (SDPA == math, causality and learning: the contract harness, `tests/attention/test_contract.py`): dt = 0 equals
+Checks (SDPA == math, causality and learning: the contract harness, `tests/contract/test_contract.py`): dt = 0 equals
 `standard` with the same weights exactly; the batched per-head MLP equals a loop of independent MLPs; closed-form
 -grad V equals autograd; leapfrog preserves volume and is reversible, and is symplectic (M^T J M = J) only for a
 gradient field; Euler's Jacobian determinant is det(I - dt^2 J_f); leapfrog of a gradient field conserves energy to

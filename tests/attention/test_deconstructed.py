@@ -4,7 +4,7 @@ rnd_emb_qk, fixed_seq_qk.
 Independent loop references, which inputs each variant reads, degenerate cases against `standard`, the fixed-input
 stream inside GPT, parameter counts, FLOPs, configs. The generic checks (causality, fast path == math path in fp64, fp32
 finiteness, the Q/K seam, decode parity, a tiny GPT that learns bytes) run for every case of `tests/backend_cases.py` in
-the contract harness, `tests/attention/test_contract.py`.
+the contract harness, `tests/contract/test_contract.py`.
 """
 
 from __future__ import annotations

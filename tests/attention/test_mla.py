@@ -2,7 +2,7 @@
 
 The generic checks (causality, fast path == math path in fp64, fp32 finiteness, the Q/K seam, decode parity, a tiny
 GPT that learns bytes) run for every case of `tests/backend_cases.py` in the contract harness,
-`tests/attention/test_contract.py`.
+`tests/contract/test_contract.py`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each states its Q/K rows through the seam, so QuacK finds the right blocks: grouped differential keys have
 n_kv_groups blocks; MLA without a query latent has five matrices (no W_dq). That the transforms compose with them
-(identity at init, causality, SDPA == math) is checked by the contract harness, `tests/attention/test_contract.py`.
+(identity at init, causality, SDPA == math) is checked by the contract harness, `tests/contract/test_contract.py`.
 """
 
 from __future__ import annotations

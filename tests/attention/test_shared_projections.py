@@ -1,7 +1,7 @@
 """Shared Q/K/V projections and grouped K/V heads (options of `standard`; arXiv 2606.04032), and QK-norm.
 
 Checks, for every `qkv_sharing` x `n_kv_groups` setting (SDPA == math in fp64, causality, finiteness and learning bytes
-are in the contract harness, `tests/attention/test_contract.py`, over the settings of `tests/backend_cases.py`): tied
+are in the contract harness, `tests/contract/test_contract.py`, over the settings of `tests/backend_cases.py`): tied
 roles are one parameter, exact equality with a standard MHA twin whose weights are the tied/repeated copies (the
 degenerate cases) including the gradient of every tied matrix, hand-counted parameters, the paper's 300M attention
 totals, KV-cache reductions of the paper's table, analytic FLOPs against `torch.utils.flop_counter`, config errors, the

@@ -3,7 +3,7 @@
 For every composition {standard MHA, k_eq_v, q_eq_k, GQA, MQA + k_eq_v, differential, mla (with and without
 QK-norm)} x {coupled (v1), uncoupled_mlp (v1), invertible (v2)}: parameter counts by hand (identity at init,
 causality and SDPA path == math path in fp64 for these compositions are in the contract harness,
-`tests/attention/test_contract.py`, over `tests/backend_cases.py`). For v2 on its
+`tests/contract/test_contract.py`, over `tests/backend_cases.py`). For v2 on its
 own: the inverse recovers (q, k) to 1e-12 in fp64, log |det J| equals the sum of the clamped scales, the additive form
 preserves volume, the soft clamp bounds the scales, sharing counts, the default size at the 150m preset. Old
 configs and a checkpoint saved by the pre-stage code load and give the same logits; `coupled` is exactly `standard`

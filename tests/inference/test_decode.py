@@ -1,7 +1,7 @@
 """Decoding with a cache, for every backend and option set in `backend_cases.CASES`, beyond the contract harness.
 
 Token by token and prefill-then-decode parity with the full forward is part of the contract harness
-(`tests/attention/test_contract.py`). Here, in fp64: left-padded batches of prompts of different lengths give every row
+(`tests/contract/test_contract.py`). Here, in fp64: left-padded batches of prompts of different lengths give every row
 the logits it gets alone; the measured cache bytes per token equal `kv_cache_values_per_token` x the element size.
 """
 
