@@ -33,6 +33,20 @@ os.environ["LIGHTNING_CQK_SHARED_DATA"] = str(
 )
 
 
+#: The pyramid's layers (tests/<layer>/...): each test is marked with its layer's name (`pytest -m unit`); `make
+#: test-fast` runs `unit` and `contract_smoke` (tests/contract/conftest.py), `make test` every test.
+LAYERS = ("unit", "contract", "e2e")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        path = Path(item.path).resolve()
+        parts = path.relative_to(tests).parts if tests in path.parents else ()
+        if len(parts) > 1 and parts[0] in LAYERS:
+            item.add_marker(parts[0])
+
+
 def shared_data_dir() -> Path:
     """`../shared/data` beside the repo (or $LIGHTNING_CQK_SHARED_DATA), absolute: tests run commands in other folders
     (the Makefile exports the relative `../shared/data`)."""
