@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
-from tiny_run import prepare_tiny_shards
+from tiny_run import prepare_tiny_shards, tiny_trainer
 
 if TYPE_CHECKING:
     import lightning as L
@@ -82,21 +82,12 @@ def make_trainer(tmp_path: Path) -> Callable[..., L.Trainer]:
     keyword arguments replace any of these (`logger=`: another logger for the same folder)."""
 
     def make(callbacks: list[L.Callback], max_steps: int = 8, **kwargs: Any) -> L.Trainer:
-        import lightning as L
         from lightning.pytorch.loggers import CSVLogger
 
-        defaults = dict(
-            max_steps=max_steps,
-            accelerator="cpu",
-            devices=1,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-            log_every_n_steps=1,
-        )
+        defaults = dict(max_steps=max_steps, devices=1, enable_checkpointing=False, limit_val_batches=0)
+        defaults["log_every_n_steps"] = 1
         if "logger" not in kwargs:
             kwargs["logger"] = CSVLogger(tmp_path, name="run", version="")
-        return L.Trainer(callbacks=callbacks, **{**defaults, **kwargs})
+        return tiny_trainer(callbacks=callbacks, **{**defaults, **kwargs})
 
     return make

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_run import tiny_trainer
 
 from lightning_cqk.config import ModelConfig
 from lightning_cqk.data import TokenDataModule
@@ -72,9 +72,7 @@ def test_validate_logs_each_context(tmp_path: Path):
     )
     config = ModelConfig(vocab_size=data.vocab_size, n_layer=1, n_embd=32, n_head=2, block_size=16)
     module = LitLM(config, eval_contexts=[4, 16], eval_stride=4)
-    trainer = L.Trainer(
-        accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=3
-    )
+    trainer = tiny_trainer(limit_val_batches=3)
     (metrics,) = trainer.validate(module, datamodule=data)
     for c in (4, 16):
         assert metrics[f"val/ctx{c}/ppl"] == pytest.approx(torch.tensor(metrics[f"val/ctx{c}/loss"]).exp().item())

@@ -13,6 +13,7 @@ import ast
 import importlib.util
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -142,3 +143,35 @@ def test_the_unit_guard_refuses_every_way_to_start_a_process_or_a_fit(start):
         with pytest.raises(guard.UnitTestStartedARun, match="Move this test to tests/e2e/"):
             start()
     assert len(called) == 1, called
+
+
+#: A Trainer built inline: `L.Trainer(`, `pl.Trainer(`, `lightning.Trainer(` or `lightning.pytorch.Trainer(`.
+INLINE_TRAINER = re.compile(r"(?<![\w.])(?:L|pl|lightning|lightning\.pytorch)\.Trainer\(")
+#: The harness that builds every Trainer of the tests.
+HARNESS = TESTS / "tiny_run.py"
+
+
+def inline_trainers(root: Path) -> list[str]:
+    return [
+        f"{path.relative_to(root.parent).as_posix()}:{number}: {line.strip()}"
+        for path in sorted(root.rglob("*.py"))
+        if path != HARNESS
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if INLINE_TRAINER.search(line) and not line.lstrip().startswith("#")
+    ]
+
+
+def test_no_test_builds_a_trainer_inline():
+    found = inline_trainers(TESTS)
+    assert not found, (
+        "build Trainers through tests/tiny_run.py (`tiny_trainer(root, callbacks, **delta)`, or the `make_trainer` "
+        "fixture), not inline:\n" + "\n".join(found)
+    )
+
+
+def test_the_inline_check_sees_each_spelling_outside_comments(tmp_path: Path):
+    (tmp_path / "tests").mkdir()
+    spellings = ["trainer = L.Trainer", "lightning.Trainer", "# L.Trainer in a comment", "self.L.Trainer", "pl.Trainer"]
+    (tmp_path / "tests" / "test_x.py").write_text("".join(f"{s}(\n" for s in spellings))  # ( apart: not this file
+    found = inline_trainers(tmp_path / "tests")
+    assert [line.split(":")[1] for line in found] == ["1", "2", "5"], found

@@ -5,6 +5,7 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
+from tiny_run import tiny_trainer
 
 from lightning_cqk import attention
 from lightning_cqk.config import ModelConfig
@@ -38,16 +39,7 @@ def test_loss_falls(name: str, quickstart_shards: str):
     config = ModelConfig(vocab_size=data.vocab_size, n_layer=2, n_embd=64, n_head=4, block_size=64, attention=name)
     module = LitLM(config, OptimConfig(lr=3e-3, warmup_steps=5))
     recorder = LossRecorder()
-    trainer = L.Trainer(
-        max_steps=STEPS,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[recorder],
-    )
+    trainer = tiny_trainer(max_steps=STEPS, enable_checkpointing=False, limit_val_batches=0, callbacks=[recorder])
     trainer.fit(module, datamodule=data)
     losses = recorder.losses
     assert len(losses) == STEPS and all(torch.isfinite(torch.tensor(losses)))

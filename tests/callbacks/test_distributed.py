@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tiny_run import tiny_trainer
 from torch.utils.data import DataLoader
 
 from lightning_cqk.callbacks import GradNormMonitor, LossSpikeMonitor
@@ -100,15 +101,11 @@ def test_ddp_norms_are_global_and_spike_skips_on_every_rank(tmp_path: Path):
     L.seed_everything(0, verbose=False)
     module = SpikeOnRankZero(_config(), OptimConfig(lr=1e-2, warmup_steps=2))
     data = DataLoader(torch.randint(0, 64, (64, 17)), batch_size=4)
-    trainer = L.Trainer(
+    trainer = tiny_trainer(
         strategy="ddp_spawn",
-        accelerator="cpu",
         devices=2,
         max_steps=8,
-        logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=tmp_path,
         callbacks=[
             GradNormMonitor(every_n_steps=1),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from tiny_run import tiny_trainer
 
 from lightning_cqk.data import TokenDataModule
 
@@ -39,17 +40,7 @@ class Recorder(L.LightningModule):
 def main(data_dir: str, out: str, num_workers: int) -> None:
     torch.set_num_threads(1)
     dm = TokenDataModule(data_dir=data_dir, source=None, seq_len=16, batch_size=4, num_workers=num_workers)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        max_epochs=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = tiny_trainer(devices=2, strategy="ddp", max_epochs=2, enable_checkpointing=False, num_sanity_val_steps=0)
     trainer.fit(Recorder(Path(out)), datamodule=dm)
 
 

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 from litdata import StreamingDataset, TokensLoader
+from tiny_run import REPO
 
 from lightning_cqk.data import prepare
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +34,7 @@ def random_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_two_process_ddp_reads_disjoint_windows_covering_each_epoch(
     random_shards: Path, tmp_path: Path, num_workers: int
 ):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(Path(__file__).with_name("ddp_worker.py")), str(random_shards), str(tmp_path)]
     done = subprocess.run([*cmd, str(num_workers)], env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]

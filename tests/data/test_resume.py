@@ -11,6 +11,7 @@ import lightning as L
 import pytest
 import torch
 from litdata import StreamingDataset, TokensLoader
+from tiny_run import tiny_trainer
 
 from lightning_cqk.data import TokenDataModule
 
@@ -34,16 +35,7 @@ class Recorder(L.LightningModule):
 def _fit(data_dir: Path, root: Path, max_steps: int, num_workers: int, ckpt_path: str | None = None, **kw):
     dm = TokenDataModule(data_dir=str(data_dir), source=None, seq_len=16, batch_size=4, num_workers=num_workers)
     model = Recorder()
-    trainer = L.Trainer(
-        default_root_dir=str(root),
-        max_steps=max_steps,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        **kw,
-    )
+    trainer = tiny_trainer(default_root_dir=str(root), max_steps=max_steps, limit_val_batches=0, **kw)
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     return model.seen, trainer
 

@@ -12,6 +12,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_run import tiny_trainer
 
 from lightning_cqk.config import ModelConfig
 from lightning_cqk.data import TokenDataModule, prepare
@@ -22,9 +23,7 @@ SEQ, BATCH, SCORED = 16, 2, 3  # three validation batches of two 16-token window
 
 
 def validate(model: LitLM, dm: TokenDataModule) -> dict[str, float]:
-    trainer = L.Trainer(
-        accelerator="cpu", limit_val_batches=SCORED, logger=False, enable_progress_bar=False, enable_model_summary=False
-    )
+    trainer = tiny_trainer(limit_val_batches=SCORED)
     return trainer.validate(model, datamodule=dm, verbose=False)[0]
 
 

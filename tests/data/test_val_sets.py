@@ -11,6 +11,7 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+from tiny_run import tiny_trainer
 
 from lightning_cqk.callbacks import ValWindowLosses
 from lightning_cqk.config import ModelConfig
@@ -38,17 +39,14 @@ def _fit(data_dir: Path, root: Path, final_val_windows: int | None, max_steps: i
     config = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=dm.vocab_size)
     model = LitLM(config, OptimConfig(lr=1e-3, warmup_steps=1))
     logger = L.pytorch.loggers.TensorBoardLogger(str(root), name="", version="run")
-    trainer = L.Trainer(
+    trainer = tiny_trainer(
         max_steps=max_steps,
         val_check_interval=2,
         limit_val_batches=SUBSET_BATCHES,
         num_sanity_val_steps=0,
-        accelerator="cpu",
         logger=logger,
         callbacks=[ValWindowLosses()],
         enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(model, datamodule=dm)
     return Path(logger.log_dir)

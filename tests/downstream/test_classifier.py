@@ -8,6 +8,7 @@ import lightning as L
 import pytest
 import torch
 from downstream_helpers import write_glue_folder
+from tiny_run import tiny_trainer
 
 from lightning_cqk.downstream.classifier import GlueClassifier, pool
 from lightning_cqk.downstream.glue_data import GlueDataModule, collate, encode_example
@@ -47,15 +48,7 @@ def test_head_learns_a_trivially_separable_task(lm_checkpoint: Path, tmp_path: P
     L.seed_everything(0)
     model = GlueClassifier(str(lm_checkpoint), task="sst2", lr=2e-3, warmup_steps=5, head_dropout=0.0)
     data = GlueDataModule("sst2", data_dir=str(glue), batch_size=16)
-    trainer = L.Trainer(
-        max_steps=60,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        accelerator="cpu",
-    )
+    trainer = tiny_trainer(max_steps=60, enable_checkpointing=False, limit_val_batches=0)
     trainer.fit(model, datamodule=data)
     trainer.limit_val_batches = 1.0
     trainer.validate(model, datamodule=data, verbose=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_run import tiny_trainer
 
 from lightning_cqk import attention
 from lightning_cqk.config import ModelConfig
@@ -68,7 +69,6 @@ def test_litlm_compile_flag_keeps_checkpoint_keys_plain():
 @pytest.mark.slow
 def test_inductor_compiled_training_checkpoint_loads_into_eager(tmp_path):
     """`fit` with compile=True (inductor on CPU), then the checkpoint in an eager model: same logits."""
-    import lightning as L
     from torch.utils.data import DataLoader
 
     torch._dynamo.reset()
@@ -76,15 +76,7 @@ def test_inductor_compiled_training_checkpoint_loads_into_eager(tmp_path):
     cfg = tiny("coupled", {})
     lit = LitLM(cfg, compile=True)
     data = torch.randint(0, 64, (8, 33), generator=torch.Generator().manual_seed(2))
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_steps=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        limit_val_batches=0,
-    )
+    trainer = tiny_trainer(max_steps=2, default_root_dir=tmp_path, limit_val_batches=0)
     trainer.fit(lit, DataLoader(data, batch_size=4))
     path = tmp_path / "last.ckpt"
     trainer.save_checkpoint(path)

@@ -8,6 +8,7 @@ import copy
 import lightning as L
 import pytest
 import torch
+from tiny_run import tiny_trainer
 from torch.utils.data import DataLoader
 
 from lightning_cqk.config import ModelConfig
@@ -155,15 +156,8 @@ def fit(tmp_path, max_steps: int, ckpt: str | None = None, optim: OptimConfig | 
         name="muon", lr=1e-2, warmup_steps=2, decay_steps=6, logit_control={"method": "quack", "tau": 0.5}
     )
     module = LitLM(config, optim)
-    trainer = L.Trainer(
-        max_steps=max_steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        gradient_clip_val=0.5,
+    trainer = tiny_trainer(
+        max_steps=max_steps, enable_checkpointing=False, default_root_dir=tmp_path, gradient_clip_val=0.5
     )
     torch.manual_seed(5)
     # One batch, repeated: which batch a resumed epoch starts from (a plain DataLoader is not resumable) cannot matter.
@@ -199,10 +193,7 @@ def test_qk_clip_through_lightning_under_muon(tmp_path):
     optim = OptimConfig(name="muon", lr=1e-12, warmup_steps=1, decay_steps=4, logit_control=clip)
     module = LitLM(config, optim)
     batch = torch.randint(0, 64, (4, 17))
-    trainer = L.Trainer(
-        max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=tmp_path,
-    )  # fmt: skip
+    trainer = tiny_trainer(max_steps=1, enable_checkpointing=False, default_root_dir=tmp_path)  # fmt: skip
     trainer.fit(module, DataLoader(batch, batch_size=4))
     assert isinstance(trainer.optimizers[0], MuonAdamW)
     module.train()

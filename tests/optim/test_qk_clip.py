@@ -5,6 +5,7 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
+from tiny_run import tiny_trainer
 from torch.utils.data import DataLoader
 
 from lightning_cqk.config import ModelConfig
@@ -118,16 +119,7 @@ def test_lightning_run_caps_logits():
     config = ModelConfig(vocab_size=64, n_layer=2, n_embd=32, n_head=4, block_size=16)
     module = LitLM(config, OptimConfig(lr=3e-2, warmup_steps=1, logit_control={"method": "qk_clip", "tau_clip": 2.0}))
     data = DataLoader(torch.randint(0, 64, (24, 17)), batch_size=4)
-    trainer = L.Trainer(
-        max_steps=6,
-        accelerator="cpu",
-        precision="bf16-mixed",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        log_every_n_steps=1,
-    )
+    trainer = tiny_trainer(max_steps=6, precision="bf16-mixed", enable_checkpointing=False, log_every_n_steps=1)
     trainer.fit(module, data)
     stats = module.logit_control.stats()
     assert set(stats) == {f"optim/qk_clip/{k}/layer_{i:02d}" for k in ("max_logit", "clipped_heads") for i in (0, 1)}

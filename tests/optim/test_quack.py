@@ -8,6 +8,7 @@ import math
 import lightning as L
 import pytest
 import torch
+from tiny_run import tiny_trainer
 from torch.utils.data import DataLoader
 
 from lightning_cqk.config import ModelConfig
@@ -181,16 +182,7 @@ def test_lightning_run_bf16_checkpoint_and_off_is_unchanged(tmp_path):
     raw0 = {k: v.clone() for k, v in module.state_dict().items() if k.startswith("logit_control.")}
     assert len(raw0) == 4  # q and k of two layers
     data = DataLoader(torch.randint(0, 64, (32, 17)), batch_size=4)
-    trainer = L.Trainer(
-        max_steps=4,
-        accelerator="cpu",
-        precision="bf16-mixed",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        log_every_n_steps=2,
-    )
+    trainer = tiny_trainer(max_steps=4, precision="bf16-mixed", default_root_dir=tmp_path, log_every_n_steps=2)
     trainer.fit(module, data)
     assert all(torch.isfinite(p).all() for p in module.parameters())
     stats = module.logit_control.stats()
@@ -215,15 +207,7 @@ def test_lightning_applies_the_factor_to_qk_weights_only(tmp_path):
     config = ModelConfig(vocab_size=64, n_layer=2, n_embd=32, n_head=4, block_size=16)
     module = LitLM(config, OptimConfig(lr=1e-2, warmup_steps=1, logit_control={"method": "fixed", "tau": 1e-9}))
     before = {n: p.detach().clone() for n, p in module.named_parameters()}
-    trainer = L.Trainer(
-        max_steps=3,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = tiny_trainer(max_steps=3, enable_checkpointing=False, default_root_dir=tmp_path)
     trainer.fit(module, DataLoader(torch.randint(0, 64, (12, 17)), batch_size=4))
     for name, p in module.named_parameters():
         change = (p.detach() - before[name]).abs().max().item()

@@ -19,11 +19,10 @@ import sys
 import zipfile
 from pathlib import Path
 
-import lightning as L
 import pytest
 import tiktoken
 import torch
-from tiny_run import tiny_args
+from tiny_run import tiny_args, tiny_trainer
 
 from lightning_cqk.callbacks import AtomicCheckpointIO
 from lightning_cqk.checkpoint_files import CorruptCheckpointError, checkpoint_problem
@@ -247,20 +246,20 @@ def test_meaningless_optimiser_numbers_are_refused(setting, message):
 
 
 def test_negative_gradient_clip_is_refused_and_a_long_warmup_warned(tmp_path):
-    check_trainer_numbers(L.Trainer(gradient_clip_val=0, logger=False))
+    check_trainer_numbers(tiny_trainer(gradient_clip_val=0))
     for bad in (-1.0, float("nan")):
         with pytest.raises(ValueError, match=r"trainer\.gradient_clip_val=.* is not allowed.*--trainer\.gradient_clip"):
-            check_trainer_numbers(L.Trainer(gradient_clip_val=bad, logger=False))
+            check_trainer_numbers(tiny_trainer(gradient_clip_val=bad))
     module = LitLM(
         ModelConfig(vocab_size=32, n_layer=1, n_head=2, n_embd=16, block_size=8), OptimConfig(warmup_steps=5)
     )
     data = torch.utils.data.DataLoader(torch.randint(0, 32, (8, 9)), batch_size=4)
-    kw = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    kw = dict(enable_checkpointing=False)
     with pytest.raises(ValueError, match=r"trainer\.gradient_clip_val=-0\.5"):
-        L.Trainer(max_steps=2, gradient_clip_val=-0.5, **kw).fit(module, data)
+        tiny_trainer(max_steps=2, gradient_clip_val=-0.5, **kw).fit(module, data)
     assert module.global_step == 0
     with pytest.warns(UserWarning, match=r"warmup_steps=5 is at least the schedule's 2 steps"):
-        L.Trainer(max_steps=2, **kw).fit(module, data)
+        tiny_trainer(max_steps=2, **kw).fit(module, data)
     with pytest.raises(ValueError, match=r"optim\.weight_decay=-1\.0 is not allowed"):
         main(["fit", *cli_args(tmp_path, tmp_path / "runs", "--data.source=null"), "--model.optim.weight_decay=-1"])
 

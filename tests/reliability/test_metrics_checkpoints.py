@@ -14,6 +14,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from tiny_run import tiny_trainer
 
 from lightning_cqk.callbacks import AtomicCheckpointIO, BestCheckpoint, NonFiniteGuard, RunCheckpoint, RunSummary
 from lightning_cqk.callbacks.nonfinite import max_abs
@@ -93,7 +94,7 @@ def test_a_non_finite_validation_is_non_finite_named_and_never_best(
 def test_val_bpb_is_non_finite_with_the_loss(make_module, token_loader):
     module = make_module()
     module._token_bytes = torch.ones(64, dtype=torch.long)  # every token one byte
-    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = tiny_trainer()
     with torch.no_grad():
         module.model.blocks[0].attn.q_proj.weight[0, 0] = float("nan")
     metrics = trainer.validate(module, token_loader(2), verbose=False)[0]

@@ -9,6 +9,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from tiny_run import tiny_trainer
 from torch.utils.data import DataLoader
 
 from lightning_cqk.callbacks import AtomicCheckpointIO, NonFiniteGuard, RunCheckpoint
@@ -46,14 +47,10 @@ def test_nonfinite_skip_and_checkpoints_under_ddp(tmp_path: Path):
     config = ModelConfig(vocab_size=64, n_layer=2, n_embd=32, n_head=4, block_size=16)
     module = NaNOnRankOne(config, OptimConfig(lr=1e-2, warmup_steps=2))
     data = DataLoader(torch.randint(0, 64, (64, 17)), batch_size=4)
-    trainer = L.Trainer(
+    trainer = tiny_trainer(
         strategy="ddp_spawn",
-        accelerator="cpu",
         devices=2,
         max_steps=8,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=tmp_path,
         plugins=[AtomicCheckpointIO()],
         callbacks=[NonFiniteGuard(), RunCheckpoint(every_n_steps=3, keep_last=1), Report(str(tmp_path))],

@@ -16,6 +16,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from tiny_run import tiny_trainer
 
 from lightning_cqk.config import ModelConfig
 from lightning_cqk.module import LitLM
@@ -127,16 +128,12 @@ def resume(out, tmp: str, optim_name: str = "muon", method: str = "quack") -> No
         return DataLoader(list(data.chunk(2)[dist.get_rank()]), batch_size=2, shuffle=False)
 
     def trainer(max_steps: int) -> L.Trainer:
-        return L.Trainer(
-            accelerator="cpu",
+        return tiny_trainer(
             devices=2,
             strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
             max_steps=max_steps,
             gradient_clip_val=1.0,
-            logger=False,
             enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
             limit_val_batches=0,
             use_distributed_sampler=False,  # each rank reads its own half (loader())
         )

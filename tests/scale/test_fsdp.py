@@ -9,12 +9,9 @@ import socket
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-
+from tiny_run import REPO
 
 WORKER = str(REPO / "tests" / "scale" / "fsdp_worker.py")
 # A worker killed by a signal from native code (glibc's "malloc(): unaligned tcache chunk detected" abort was seen
@@ -43,7 +40,7 @@ def results(tmp_path_factory) -> dict:
         "OUT_FILE": str(out),
         "TMP_DIR": str(tmp),
         "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
     }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     for attempt in range(1, ATTEMPTS + 1):
