@@ -1,6 +1,8 @@
-"""The contract harness's fast-loop selection (`make test-fast`): `contract_smoke` marks, for each test, its first case
-of each backend (the first `Case` of a backend in `backend_cases.CASES` that the test is parametrized with) and every
-test not parametrized by a case (coverage, the checks failing on broken backends). `make test` runs every case."""
+"""The contract harness's fast-loop selection (`make test-fast`): `contract_smoke` marks, for each test parametrized by
+a `case`, its first case of each backend (the first `Case` of a backend in `backend_cases.CASES` that the test runs);
+for a test parametrized otherwise (one backend each: the compile graphs, rows / determinism / bf16), its first
+parameter set; and every test not parametrized (coverage, the checks failing on broken backends). `make test` runs
+every case."""
 
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         callspec = getattr(item, "callspec", None)
         case = callspec.params.get("case") if callspec is not None else None
-        if case is not None:
-            key = (item.originalname, case.backend)
+        if callspec is not None:
+            key = (item.originalname, case.backend if case is not None else "")
             if key in seen:
                 continue
             seen.add(key)

@@ -10,6 +10,7 @@ end-to-end test: move it to tests/e2e/ (through the tiny-run harness, tests/tiny
 
 from __future__ import annotations
 
+import functools
 import multiprocessing.process
 import os
 import subprocess
@@ -62,19 +63,24 @@ def refuse_processes_and_fit(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     called: list[str] = []
 
-    def refuse(what: str) -> Callable[..., None]:
+    def refuse(what: str, original: Callable[..., object]) -> Callable[..., None]:
+        @functools.wraps(original)  # its signature: the CLI introspects Trainer.fit's, and then reaches the refusal
         def refused(*args: object, **kwargs: object) -> None:
             called.append(what)
             raise UnitTestStartedARun(refusal(what))
 
         return refused
 
-    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("subprocess.Popen (subprocess.run, check_output, ...)"))
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse("a multiprocessing process's start()"))
+    popen = "subprocess.Popen (subprocess.run, check_output, ...)"
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse(popen, subprocess.Popen.__init__))
+    start = multiprocessing.process.BaseProcess.start
+    monkeypatch.setattr(
+        multiprocessing.process.BaseProcess, "start", refuse("a multiprocessing process's start()", start)
+    )
     for name in OS_PROCESS_STARTERS:
         if hasattr(os, name):
-            monkeypatch.setattr(os, name, refuse(f"os.{name}"))
-    monkeypatch.setattr(pl.Trainer, "fit", refuse("Trainer.fit"))
+            monkeypatch.setattr(os, name, refuse(f"os.{name}", getattr(os, name)))
+    monkeypatch.setattr(pl.Trainer, "fit", refuse("Trainer.fit", pl.Trainer.fit))
     return called
 
 
