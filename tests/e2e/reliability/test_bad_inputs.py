@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
@@ -44,40 +45,76 @@ def parse_error(capsys, args: list[str]) -> str:
     return capsys.readouterr().err
 
 
-# ----------------------------------------------------------------------------------------------- config keys
-def test_unknown_config_key_in_a_yaml_file_gets_a_did_you_mean(tiny_shards, tmp_path, capsys):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("model:\n  config:\n    n_layr: 2\n")
-    err = parse_error(capsys, [*cli_args(tiny_shards, tmp_path), "--config", str(bad)])
-    assert "does not accept option 'config.n_layr'" in err
-    assert "Did you mean 'model.config.n_layer'" in err
+# ------------------------------------------------------------------------------- config keys, attention options
+@dataclass(frozen=True)
+class Refusal:
+    """A bad input as its delta over the tiny run (`flags`, and `config`: the text of one more config file) and what
+    refuses it: at parsing (`parsed`: exit code 2, every string of `says` on stderr) or when the model is built (a
+    ValueError matching the regular expression `says[0]`)."""
+
+    name: str
+    flags: tuple[str, ...]
+    says: tuple[str, ...]
+    config: str | None = None
+    parsed: bool = True
 
 
-def test_unknown_command_line_flag_gets_a_did_you_mean(tiny_shards, tmp_path, capsys):
-    err = parse_error(capsys, [*cli_args(tiny_shards, tmp_path), "--trainer.max_stepz=3"])
-    assert "Unrecognized arguments: --trainer.max_stepz" in err and "Did you mean 'trainer.max_steps'" in err
+REFUSALS = [
+    Refusal(
+        "unknown_config_key_in_a_yaml_file_gets_a_did_you_mean",
+        (),
+        ("does not accept option 'config.n_layr'", "Did you mean 'model.config.n_layer'"),
+        config="model:\n  config:\n    n_layr: 2\n",
+    ),
+    Refusal(
+        "unknown_command_line_flag_gets_a_did_you_mean",
+        ("--trainer.max_stepz=3",),
+        ("Unrecognized arguments: --trainer.max_stepz", "Did you mean 'trainer.max_steps'"),
+    ),
+    Refusal(
+        "unknown_data_key_gets_a_did_you_mean",
+        ("--data.init_args.seq_lenn=8",),
+        ("'seq_lenn' is not accepted", "Did you mean 'seq_len'"),
+    ),
+    Refusal(
+        "setting_a_linked_key_says_what_it_is_linked_to",
+        ("--model.config.block_size=8",),
+        ("model.config.block_size is not set directly: it is linked to data.seq_len", "set --data.seq_len instead"),
+    ),
+    Refusal(
+        "unknown_attention_backend",
+        ("--model.config.attention=standrad",),
+        (r"Unknown attention backend 'standrad'\. Did you mean 'standard'\? Available",),
+        parsed=False,
+    ),
+    Refusal(
+        "unknown_attention_option",
+        ("--model.config.attention_options={qk_norms: true}",),
+        (r"Unknown option 'qk_norms' .*Did you mean 'qk_norm'",),
+        parsed=False,
+    ),
+]
 
 
-def test_unknown_data_key_gets_a_did_you_mean(tiny_shards, tmp_path, capsys):
-    err = parse_error(capsys, [*cli_args(tiny_shards, tmp_path), "--data.init_args.seq_lenn=8"])
-    assert "'seq_lenn' is not accepted" in err.replace("Option ", "") and "Did you mean 'seq_len'" in err
+def refusal_args(refusal: Refusal, shards: Path, tmp_path: Path) -> list[str]:
+    args = [*cli_args(shards, tmp_path), *refusal.flags]
+    if refusal.config is not None:
+        (tmp_path / "bad.yaml").write_text(refusal.config)
+        args += ["--config", str(tmp_path / "bad.yaml")]
+    return args
 
 
-def test_setting_a_linked_key_says_what_it_is_linked_to(tiny_shards, tmp_path, capsys):
-    err = parse_error(capsys, [*cli_args(tiny_shards, tmp_path), "--model.config.block_size=8"])
-    assert "model.config.block_size is not set directly: it is linked to data.seq_len" in err
-    assert "set --data.seq_len instead" in err
+@pytest.mark.parametrize("refusal", [r for r in REFUSALS if r.parsed], ids=lambda r: r.name)
+def test_a_bad_key_is_refused_when_parsed_saying_what_to_use(refusal: Refusal, tiny_shards, tmp_path, capsys):
+    err = parse_error(capsys, refusal_args(refusal, tiny_shards, tmp_path))
+    missing = [said for said in refusal.says if said not in err]
+    assert not missing, f"{refusal.name}: the refusal does not say {missing}:\n{err}"
 
 
-# --------------------------------------------------------------------------------------- attention, hybrids
-def test_unknown_attention_backend(tiny_shards, tmp_path):
-    with pytest.raises(ValueError, match=r"Unknown attention backend 'standrad'\. Did you mean 'standard'\? Available"):
-        CQKCLI(args=[*cli_args(tiny_shards, tmp_path), "--model.config.attention=standrad"], run=False)
-
-
-def test_unknown_attention_option(tiny_shards, tmp_path):
-    with pytest.raises(ValueError, match=r"Unknown option 'qk_norms' .*Did you mean 'qk_norm'"):
-        CQKCLI(args=[*cli_args(tiny_shards, tmp_path), "--model.config.attention_options={qk_norms: true}"], run=False)
+@pytest.mark.parametrize("refusal", [r for r in REFUSALS if not r.parsed], ids=lambda r: r.name)
+def test_a_bad_attention_setting_is_refused_when_built_saying_what_to_use(refusal: Refusal, tiny_shards, tmp_path):
+    with pytest.raises(ValueError, match=refusal.says[0]):
+        CQKCLI(args=refusal_args(refusal, tiny_shards, tmp_path), run=False)
 
 
 @pytest.mark.parametrize(
