@@ -394,6 +394,7 @@ def test_shipped_yaml_lists_every_option_with_its_default(name):
     ModelConfig(attention=name, attention_options=options, vocab_size=257)
 
 
+@pytest.mark.slow  # torch.compile traces: seconds to a minute on CPU (make test runs it)
 @pytest.mark.parametrize(
     "name,options",
     [
@@ -456,6 +457,7 @@ def _bytes_alive_after_forward(module, x, ctx) -> int:
     return sum(sizes)
 
 
+@pytest.mark.slow  # torch.compile traces: seconds to a minute on CPU (make test runs it)
 def test_compiled_flow_recompute_keeps_only_q_and_k():
     """Compiled, recompute="flow" still keeps only q and k beyond `standard`: the compiler would otherwise merge the
     fast path's recompute with its forward and keep the states (5 tensors here instead of 2), so under compile the

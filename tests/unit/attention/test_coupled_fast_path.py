@@ -275,6 +275,7 @@ def test_causality_unaffected(integrator):
     assert not torch.equal(a[:, t + 1 :], b[:, t + 1 :])
 
 
+@pytest.mark.slow  # torch.compile traces: seconds to a minute on CPU (make test runs it)
 @pytest.mark.parametrize("recompute", ["none", "flow"])
 @pytest.mark.parametrize("integrator", ["leapfrog", "euler"])
 def test_fast_path_compiles_without_graph_breaks(integrator, recompute):

@@ -448,6 +448,7 @@ def test_fixed_input_flops_are_per_token_plus_one_stream_per_step(name, B):
     assert measured_flops(GPT(cfg), B, T_) == without_sdpa + 3 * stream + counted
 
 
+@pytest.mark.slow  # torch.compile traces: seconds to a minute on CPU (make test runs it)
 def test_backends_and_the_stream_compile_without_graph_breaks():
     """fullgraph=True fails on any graph break (host sync, data-dependent branch); aot_eager also traces backward.
     One model holds every variant that mixes tokens, and the stream of its last layer passes through all of them."""

@@ -173,6 +173,7 @@ def test_flops_and_kv_cache_equal_standard():
     assert DifferentialAttention.kv_cache_values_per_token(cfg, DifferentialAttention.Options()) == 2 * 512
 
 
+@pytest.mark.slow  # torch.compile traces: seconds to a minute on CPU (make test runs it)
 def test_compiles_without_graph_breaks():
     """fullgraph=True fails on any graph break (host sync, data-dependent branch); aot_eager also traces backward."""
     for impl in ("sdpa", "math"):

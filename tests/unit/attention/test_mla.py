@@ -240,6 +240,7 @@ def test_flops_and_kv_cache():
     assert forward_flops_per_token(big, 1024) > forward_flops_per_token(ModelConfig(preset="60m"), 1024)
 
 
+@pytest.mark.slow  # torch.compile traces: seconds to a minute on CPU (make test runs it)
 def test_compiles_without_graph_breaks():
     """fullgraph=True fails on any graph break (host sync, data-dependent branch); aot_eager also traces backward."""
     for impl, options in (("sdpa", {}), ("math", {"qk_norm": True, "d_rope": 6})):

@@ -83,6 +83,7 @@ def run_fwd_bwd(attn: nn.Module, x: torch.Tensor, ctx: AttentionContext, g: torc
     return y.detach(), x.grad, {n: p.grad.clone() for n, p in attn.named_parameters()}
 
 
+@pytest.mark.slow  # torch.compile traces: seconds to a minute on CPU (make test runs it)
 def test_every_setting_compiles_without_graph_breaks():
     """fullgraph=True fails on any graph break (host sync, data-dependent branch); aot_eager also traces backward.
     Three settings cover every branch (tied q, tied v, grouped K/V heads), keeping the compile time down."""

@@ -110,6 +110,7 @@ def test_work_units_cut_at_document_boundaries(tmp_path: Path, suffix: str, mode
         assert plan_work_units([path], "file", 1000) == [WorkUnit(str(path))], "whole-file documents are never cut"
 
 
+@pytest.mark.slow  # reads the docstrings of the whole standard library (tens of seconds on CPU; make test runs it)
 def test_builtin_corpus_is_english_deterministic_and_sliceable():
     docs = list(iter_python_docs())
     assert len(docs) >= 100
