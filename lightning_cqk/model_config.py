@@ -10,7 +10,7 @@ names resolved by the model code. Size presets fill the shape fields that were l
     ModelConfig.from_preset("tiny", attention="coupled", attention_options={"steps": 2})
 
 Parameter counts of the presets (GPT-2 vocabulary, 50,257 tokens, tied embeddings, RoPE, LayerNorm, GELU MLP,
-no biases; checked by `tests/model/test_gpt.py`):
+no biases; checked by `tests/unit/model/test_gpt.py`):
 
 =======  =======  ======  ======  ==========  ===========  =============  ==========
 preset   n_layer  n_embd  n_head  mlp_hidden  total        non-embedding  embedding

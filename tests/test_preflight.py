@@ -2,7 +2,7 @@
 
 The end-to-end behaviour of each (resumes, locks, ranks, refusals through `lightning_cqk fit`) is tested where it
 was before the checks moved here: tests/reliability/ (test_run_dir.py, test_launch_plan.py, test_run_names.py,
-test_run_outputs.py), tests/scale/test_strategy_flag.py, tests/test_cli.py.
+test_run_outputs.py), tests/e2e/scale/test_strategy_flag.py, tests/e2e/test_cli.py.
 """
 
 from __future__ import annotations

@@ -33,9 +33,9 @@ why). The deconstructed variants (`static_emb_qk`, `rnd_emb_qk`, `fixed_seq_qk`,
 do not run this stage: their q and k come from fixed inputs or feed non-softmax mixers, and they state no Q/K
 weights to logit control either.
 
-Tests: `tests/attention/test_contract.py` (every composition: identity at init, causality, SDPA == math in fp64),
-`tests/attention/test_transform.py` (inverse, log-det, fused == reference, parameter counts by hand, old
-checkpoints), `tests/optim/test_qk_seam.py`.
+Tests: `tests/contract/test_contract.py` (every composition: identity at init, causality, SDPA == math in fp64),
+`tests/unit/attention/test_transform.py` (inverse, log-det, fused == reference, parameter counts by hand, old
+checkpoints), `tests/unit/attention/test_base_qk_seam.py`.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ whose gradients are non-finite, and is recorded in `<run dir>/nonfinite.json`
 `train/nonfinite_steps` (cumulative) on logging steps. Resumable: the records are in the callback's checkpoint state.
 
 Place it after GradNormMonitor (so the bad step's norm is still logged) in a callbacks list.
-Tests: `tests/reliability/test_nonfinite.py`.
+Tests: `tests/e2e/reliability/test_nonfinite.py`.
 """
 
 from __future__ import annotations

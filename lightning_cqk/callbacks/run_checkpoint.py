@@ -55,8 +55,8 @@ deleted when training starts (a continuation this run replaces), so a crash of t
 
 `lightning_cqk fit ... --ckpt_path last` resumes from the run directory's `checkpoints/last.ckpt` (Lightning looks for
 `last*.ckpt` in every ModelCheckpoint's folder); with no checkpoint yet it starts afresh, so the same command line can
-be used for the first launch and every restart. Tested by `tests/reliability/test_resume_sigkill.py` (a subprocess
-is SIGKILLed mid-run and restarted) and `tests/reliability/test_checkpoint.py`.
+be used for the first launch and every restart. Tested by `tests/e2e/reliability/test_resume_sigkill.py` (a subprocess
+is SIGKILLed mid-run and restarted) and `tests/e2e/reliability/test_checkpoint.py`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ come from elsewhere (a colleague, a download), and a pickle can run any code whi
 
 * **weights_only.** Files are read with `torch.load(weights_only=True)`: tensors, plain Python values (dict, list,
   tuple, str, numbers, None) and the few types torch allows by default. `lightning_cqk fit` writes nothing else
-  (checked on real checkpoints by `tests/reliability/test_untrusted_checkpoints.py`: the RNG states are stored as
+  (checked on real checkpoints by `tests/e2e/reliability/test_untrusted_checkpoints.py`: the RNG states are stored as
   plain lists, the model's settings as dicts). `TRUSTED_GLOBALS` adds the one kind of object a run configured from
   Python may leave in its hyper-parameters: `pathlib` paths, whose construction runs no code.
 * **Refused, by name.** A file holding any other pickled object (a class instance, `os.system`, ...) is refused

@@ -27,7 +27,7 @@ parses anything):
 A checkpoint's hyper-parameters are data too: `refuse_class_specs` checks them (`cli/trainer.py`,
 `_merge_checkpoint_hparams`) before they are compared with the command line's and merged under it, and a checkpoint
 that names a class anywhere in them is refused by name before anything is parsed, imported or built.
-Tests: `tests/reliability/test_untrusted_checkpoints.py` (issue 34, defect 1).
+Tests: `tests/e2e/reliability/test_untrusted_checkpoints.py` (issue 34, defect 1).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ so `ModelConfig.__post_init__` fills exactly the fields nobody set, after every 
 is built, and re-running from a saved `config.yaml` builds the same model. (`block_size` is not filled here: the CLI
 links it to `data.seq_len`.)
 
-Tests: `tests/test_cli_presets.py`.
+Tests: `tests/e2e/test_cli_presets.py`.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ transform's inputs, not of the logits. Projection sharing and grouped heads (the
 `fixed` (the paper's "Ablation"): the same update scaling with a constant factor tau on every Q/K matrix (MLA: all
 six latent Q/K matrices).
 
-Tests (`tests/optim/test_quack.py`): at init every factor equals tau (MHA, GQA, tied, MLA); doubling W_K^h halves
+Tests (`tests/e2e/optim/test_quack.py`): at init every factor equals tau (MHA, GQA, tied, MLA); doubling W_K^h halves
 W_Q^h's factor and no other head's; an AdamW step's update of W_Q^h shrinks by exactly that factor (with and without
 scaled weight decay), composed with a schedule; the MLA factors follow the rule above; skipped updates stay skipped;
 finite under bf16 autocast.

@@ -375,7 +375,7 @@ def _last_or_newer(last: Path, candidates: list[tuple[int, Path]]) -> tuple[Path
 # What a resume may change, and how each change is applied; every other difference is refused. Keys are the resolved
 # configuration's dotted keys with `init_args` dropped (data.seq_len, not data.init_args.seq_len), fnmatch patterns.
 # The check (`classify_changes`), the refusal's table (`policy_table`) and docs/reliability.md's table
-# (`policy_markdown`, checked by tests/reliability/test_resume_policy.py) are all made from this one list.
+# (`policy_markdown`, checked by tests/e2e/reliability/test_resume_policy.py) are all made from this one list.
 RESUME_POLICY: tuple[tuple[tuple[str, ...], str], ...] = (
     (
         (

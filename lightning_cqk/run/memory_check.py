@@ -10,7 +10,7 @@ The estimate is a lower bound of the peak of one training step, per process, in 
     gradients       the same again
     optimizer       AdamW's two moments: 8 bytes per parameter (Muon's one buffer for matrices is less; not refined)
     activations     per layer and token, the tensors a pre-norm GPT block saves for backward
-                    (`block_activation_bytes`, measured: tests/test_memory_check.py): the two norm inputs (the
+                    (`block_activation_bytes`, measured: tests/e2e/test_memory_check.py): the two norm inputs (the
                     residual stream: fp32 under mixed precision), the two norm outputs (each cast once), q, k, v, the
                     attention output and the output projection's input, and the MLP's hidden tensors (2 F for GELU,
                     4 F for SwiGLU); 2 C r + (7 C + 2 F) w bytes for GELU (C = n_embd, F = mlp_hidden, w = 2 under

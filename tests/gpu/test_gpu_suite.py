@@ -69,7 +69,7 @@ def test_backend_trains_200_steps_bf16(name, compiled):
     torch.manual_seed(0)
     cfg = ModelConfig(preset="60m", block_size=1024, vocab_size=50304, attention=attention, attention_options=options)
     model = GPT(cfg).cuda()
-    if compiled:  # a recompile-limit hit raises instead of running eager (tests/attention/test_compile_graphs.py)
+    if compiled:  # a recompile-limit hit raises instead of running eager (tests/contract/test_compile_graphs.py)
         torch._dynamo.reset()
         counters.clear()
         for block in model.blocks:

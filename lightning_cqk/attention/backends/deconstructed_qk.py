@@ -72,13 +72,13 @@ token and layer):
         the layer's cache (`ReferenceKeyCache.reference_keys`) and, like the stream states, not counted in the
         cache's bytes per token or fixed bytes.
 
-Invariants checked by `tests/attention/test_deconstructed.py`: causality of the backend and of a whole GPT (fp64,
+Invariants checked by `tests/unit/attention/test_deconstructed_qk_and_mixing.py`: causality of the backend and of a whole GPT (fp64,
 earlier positions exactly unchanged); forward and backward finite; SDPA path == math path in fp64, forward and
 gradients of the input, the reference states and every parameter; degenerate cases equal `standard` with the same
 weights (static_emb_qk with embeddings := x and no embedding norm; rnd/fixed with the reference := x); inside a GPT
 the map is the same for every input, and the stream states equal a manual run of the blocks; gradients reach the
 earlier blocks through the stream unless detached; a batch longer than L raises; token files (.npy, .txt) load
-(`tests/data/test_token_ids.py`);
+(`tests/unit/data/test_token_ids.py`);
 parameter counts 4 C^2; analytic FLOPs equal a FLOP counter once the per-step stream cost is added; a tiny GPT of
 each variant trains on real text. Decoding (`tests/inference`): fp64 parity with the full forward to 1e-10 (token by
 token, chunked, left-padded rows at their own positions), measured cache bytes = `kv_cache_values_per_token`, the

@@ -14,7 +14,7 @@ integrator, gradient_field, hidden, zero_init_last, share_dynamics, dt_scope, dt
 recompute; defaults as in `dynamics.py`). Checkpoints written before the transform stage existed keep loading: their
 keys ``attn.dynamics.*`` and ``attn.dt_raw`` are renamed on load to ``attn.qk_transform.dynamics.*`` and
 ``attn.qk_transform.dt_raw`` (tested against state_dicts and logits frozen from the old code,
-`tests/attention/fixtures/legacy_coupled_v1.pt`).
+`tests/unit/attention/fixtures/legacy_coupled_v1.pt`).
 
 Grouped K/V heads (n_kv_groups < n_head), refused by v1, now follow the stage's pairing: query head h is paired with
 its key head (`transform.py`).
