@@ -34,7 +34,8 @@ bit-identical weights (issue 45 item 9). A checkpoint never counts micro-batches
 
 A non-finite validation stays non-finite: the sums keep NaN/Inf (torchmetrics' SumMetric drops NaN by default, which
 turned an all-NaN validation into val/loss 0.0, val/ppl 1.0), so val/loss, val/ppl and val/bpb are NaN or Inf, a
-warning names the step, and `RunSummary` and `BestCheckpoint` see it (tests/e2e/reliability/test_metrics_checkpoints.py).
+warning names the step, and `RunSummary` and `BestCheckpoint` see it
+(tests/e2e/reliability/test_metrics_checkpoints.py).
 """
 
 from __future__ import annotations

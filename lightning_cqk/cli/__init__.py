@@ -15,7 +15,7 @@
     warnings.py  the one list of warnings hidden by message
 
 Following `fit` from the shell: main.py -> trainer.py (CQKCLI; run/preflight.py once) -> module.py (LitLM) ->
-model/gpt.py -> the backend (tests/test_fit_path.py).
+model/gpt.py -> the backend (tests/e2e/test_fit_path.py).
 """
 
 from lightning_cqk.cli.main import EXTRA_COMMANDS, TRAINER_COMMANDS, USAGE, main

@@ -12,7 +12,7 @@ from any directory:
 3. otherwise `ConfigNotFound` says what was looked for, where, and the closest shipped names.
 
 A source checkout run with `PYTHONPATH` (no install) has no package data: run it from the checkout's root.
-Tests: `tests/unit/test_resources.py`, `tests/e2e/test_wheel.py`.
+Tests: `tests/unit/files/test_resources.py`, `tests/e2e/test_wheel.py`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Everything a trainer command decides before anything is built: `preflight(inputs) -> RunPlan`, an ordered list of
-small checks, each a function of its own (tests/test_preflight.py).
+small checks, each a function of its own (tests/unit/run/test_preflight.py).
 
 `CHECKS`, in order (the command line has already refused a class outside the allow-list, `cli/class_paths.py`, and a
 `--config` file with a key given twice, `files/strict_yaml.py`; size presets are the parser's, `cli/presets.py`):

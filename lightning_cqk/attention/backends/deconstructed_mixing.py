@@ -85,7 +85,8 @@ a running sum in bf16 stops registering new tokens after a few hundred); one dec
         normalised output sum_j e^{s_j - m} v_j / den ("o" (B, nh, hs)). New tokens are pooled in blocks of
         `chunk_size` with the state entering as one more key of log-mass m + log den and value o.
 
-Invariants checked by `tests/unit/attention/test_deconstructed_qk_and_mixing.py`: causality (fp64, earlier positions exactly
+Invariants checked by `tests/unit/attention/backends/test_deconstructed_qk_and_mixing.py`: causality (fp64, earlier
+positions exactly
 unchanged); forward and backward finite; fast path == reference path in fp64, forward and gradients of the input
 and every parameter, with several chunks (and several recursion levels for the scan); the chunked functions equal
 independent loops over positions; the scan is finite for scores of size 1e4; joint normalisation equals a Taylor

@@ -72,7 +72,8 @@ token and layer):
         the layer's cache (`ReferenceKeyCache.reference_keys`) and, like the stream states, not counted in the
         cache's bytes per token or fixed bytes.
 
-Invariants checked by `tests/unit/attention/test_deconstructed_qk_and_mixing.py`: causality of the backend and of a whole GPT (fp64,
+Invariants checked by `tests/unit/attention/backends/test_deconstructed_qk_and_mixing.py`: causality of the backend and
+of a whole GPT (fp64,
 earlier positions exactly unchanged); forward and backward finite; SDPA path == math path in fp64, forward and
 gradients of the input, the reference states and every parameter; degenerate cases equal `standard` with the same
 weights (static_emb_qk with embeddings := x and no embedding norm; rnd/fixed with the reference := x); inside a GPT

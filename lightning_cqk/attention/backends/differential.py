@@ -66,7 +66,8 @@ KV cache (decode mode, `new_cache`): the nkv key half-heads after QK-norm and Ro
 2 nkv hs values per token and layer, as `standard` GQA-nkv; with a learned q/k transform the nh transformed key
 half-heads instead of the nkv (C + nkv hs). Decoding equals the full forward in fp64 (`tests/inference`).
 
-Invariants checked by `tests/unit/attention/test_differential.py`: causality; finite forward/backward; SDPA == math in
+Invariants checked by `tests/unit/attention/backends/test_differential.py`: causality; finite forward/backward; SDPA ==
+math in
 fp64 (outputs, input and parameter gradients); the module equals an independent per-position loop of the equations
 above; lambda = 0 reduces each head to standard softmax attention (`causal_attention`), and q2 = q1, k2 = k1 gives
 (1 - lambda) x standard; parameter count == standard + n_layer * 6 hs; lambda_init 0.2, 0.356, 0.471 at depths

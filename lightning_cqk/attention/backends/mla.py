@@ -103,7 +103,8 @@ keys up-projected; not the absorbed decoding form). The padded fast path execute
 max(d_nope + d_rope, d_v) (2 T nh hs more per token at the defaults), which the count does not credit, as
 `differential` does not credit its recomputed scores.
 
-Invariants checked by `tests/unit/attention/test_mla.py`: causality; finite forward/backward; SDPA == math in fp64
+Invariants checked by `tests/unit/attention/backends/test_mla.py`: causality; finite forward/backward; SDPA == math in
+fp64
 (outputs, input and parameter gradients), with and without qk_norm and latent_norm; the module equals an independent
 per-position loop of the equations above; without RoPE and latent norms it equals `StandardAttention` with the
 product weights (W_Q^h = [W_uq^h; W_qr^h] W_dq, W_K^h = [W_uk^h W_dkv; W_kr], W_V = W_uv W_dkv); attention computed
@@ -500,7 +501,8 @@ class MultiHeadLatentAttention(AttentionBackend):
     def absorbed_path_refusal(cls, options: MLAOptions) -> str | None:
         """Why W_uk cannot be absorbed into the query for `options` (decoding then caches the transformed per-head
         keys instead, `new_cache`), or None when attention runs on the cached latent (with qk_norm too: the cache then
-        also keeps each head's key scale). Tested in `tests/unit/attention/test_mla.py` and `tests/inference`."""
+        also keeps each head's key scale). Tested in `tests/unit/attention/backends/test_mla.py` and
+        `tests/inference`."""
         if options.qk_transform is not None:
             return (
                 "qk_transform makes each head's key a nonlinear function of (c_kv, k_rope) and of its own token's "

@@ -59,7 +59,8 @@ than MHA.
 This backend is the baseline every other backend is compared with and, in its `impl="math"` form, the reference they are
 tested against. Tests (`tests/contract/test_contract.py`, the harness every backend passes, for every sharing x
 grouping setting: SDPA == math in fp64, forward and backward; causality (future tokens never change past outputs);
-`tests/unit/attention/test_standard.py`, `tests/unit/attention/test_standard_shared_projections.py`): parameter count 4 C^2 (+ 4 C biases,
+`tests/unit/attention/backends/test_standard.py`, `tests/unit/attention/backends/test_standard_shared_projections.py`):
+parameter count 4 C^2 (+ 4 C biases,
 + 2 hs norm gains with qk_norm) and the exact drops of every setting, including the paper's 300M attention totals 83.97M
 / 62.98M / 41.98M; exact degenerate cases (q_eq_k == standard with W_Q := W_K, k_eq_v == standard with W_V := W_K, GQA
 with nkv = nh == standard, GQA-g == standard with each K/V head's rows repeated for its group); tied roles are one

@@ -23,7 +23,8 @@ all of it). The reverse sweep below computes the same gradients with the matmuls
 
 The forward is also the forward of `CoupledDynamics.flow` for a free-MLP bank (`integrate`, the path without gradients),
 so a model computes the same q and k with and without grad. Each kick is k + c b2 + s (c W2) rather than k + c f(x),
-which the implementation before this fast path computed: equal to round-off. `tests/unit/attention/test_coupled_fast_path.py`
+which the implementation before this fast path computed: equal to round-off.
+`tests/unit/attention/transforms/test_coupled_flow.py`
 checks outputs and gradients (q, k, dt, every parameter; leapfrog and Euler; steps 1..3 and 7; dt per layer and per
 pair) against a plain-autograd reference in fp64.
 

@@ -12,7 +12,8 @@ Per pair (q, k) of a token (shapes (B, P, T, d); P pairs, see `transform.py` for
                                                         k' = k_half + dt/2 f(q')
 
 What these integrators are (arXiv 2604.01683 v1 calls both "Hamiltonian"/"symplectic" vs "non-symplectic"; the
-precise statements, tested in `tests/unit/attention/test_coupled.py`): leapfrog is a composition of three shears, so for
+precise statements, tested in `tests/unit/attention/transforms/test_coupled.py`): leapfrog is a composition of three
+shears, so for
 *any* f it is volume-preserving (Jacobian determinant 1) and reversible (stepping with -dt undoes it), but it is
 **symplectic** (its one-step Jacobian M satisfies M^T J M = J, J = [[0, I], [-I, 0]]) only when f is a gradient
 field, f = -grad V, i.e. has a symmetric Jacobian: then it is the Stormer-Verlet integrator of H(q, k) = |k|^2 / 2 +
@@ -71,7 +72,7 @@ the states in its backward (no `torch.utils.checkpoint`); "none" (and "qk") the 
 backward reads; gradients agree with plain autograd's to round-off. Under torch.compile recompute="flow" runs the
 checkpointed plain flow instead (`CoupledDynamics.flow_with_grad` says why). The gradient field and
 `uncoupled_mlp` stay on plain autograd as described under recompute. Tested against a plain-autograd reference in
-fp64 (`tests/unit/attention/test_coupled_fast_path.py`).
+fp64 (`tests/unit/attention/transforms/test_coupled_flow.py`).
 
 Init [NS]: MLP weights N(0, 1/fan_in) (LeCun normal, so f(q) is of the order of q at init), biases zero.
 """
@@ -411,7 +412,8 @@ class CoupledDynamics(_Dynamics):
         same forward, a hand-written backward; recompute="flow" keeps only as much as q and k there too); the gradient
         field (and a q whose dtype autocast would change inside the flow) goes through autograd (`_Dynamics`), and so
         does recompute="flow" under torch.compile: the compiler would merge the fast path's recompute with its forward
-        and keep every state (5 C per token and layer instead of 2 C, `tests/unit/attention/test_coupled.py`), while it
+        and keep every state (5 C per token and layer instead of 2 C,
+        `tests/unit/attention/transforms/test_coupled.py`), while it
         keeps a checkpoint's recompute and fuses the plain flow's elementwise work itself."""
         if (
             not isinstance(self.dynamics, HeadMLPBank)

@@ -37,7 +37,7 @@ from lightning_cqk.model_config import ModelConfig
 
 VARIANTS = ["mlp", "approximate", "non_approximate", "static_emb_qk", "rnd_emb_qk", "fixed_seq_qk"]
 C, NH, T, L = 32, 4, 19, 24
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs" / "attention"
+CONFIG_DIR = Path(__file__).resolve().parents[4] / "configs" / "attention"
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -26,7 +26,7 @@ from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import forward_flops_per_token
 from lightning_cqk.model_config import ModelConfig
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 NAMES = ["coupled", "uncoupled_mlp"]
 C, NH, T = 32, 4, 12
 

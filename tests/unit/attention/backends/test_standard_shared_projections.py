@@ -29,7 +29,7 @@ from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import training_flops_per_token
 from lightning_cqk.model_config import ModelConfig
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 C, NH, HS, T = 32, 4, 8, 12
 
 # (qkv_sharing, n_kv_groups) at NH = 4 heads, and the paper's names for them.

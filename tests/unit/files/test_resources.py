@@ -11,7 +11,7 @@ from lightning_cqk.files import resources
 from lightning_cqk.files.resources import ConfigNotFound, find_config, resolve_config_args
 from lightning_cqk.study.design.spec import SpecError, expand
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
