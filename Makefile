@@ -68,10 +68,13 @@ quickstart: install ## train configs/quickstart.yaml (tiny model on the built-in
 
 TEST_JOBS ?= 2
 test: install ## run every CPU test, the multi-process and SLURM tests included, in TEST_JOBS processes (what CI runs; ~14 min on 2 cores)
-	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_JOBS)
+	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_JOBS) --durations=25
 
-test-fast: install ## the test suite without the slow multi-process tests
-	$(BIN)/python -m pytest -m "not slow and not gpu" -q -n $(TEST_JOBS)
+# The test pyramid (tests/conftest.py marks each test with its layer): tests/unit/ mirrors the package and starts no
+# process (tests/unit/conftest.py), tests/contract/ is the backend harness (contract_smoke: one case per backend),
+# tests/e2e/ trains tiny runs and starts processes. `make test` runs them all.
+test-fast: install ## the fast loop: unit tests + one contract case per backend (under 60 s on 2 idle cores)
+	$(BIN)/python -m pytest tests/unit tests/contract -m "(unit or contract_smoke) and not slow and not gpu" -q -n $(TEST_JOBS)
 
 test-slow: install ## only the slow multi-process tests
 	$(BIN)/python -m pytest -m "slow and not gpu" -q

@@ -2,7 +2,7 @@
 
 The repository keeps its YAML where a user of a checkout looks for it (`configs/`, `callbacks/`); the wheel installs
 them as the package data `lightning_cqk/shipped/configs` and `lightning_cqk/shipped/callbacks`, which
-`lightning_cqk.resources` finds when a path is not in the working directory. Everything else is in pyproject.toml.
+`lightning_cqk.files.resources` finds when a path is not in the working directory. Everything else is in pyproject.toml.
 """
 
 from pathlib import Path

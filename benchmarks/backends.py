@@ -16,9 +16,9 @@ import argparse
 import torch
 
 from lightning_cqk import attention
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import forward_flops_per_step, forward_flops_per_token
+from lightning_cqk.model_config import ModelConfig
 
 #: Base mechanisms of the composition table (label -> backend name and options).
 COMPOSITION_BASES = {

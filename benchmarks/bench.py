@@ -73,10 +73,10 @@ from bench_inference import INFERENCE_VARIANTS  # noqa: E402  (beside this file)
 
 from lightning_cqk import attention  # noqa: E402
 from lightning_cqk.callbacks.throughput import device_peak_flops  # noqa: E402
-from lightning_cqk.config import ModelConfig  # noqa: E402
 from lightning_cqk.data.tokenizers import vocab_size_of  # noqa: E402
 from lightning_cqk.model import GPT  # noqa: E402
 from lightning_cqk.model.flops import training_flops_per_batch  # noqa: E402
+from lightning_cqk.model_config import ModelConfig  # noqa: E402
 from lightning_cqk.optim import OptimConfig, weight_decay_groups  # noqa: E402
 
 #: Backend variants compared besides the registry's backends (label -> backend name and options).

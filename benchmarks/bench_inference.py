@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.inference import generate
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 
 #: Variants of the inference rows besides the training bench's (label -> backend name and options), whose caches
 #: the papers compare: Q-MQA caches one K head (= V), 1 / (2 n_head) of standard (arXiv 2606.04032); MQA one K and

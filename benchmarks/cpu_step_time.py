@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model.flops import training_flops_per_batch
 from lightning_cqk.model.gpt import GPT
+from lightning_cqk.model_config import ModelConfig
 
 CANDIDATES = {
     "tiny-B16T128": (dict(preset="tiny"), 16, 128),

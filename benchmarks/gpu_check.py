@@ -231,7 +231,7 @@ PROBE_BACKENDS = {
 
 
 def _probe_config(name: str, dry_run: bool):
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
     attention, options = PROBE_BACKENDS[name]
     if dry_run:
@@ -344,8 +344,8 @@ def probe_memory(dry_run: bool) -> dict:
     """Peak memory of 3 AdamW steps under bf16 autocast against `memory_check.estimate` (16 x 1024 at 60m)."""
     import torch
 
-    from lightning_cqk.memory_check import estimate
     from lightning_cqk.model import GPT
+    from lightning_cqk.run.memory_check import estimate
 
     cuda = torch.cuda.is_available() and not dry_run
     batch, seq = (2, 64) if dry_run else (16, 1024)

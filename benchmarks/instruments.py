@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_cqk.callbacks import AttentionStats, GradNormMonitor, LossSpikeMonitor, Throughput, TokenBudget
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
 

@@ -10,7 +10,7 @@ width M, L layers, V (padded) vocabulary:
     states       16 P with AdamW (fp32 weights 4 + grads 4 + two moments 8); Muon: 12 P on its matrices (one momentum)
     bf16 copies  2 P (autocast's cast of every weight, kept for the backward)
     activations  per layer, what autograd keeps with the fused SDPA kernel (no T x T map), by the rule of
-                 `memory_check.block_activation_bytes` (measured under autocast: tests/test_memory_check.py):
+                 `memory_check.block_activation_bytes` (measured under autocast: tests/e2e/test_memory_check.py):
                  BT x [8C (the two norm inputs: the fp32 residual stream) + 2C x (2 norm outputs, each cast once
                  + q + 2 k/v (x n_kv/n_head) + output + out-proj input) + 2M x (2 for GELU | 4 for SwiGLU)]
                  checkpointing on: 4BTC per layer (the fp32 block input) + one layer's activations, recomputed
@@ -32,11 +32,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lightning_cqk.config import ModelConfig, upgrade_config_dict  # noqa: E402
 from lightning_cqk.data.tokenizers import vocab_size_of  # noqa: E402
-from lightning_cqk.memory_check import block_activation_bytes  # noqa: E402
 from lightning_cqk.model import GPT  # noqa: E402
+from lightning_cqk.model_config import ModelConfig, upgrade_config_dict  # noqa: E402
 from lightning_cqk.optim.muon import muon_split  # noqa: E402
+from lightning_cqk.run.memory_check import block_activation_bytes  # noqa: E402
 
 GB = 1e9
 CHUNK = 4096

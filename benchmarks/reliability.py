@@ -27,8 +27,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch.utils.data import DataLoader
 
 from lightning_cqk.callbacks import AtomicCheckpointIO, NonFiniteGuard
-from lightning_cqk.checkpoint_files import checkpoint_problem
-from lightning_cqk.config import ModelConfig
+from lightning_cqk.checkpoint.reading import checkpoint_problem
+from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.module import LitLM
 from lightning_cqk.optim import OptimConfig
 

@@ -1,6 +1,6 @@
 """The `LIGHTNING_CQK_*` environment variables: each declared once here, every value read and checked by one helper.
 
-Every read of a `LIGHTNING_CQK_*` variable in the package goes through this module (tests/test_environment.py checks
+Every read of a `LIGHTNING_CQK_*` variable in the package goes through this module (tests/e2e/test_environment.py checks
 the source for any other): `env_number`, `env_flag`, `env_choice`, `env_modules`, `env_path` and `env_json`, each for
 the kind its variable is declared with in `VARIABLES`. Unset or empty means the documented default. A value that is
 not what its variable expects (not a number, not finite, below its minimum, not one of its choices, not a module

@@ -1,9 +1,9 @@
 """User errors: refusals whose message says what is wrong and how to fix it.
 
 The command line prints such an error alone, as `lightning_cqk <command>: <message>`, and keeps the traceback in a
-log file (`lightning_cqk.cli.errors`); any other exception is a bug and keeps its traceback. Each class also derives
-from the builtin exception a caller would catch (ValueError, FileNotFoundError, RuntimeError), so library callers
-and `except ValueError` keep working. Standard library only: model code may raise these.
+log file (`lightning_cqk.cli.error_report`); any other exception is a bug and keeps its traceback. Each class also
+derives from the builtin exception a caller would catch (ValueError, FileNotFoundError, RuntimeError), so library
+callers and `except ValueError` keep working. Standard library only: model code may raise these.
 """
 
 from __future__ import annotations

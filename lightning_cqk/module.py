@@ -34,7 +34,8 @@ bit-identical weights (issue 45 item 9). A checkpoint never counts micro-batches
 
 A non-finite validation stays non-finite: the sums keep NaN/Inf (torchmetrics' SumMetric drops NaN by default, which
 turned an all-NaN validation into val/loss 0.0, val/ppl 1.0), so val/loss, val/ppl and val/bpb are NaN or Inf, a
-warning names the step, and `RunSummary` and `BestCheckpoint` see it (tests/reliability/test_metrics_checkpoints.py).
+warning names the step, and `RunSummary` and `BestCheckpoint` see it
+(tests/e2e/reliability/test_metrics_checkpoints.py).
 """
 
 from __future__ import annotations
@@ -49,17 +50,17 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics.aggregation import SumMetric
 
-from lightning_cqk.config import ModelConfig, upgrade_config_dict
 from lightning_cqk.data.token_bytes import token_byte_lengths
 from lightning_cqk.errors import ConfigError
 from lightning_cqk.model import GPT
 from lightning_cqk.model.flops import training_flops_per_batch
 from lightning_cqk.model.loss import chunked_cross_entropy
 from lightning_cqk.model.sharding import clip_grad_norm_, shard_gpt
+from lightning_cqk.model_config import ModelConfig, upgrade_config_dict
 from lightning_cqk.optim import OptimConfig, build_logit_control, build_optimizer, warmup_cosine
 from lightning_cqk.optim.config import check_schedule, check_trainer_numbers
 from lightning_cqk.optim.schedule import learning_rates_at_scheduler_step
-from lightning_cqk.versions import check_torch_features, require_torch
+from lightning_cqk.run.version_records import check_torch_features, require_torch
 
 
 class LitLM(L.LightningModule):

@@ -1,8 +1,8 @@
 """The one list of (backend, options) cases that every backend-generic test runs over.
 
-The contract harness (`tests/attention/test_contract.py`: causality, fast path == math path in fp64, identity at init
-of the q/k transforms, the Q/K seam, decode parity) and the decode tests (`tests/inference`: left padding, cache
-bytes, narrower caches) all parametrize over `CASES`. A backend's own test file checks only what is specific to it
+The contract harness (`tests/contract/test_contract.py`: causality, fast path == math path in fp64, identity at init of
+the q/k transforms, the Q/K seam, decode parity) and the decode tests (`tests/unit/model/test_decode*.py`: left padding,
+cache bytes, narrower caches) all parametrize over `CASES`. A backend's own test file checks only what is specific to it
 (its equations against a loop, degenerate cases, parameter counts, ...); the generic checks live in the harness.
 
 Add a backend or an option value: append a `Case` (the backend's registry name, its options, optionally overrides of

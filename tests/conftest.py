@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
-from tiny_run import prepare_tiny_shards
+from tiny_run import prepare_tiny_shards, tiny_trainer
 
 if TYPE_CHECKING:
     import lightning as L
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
-# The probe callbacks that the subprocess tests load (tests/reliability/*.py, tests/study/sweep_helpers.py) are outside
-# the package's allow-list of class paths (lightning_cqk/cli/class_paths.py): added the documented way, for every
-# process the tests start.
+# The probe callbacks that the subprocess tests load (tests/e2e/reliability/*.py, tests/study/sweep_helpers.py) are
+# outside the package's allow-list of class paths (lightning_cqk/cli/class_paths.py): added the documented way, for
+# every process the tests start.
 os.environ["LIGHTNING_CQK_TRUSTED_MODULES"] = (
     "launch_probe,loss_recorder,signal_probe,slurm_helpers,sweep_helpers,validation_killer"
 )
@@ -31,6 +31,20 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 os.environ["LIGHTNING_CQK_SHARED_DATA"] = str(
     Path(os.environ.get("LIGHTNING_CQK_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")).resolve()
 )
+
+
+#: The pyramid's layers (tests/<layer>/...): each test is marked with its layer's name (`pytest -m unit`); `make
+#: test-fast` runs `unit` and `contract_smoke` (tests/contract/conftest.py), `make test` every test.
+LAYERS = ("unit", "contract", "e2e")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        path = Path(item.path).resolve()
+        parts = path.relative_to(tests).parts if tests in path.parents else ()
+        if len(parts) > 1 and parts[0] in LAYERS:
+            item.add_marker(parts[0])
 
 
 def shared_data_dir() -> Path:
@@ -68,21 +82,12 @@ def make_trainer(tmp_path: Path) -> Callable[..., L.Trainer]:
     keyword arguments replace any of these (`logger=`: another logger for the same folder)."""
 
     def make(callbacks: list[L.Callback], max_steps: int = 8, **kwargs: Any) -> L.Trainer:
-        import lightning as L
         from lightning.pytorch.loggers import CSVLogger
 
-        defaults = dict(
-            max_steps=max_steps,
-            accelerator="cpu",
-            devices=1,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            limit_val_batches=0,
-            log_every_n_steps=1,
-        )
+        defaults = dict(max_steps=max_steps, devices=1, enable_checkpointing=False, limit_val_batches=0)
+        defaults["log_every_n_steps"] = 1
         if "logger" not in kwargs:
             kwargs["logger"] = CSVLogger(tmp_path, name="run", version="")
-        return L.Trainer(callbacks=callbacks, **{**defaults, **kwargs})
+        return tiny_trainer(callbacks=callbacks, **{**defaults, **kwargs})
 
     return make

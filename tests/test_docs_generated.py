@@ -11,7 +11,7 @@ import yaml
 
 from lightning_cqk import attention
 from lightning_cqk.attention.transform import transform_registry
-from lightning_cqk.backends_doc import BEGIN, END, docstring_defaults, markdown, option_defaults
+from lightning_cqk.contract.backends_table import BEGIN, END, docstring_defaults, markdown, option_defaults
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -33,12 +33,12 @@ MODULE_COMMANDS = {
     "cli/glue_command.py": "glue",
     "downstream/multiple_choice.py": "mc-eval",
     "downstream/glue_table.py": "glue-table",
-    "backends_doc.py": "attention",
-    "inference/cli.py": "generate",
+    "contract/backends_table.py": "attention",
+    "inference/generate_command.py": "generate",
     "evaluation/command.py": "eval",
     "evaluation/lm.py": "eval",
 }
-GLOBAL_FLAGS = {"--debug"}  # taken by `main` before any command sees the arguments (cli/errors.py)
+GLOBAL_FLAGS = {"--debug"}  # taken by `main` before any command sees the arguments (cli/error_report.py)
 COMMANDS = (*TRAINER_COMMANDS, *EXTRA_COMMANDS)
 _FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9_.-]*[a-z0-9_])(\.\{\})?")
 _NAMED = "|".join(re.escape(c) for c in sorted(COMMANDS, key=len, reverse=True))

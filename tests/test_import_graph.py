@@ -2,30 +2,31 @@
 
 Every import of the package (module level, inside functions and under `TYPE_CHECKING` alike: a lazy import is
 still a dependency) is read from the source, without importing anything. Each file belongs to a *unit* (a
-sub-package such as `attention/`, or a top-level module such as `run_dir.py`), and each unit to a layer, lowest
+sub-package such as `attention/`, or a top-level module such as `run/directory.py`), and each unit to a layer, lowest
 first, in the order data flows from settings to the command line (docs/layout.md):
 
-    0  errors, config                           names and numbers; the user-error classes
-    1  resources, run_lock, checkpoint_files,   files, standard library only at import: configs shipped with the
-       run_dir, device_info                     package, one live process per run directory, checkpoint files
-                                                (intact? trusted? loaded weights_only), run directories (names,
-                                                records, resumes, which run a checkpoint belongs to, atomic JSON
-                                                writes); low so that every layer that writes may use them
+    0  errors, model_config, environment,     names and numbers; the user-error classes; every LIGHTNING_CQK_*
+       files                                    variable; files (atomic writes, strict YAML, shipped configs),
+                                                standard library only at import
+    1  checkpoint                               checkpoint files: intact? trusted? loaded weights_only; FSDP2
+                                                folders; consolidate (standard library only at import)
     2  attention                                the backends (torch only)
     3  model                                    GPT, blocks, decode cache, analytic FLOPs (torch only)
     4  optim                                    optimizers, parameter groups, schedules, QK-clip
     5  data                                     tokenizers, corpora, shards, the streaming DataModule
-    6  module                                   the LightningModule
-    7  callbacks                                instruments and checkpoints, writing beside the run
-    8  inference, evaluation, downstream        what reads a trained checkpoint (inference/pretrained.py loads it)
-    9  backends_doc, contract, study            the backend table, the contract checks (check-backend), studies and
-                                                their reports (inside study/: design < judge < report; run/ imports
+    6  run                                      a run before its first step: run directories (names, records,
+                                                resumes), the lock, launch ranks, the memory check, version records
+    7  module                                   the LightningModule
+    8  callbacks                                instruments and checkpoints, writing beside the run
+    9  inference, evaluation, downstream        what reads a trained checkpoint (inference/pretrained.py loads it)
+    10 contract, study                          the contract checks (check-backend) and the backend table, studies
+                                                and their reports (inside study/: design < judge < report; run/ imports
                                                 design/ and the results model only)
-    10 cli                                      the command line: every command enters here
+    11 cli                                      the command line: every command enters here
     -  lightning_cqk/__init__.py, __main__.py   the package's doors (not counted)
 
 An import from a lower layer to a higher one is an *upward arrow*; two units that import each other (directly or
-through others) form an *import circle*. The targets (issue 26): one circle, the deliberate config <-> attention
+through others) form an *import circle*. The targets (issue 26): one circle, the deliberate model_config <-> attention
 (a ModelConfig validates its attention settings against the registry, and every backend is built from a
 ModelConfig), at most two upward arrows, each listed below with its reason, and no private name (`_x`) imported
 from another module.
@@ -41,42 +42,32 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lightning_cqk"
 NAME = "lightning_cqk"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "config", "strict_yaml", "package_versions", "atomic_files", "environment"),
-    (
-        "resources",
-        "run_lock",
-        "checkpoint_files",
-        "checkpoint_folder",
-        "checkpoint_consolidate",
-        "launch",
-        "run_dir",
-        "device_info",
-        "slurm_job",
-        "run_outputs",
-    ),
+    ("errors", "model_config", "environment", "files"),
+    ("checkpoint",),
     ("attention",),
     ("model",),
     ("optim",),
     ("data",),
-    ("module", "versions", "memory_check"),
+    ("run",),
+    ("module",),
     ("callbacks",),
     ("inference", "evaluation", "downstream"),
-    ("backends_doc", "contract", "study"),
+    ("contract", "study"),
     ("cli",),
 ]
 LAYER = {unit: level for level, units in enumerate(LAYERS) for unit in units}
 DOORS = ("__init__", "__main__")
 
 #: The one deliberate circle.
-ALLOWED_CIRCLES = [{"config", "attention"}]
+ALLOWED_CIRCLES = [{"model_config", "attention"}]
 
 #: The upward arrows allowed, (from, to): why each stays.
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {
-    ("config", "attention"): "ModelConfig.__post_init__ validates the attention name and options against the "
+    ("model_config", "attention"): "ModelConfig.__post_init__ validates the attention name and options against the "
     "registry (and resolves a hybrid layer pattern): the deliberate circle's upward half.",
-    ("attention", "data"): "fixed_seq_qk (attention/deconstructed_qk.py) reads its fixed token stream from a token "
-    "file or the built-in corpus (data/token_ids.py) when such a model is built: the one backend whose buffers come "
-    "from data; imported then, so model code still imports only torch.",
+    ("attention", "data"): "fixed_seq_qk (attention/backends/deconstructed_qk.py) reads its fixed token stream from a "
+    "token file or the built-in corpus (data/token_ids.py) when such a model is built: the one backend whose buffers "
+    "come from data; imported then, so model code still imports only torch.",
 }
 
 
@@ -89,7 +80,7 @@ def _module_name(path: Path) -> str:
 
 
 def _unit(module: str) -> str:
-    """`lightning_cqk.attention.base` -> `attention`; `lightning_cqk.run_dir` -> `run_dir`; the package -> __init__."""
+    """`lightning_cqk.attention.base` -> `attention`; `lightning_cqk.run.lock` -> `run`; the package -> __init__."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -296,7 +287,7 @@ def test_the_checker_sees_what_it_should(tmp_path):
     assert circles(edges) == [{"a", "b", "c"}]
     imports = read_imports()
     edges = unit_edges(imports)
-    assert ("model", "attention") in edges and ("cli", "run_dir") in edges
+    assert ("model", "attention") in edges and ("cli", "run") in edges
     fake = {"lightning_cqk.model.gpt": [("lightning_cqk.cli.trainer", ["_private"], 1)]}
     assert private_imports(fake) and upward_arrows(unit_edges(fake)) == {("model", "cli"): [fake_line(fake)]}
 

@@ -6,6 +6,10 @@ the quickstart config at the tiny shape (one layer of width 16 with 2 heads, 2 w
 quiet), reading `shards` (usually the session's `tiny_shards` fixture, tests/conftest.py) and writing under `runs`.
 Flags of the delta come after the tiny ones, so they win (`--data.source=<corpus>` trains on a corpus instead).
 
+A test that trains in its own process builds its Trainer here too: `tiny_trainer(max_steps=4, callbacks=[...])` is
+the quiet CPU Trainer (`QUIET_TRAINER`) with the test's delta; no test spells `L.Trainer(` inline
+(tests/test_layout_of_tests.py).
+
 This file is importable from every test folder (`tests/` is on sys.path through the root conftest), like
 `backend_cases.py`.
 """
@@ -19,8 +23,12 @@ import pickle
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    import lightning as L
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"
@@ -39,9 +47,21 @@ TINY_FLAGS = (
     "--trainer.enable_model_summary=false",
     "--trainer.accelerator=cpu",
 )
+#: The base of every in-process Trainer of the tests: CPU, no logger, no progress bar, no model summary.
+QUIET_TRAINER: dict[str, Any] = dict(
+    accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False
+)  # fmt: skip
 #: What a child process must not inherit from the test process: a launcher's rank variables and pytest's marker.
 _LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _LAUNCH_PREFIXES = ("SLURM_", "TORCHELASTIC_", "LIGHTNING_CQK_RUN", "PYTEST_CURRENT_TEST")
+
+
+def tiny_trainer(**delta: Any) -> L.Trainer:
+    """The one Trainer the tests build in their own process: `QUIET_TRAINER` updated by `delta` (what the test
+    changes: steps, devices and strategy, precision, callbacks, checkpointing, validation batches, a logger, ...)."""
+    import lightning as L
+
+    return L.Trainer(**{**QUIET_TRAINER, **delta})
 
 
 def write_tiny_corpus(path: Path, documents: int = 60) -> Path:

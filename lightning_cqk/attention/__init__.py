@@ -21,7 +21,7 @@ from lightning_cqk.attention.base import AttentionBackend, AttentionContext, Att
 from lightning_cqk.attention.registry import ATTENTION, recorded_by
 
 if TYPE_CHECKING:
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 
 def available(plugins: bool = True) -> list[str]:

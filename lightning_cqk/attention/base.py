@@ -59,13 +59,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from lightning_cqk.attention.functional import softmax_map_stats
+from lightning_cqk.attention.kernels.functional import softmax_map_stats
 from lightning_cqk.attention.options import check_option_names
 from lightning_cqk.errors import ConfigError
 
 if TYPE_CHECKING:
     from lightning_cqk.attention.cache import LayerCache
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 
 #: Per-head Q/K weight roles: MHA rule ("q", "k", or "qk" for one matrix serving both) and the MLA rule (arXiv

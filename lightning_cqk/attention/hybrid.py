@@ -28,7 +28,7 @@ off-by-one trap between the paper's odd/even (1-based) and Python's 0-based indi
 13). Errors name the problem: an unknown pattern lists the names, an out-of-range layer states the valid 1-based
 range, a malformed or repeated item is quoted, and a pattern that selects no layer at this depth says so.
 
-Tests (`tests/attention/test_hybrid.py`): every named pattern at 24 layers equals Table 11 (converted to 0-based);
+Tests (`tests/unit/attention/test_hybrid.py`): every named pattern at 24 layers equals Table 11 (converted to 0-based);
 explicit sets and ranges; the errors; a hybrid GPT built from a pattern has the right backend in every layer.
 """
 

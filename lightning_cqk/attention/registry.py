@@ -5,8 +5,9 @@ sweep's workers, generate, eval, glue, `attention`, `check-backend`), by `Regist
 
 1. **Built-ins** register by their class attribute: every `AttentionBackend` subclass defined in a module of
    `lightning_cqk.attention` that sets `name` in its own class body (for q/k transforms: every `QKTransform` subclass
-   that sets `kind`) is found by walking the package with `pkgutil`. Adding a built-in is its file (plus one `Case` in
-   `tests/backend_cases.py`, which the contract harness asks for); there is no list to keep in step.
+   that sets `kind`) is found by walking the package and its folders (backends/, transforms/, kernels/) with
+   `pkgutil`. Adding a built-in is its file (plus one `Case` in `tests/backend_cases.py`, which the contract harness
+   asks for); there is no list to keep in step.
 2. **Plugins** of installed distributions: a distribution declares ``name = "package.module:Class"`` in the
    entry-point group `lightning_cqk.attention` (q/k transforms: `lightning_cqk.qk_transform`), found with
    `importlib.metadata`; the entry point is loaded only when its name is asked for. Two distributions claiming one
@@ -18,7 +19,9 @@ sweep's workers, generate, eval, glue, `attention`, `check-backend`), by `Regist
 Settings read from a checkpoint are data: under `recorded_by(source)` (the checkpoint loaders) a path's module is
 imported only when it is already imported, provided by an installed entry point, or its top-level package is trusted
 (`LIGHTNING_CQK_TRUSTED_MODULES`, the variable `cli/class_paths.py` reads for callbacks); never because the checkpoint
-names it. A backend that is not installed ends in one paragraph naming it and how to install or trust it.
+names it. A backend that is not installed ends in one paragraph naming it and how to install or trust it. A path
+written before the built-ins moved into their folders (`lightning_cqk.attention.standard:StandardAttention`) still
+names the same class: `MOVED_MODULES` maps each old module to its folder, so a recorded path stays valid data.
 
 Every failure (a module that does not import, a class that is not a subclass, an entry point that fails to load, a
 clash) is a `ConfigError`: one paragraph, no traceback.
@@ -47,6 +50,14 @@ TRANSFORM_GROUP = "lightning_cqk.qk_transform"
 #: The same variable `cli/class_paths.py` reads (comma-separated top-level packages the user trusts).
 TRUSTED_ENV = "LIGHTNING_CQK_TRUSTED_MODULES"
 PACKAGE = "lightning_cqk.attention"
+#: Built-in modules as they were named before the catalogue's folders (issue 46), as a config or checkpoint may have
+#: recorded them in a `module:Class` path -> where the same module lives now.
+MOVED_MODULES = {
+    **{f"{PACKAGE}.{m}": f"{PACKAGE}.backends.{m}" for m in ("standard", "differential", "mla")},
+    **{f"{PACKAGE}.{m}": f"{PACKAGE}.backends.{m}" for m in ("deconstructed_mixing", "deconstructed_qk")},
+    **{f"{PACKAGE}.{m}": f"{PACKAGE}.transforms.{m}" for m in ("coupled", "coupled_flow", "coupling", "dynamics")},
+    **{f"{PACKAGE}.{m}": f"{PACKAGE}.kernels.{m}" for m in ("functional", "matched_norm")},
+}
 _PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 #: Set by `recorded_by` while settings read from a file (a checkpoint) are resolved: the file's description.
@@ -127,7 +138,7 @@ class Registry:
             package = importlib.import_module(PACKAGE)
             base = self.base
             found: dict[str, type] = {}
-            for info in pkgutil.iter_modules(package.__path__, prefix=f"{PACKAGE}."):
+            for info in pkgutil.walk_packages(package.__path__, prefix=f"{PACKAGE}."):
                 module = importlib.import_module(info.name)
                 for obj in vars(module).values():
                     if not (isinstance(obj, type) and issubclass(obj, base) and obj.__module__ == module.__name__):
@@ -220,6 +231,7 @@ class Registry:
                 f"e.g. mylab.sigattn:SigmoidAttention."
             )
         module_name, _, qualname = path.partition(":")
+        module_name = MOVED_MODULES.get(module_name, module_name)
         source = _recorded_source.get()
         if source is not None and not self._may_import(module_name):
             root = module_name.split(".", 1)[0]

@@ -14,9 +14,9 @@ RoPE tables gathered at their positions; `standard` and `differential` cache the
 rope_order, tested equal to the full forward in fp64 in `tests/inference`). T is chosen in the backend options as
 ``qk_transform: {kind: <name>, <options>...}`` (None: no transform) from `TRANSFORMS`:
 
-    coupled         v1 coupled dynamics (leapfrog / Euler / gradient field), `lightning_cqk.attention.dynamics`
-    uncoupled_mlp   v1's uncoupled control of matched capacity, `lightning_cqk.attention.dynamics`
-    invertible      v2 invertible affine coupling (RealNVP-style), `lightning_cqk.attention.coupling`
+    coupled         v1 coupled dynamics (leapfrog / Euler / gradient field), `attention.transforms.dynamics`
+    uncoupled_mlp   v1's uncoupled control of matched capacity, `attention.transforms.dynamics`
+    invertible      v2 invertible affine coupling (RealNVP-style), `attention.transforms.coupling`
 
 The QK-norm gains and the transform stay registered on the backend (`q_norm`, `k_norm`, `qk_transform`), so a
 checkpoint's keys do not depend on the stage; the backend hands them to `qk_stage`.
@@ -33,9 +33,9 @@ why). The deconstructed variants (`static_emb_qk`, `rnd_emb_qk`, `fixed_seq_qk`,
 do not run this stage: their q and k come from fixed inputs or feed non-softmax mixers, and they state no Q/K
 weights to logit control either.
 
-Tests: `tests/attention/test_contract.py` (every composition: identity at init, causality, SDPA == math in fp64),
-`tests/attention/test_transform.py` (inverse, log-det, fused == reference, parameter counts by hand, old
-checkpoints), `tests/optim/test_qk_seam.py`.
+Tests: `tests/contract/test_contract.py` (every composition: identity at init, causality, SDPA == math in fp64),
+`tests/unit/attention/test_transform.py` (inverse, log-det, fused == reference, parameter counts by hand, old
+checkpoints), `tests/unit/attention/test_base_qk_seam.py`.
 """
 
 from __future__ import annotations
@@ -47,13 +47,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from lightning_cqk.attention.functional import repeat_kv
+from lightning_cqk.attention.kernels.functional import repeat_kv
 from lightning_cqk.attention.options import check_option_names
 from lightning_cqk.attention.rope import apply_rope
 
 if TYPE_CHECKING:
     from lightning_cqk.attention.base import AttentionContext
-    from lightning_cqk.config import ModelConfig
+    from lightning_cqk.model_config import ModelConfig
 
 
 @dataclasses.dataclass

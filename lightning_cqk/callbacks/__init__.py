@@ -5,12 +5,12 @@ Ready-made stacks of them for configs live in the top-level `callbacks/` folder 
 
 from lightning_cqk.callbacks.attention_stats import AttentionStats
 from lightning_cqk.callbacks.budget import TokenBudget
-from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO, BestCheckpoint, RunCheckpoint
 from lightning_cqk.callbacks.clock import TrainingClock
 from lightning_cqk.callbacks.final_validation import FinalValidation
 from lightning_cqk.callbacks.grad_norm import GradNormMonitor
 from lightning_cqk.callbacks.loss_spike import LossSpikeMonitor
 from lightning_cqk.callbacks.nonfinite import NonFiniteGuard
+from lightning_cqk.callbacks.run_checkpoint import AtomicCheckpointIO, BestCheckpoint, RunCheckpoint
 from lightning_cqk.callbacks.summary import RunSummary
 from lightning_cqk.callbacks.throughput import Throughput
 from lightning_cqk.callbacks.val_windows import ValWindowLosses

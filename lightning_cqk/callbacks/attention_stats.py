@@ -24,7 +24,7 @@ is the batch's (the stream runs first). All values are read with one host sync p
 Cost: one forward of probe_batch_size sequences plus a T x T logit map per layer, every every_n_steps steps; measured
 in `seconds` (total time spent) and reported in docs/instruments.md ("Overheads").
 
-Tests (`tests/callbacks/test_attention_stats.py`): values equal a hand computation from the weights on a tiny model
+Tests (`tests/e2e/callbacks/test_attention_stats.py`): values equal a hand computation from the weights on a tiny model
 (max logit, entropy, sink); the keys of every backend per layer; logged in a Trainer run at the interval; finite under
 bf16 autocast.
 """

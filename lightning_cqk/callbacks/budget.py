@@ -42,7 +42,7 @@ when the checkpoint's callback states are restored, before the optimizer and sch
 order), so the schedule decays over the new length; strategies that restore after configuring (FSDP, DeepSpeed) keep
 the first plan's schedule length and only the stopping point moves (a warning says so).
 
-Tests (`tests/callbacks/test_token_budget.py`): a budget of N tokens stops at floor(N / step) steps with tokens_seen
+Tests (`tests/e2e/callbacks/test_token_budget.py`): a budget of N tokens stops at floor(N / step) steps with tokens_seen
 equal to that many steps' tokens and a schedule of that length; flops budget likewise; match_to reproduces the
 reference budget times the ratio (tokens and flops across backends); a wall-clock budget stops early; budget.json.
 """

@@ -14,7 +14,7 @@ started. Resumed runs continue the training seconds of earlier fits (`total_seco
 
 One clock per trainer: `TrainingClock.of(trainer)` returns the trainer's clock, adding one to the callbacks when there
 is none (the readers call it in `setup`). Rates over no time or no step are NaN (`rate`), never a division by zero.
-Tests: `tests/callbacks/test_clock.py`.
+Tests: `tests/e2e/callbacks/test_clock.py`.
 """
 
 from __future__ import annotations

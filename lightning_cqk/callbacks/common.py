@@ -18,7 +18,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 
-from lightning_cqk.atomic_files import write_json_atomically
+from lightning_cqk.files.atomic import write_json_atomically
 
 
 def step_index(trainer: L.Trainer) -> int:
@@ -60,7 +60,7 @@ def log_metrics(trainer: L.Trainer, metrics: Mapping[str, torch.Tensor | float |
 def run_dir(trainer: L.Trainer) -> Path:
     """The run's directory: the logger's log_dir (e.g. runs/<experiment>/<run>), else `default_root_dir`.
 
-    Which directory that is (its name, suffix, lock, record and resume) is decided by `lightning_cqk/run_dir.py`
+    Which directory that is (its name, suffix, lock, record and resume) is decided by `lightning_cqk/run/directory.py`
     before the trainer is built; callbacks only write into it.
 
     Collective under DDP (`trainer.log_dir` broadcasts): call it on every rank.

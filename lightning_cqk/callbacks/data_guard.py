@@ -27,9 +27,9 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.data.integrity import shard_fingerprint
 from lightning_cqk.errors import UserError
+from lightning_cqk.files.atomic import write_json_atomically
 
 
 class DataFolderChanged(UserError, RuntimeError):

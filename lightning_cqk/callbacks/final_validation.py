@@ -13,7 +13,8 @@ limited by `max_epochs`), when Lightning is not about to validate anyway (`valid
 `trainer.should_stop`: Lightning's epoch loop validates right after a batch at which a fit stops early, before the
 checkpoint callbacks (which Lightning runs after every other callback) save the step, so `last.ckpt` and
 `BestCheckpoint` know the final validation. The final validation is the run's final set (`data/val_sets.py`) and
-`ValWindowLosses`'s windows. `lightning_cqk fit` adds it to every fit. Tests: tests/callbacks/test_final_validation.py.
+`ValWindowLosses`'s windows. `lightning_cqk fit` adds it to every fit. Tests:
+tests/e2e/callbacks/test_final_validation.py.
 """
 
 from __future__ import annotations

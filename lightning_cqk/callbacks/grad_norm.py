@@ -29,7 +29,8 @@ sums are all-reduced (SUM) across ranks before the square root, one collective f
 `use_orig_params=True` for the per-group and per-block names; DTensor gradients (FSDP2) are read through
 `to_local()`.
 
-Tests (`tests/callbacks/test_grad_norm.py`): total, per-group and per-block values equal a manual computation from the
+Tests (`tests/e2e/callbacks/test_grad_norm.py`): total, per-group and per-block values equal a manual computation from
+the
 gradients seen before clipping (with a clip value far below the norm), every parameter is in exactly one group,
 bf16-mixed values are finite, the logging interval holds.
 """

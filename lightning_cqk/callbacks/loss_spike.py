@@ -35,7 +35,7 @@ when training ends; resumable (the statistic and the records are in the callback
 Put a GradNormMonitor before this callback in the callbacks list: a skipped update drops the gradients in the hook
 both use.
 
-Tests (`tests/callbacks/test_loss_spike.py`): a loss planted at step k is reported exactly once, at k, in the metric
+Tests (`tests/e2e/callbacks/test_loss_spike.py`): a loss planted at step k is reported exactly once, at k, in the metric
 and in spikes.json (ratio and z-score, EMA and window); "skip" leaves every parameter and optimizer state unchanged at
 step k and only there; "stop" stops at k with a checkpoint; the grad-norm rule skips and counts.
 """

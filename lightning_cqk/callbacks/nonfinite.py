@@ -47,7 +47,7 @@ whose gradients are non-finite, and is recorded in `<run dir>/nonfinite.json`
 `train/nonfinite_steps` (cumulative) on logging steps. Resumable: the records are in the callback's checkpoint state.
 
 Place it after GradNormMonitor (so the bad step's norm is still logged) in a callbacks list.
-Tests: `tests/reliability/test_nonfinite.py`.
+Tests: `tests/e2e/reliability/test_nonfinite.py`.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_cqk.callbacks.common import is_log_step, log_metrics, run_dir, step_index, write_json
 from lightning_cqk.callbacks.step_reads import StepReads
-from lightning_cqk.checkpoint_files import load_checkpoint
+from lightning_cqk.checkpoint.reading import load_checkpoint
 
 
 class NonFiniteGuard(L.Callback):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -26,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_cqk.environment import VARIABLES, env_number
 from lightning_cqk.errors import ConfigError
+from lightning_cqk.run.directory import command_line
 
 LIMIT_ENV = "LIGHTNING_CQK_LONG_RUN_HOURS"
 DEFAULT_LIMIT_HOURS = float(VARIABLES[LIMIT_ENV].default)
@@ -107,3 +109,41 @@ class RunLengthCheck(L.Callback):
             message += " " + self.advice()
         message += f" (This note appears above {self.limit_hours:g} hours of training: {LIMIT_ENV}.)"
         rank_zero_info(message)
+
+
+#: The shape, data and length flags that shrink a recipe to a CPU (docs/configs-and-data.md, "A paper config at CPU
+#: size"); every other setting of the recipe stays. `--data.data_dir` is added per run (the bytes shards' folder).
+CPU_SIZE = {
+    "--model.config.n_layer": "2",
+    "--model.config.n_embd": "64",
+    "--model.config.n_head": "4",
+    "--model.config.mlp_hidden": "256",
+    "--data.tokenizer": "bytes",
+    "--data.seq_len": "128",
+    "--data.batch_size": "8",
+    "--budget.tokens": "null",
+    "--trainer.max_steps": "200",
+    "--model.optim.warmup_steps": "20",
+    "--trainer.accumulate_grad_batches": "1",
+    "--trainer.val_check_interval": "100",
+    "--trainer.limit_val_batches": "8",
+    "--trainer.accelerator": "cpu",
+}
+
+
+def long_run_advice(argv: list[str], data: Any) -> str:
+    """What a run that would train for days here can do instead: the same command on GPUs, or at CPU size (`argv`:
+    the fit's command line; `data`: its `data` settings, for the bytes shards' folder)."""
+    init = data.get("init_args", data) if hasattr(data, "get") else {}
+    corpus = init.get("corpus") if hasattr(init, "get") else None
+    stem = str(corpus) if corpus else Path(str(init.get("data_dir") or "data")).name.split("-")[0] or "data"
+    gpu_flags = ("--trainer.devices", "--trainer.strategy", "--trainer.accelerator", "--ckpt_path")
+    gpu = command_line(argv, drop=gpu_flags, add=("--trainer.devices", "8", "--trainer.strategy", "ddp"))
+    cpu_size = dict(CPU_SIZE, **{"--data.data_dir": f"data/{stem}-bytes-cpu"})
+    cpu = command_line(argv, drop=(*cpu_size, "--ckpt_path"), add=tuple(x for kv in cpu_size.items() for x in kv))
+    return (
+        "Ctrl-C stops it (saved at the end of the step in progress). On a node with 8 GPUs (docs/scaling-out.md "
+        f"for SLURM and several nodes): torchrun --standalone --nproc_per_node 8 -m {gpu}. At CPU size, the same "
+        "recipe with a small shape, bytes and 200 steps (docs/configs-and-data.md#a-paper-config-at-cpu-size): "
+        f"{cpu}."
+    )

@@ -1,4 +1,4 @@
-"""The Lightning side of a run directory's record (`lightning_cqk/run_dir.py`): added by `lightning_cqk fit`.
+"""The Lightning side of a run directory's record (`lightning_cqk/run/directory.py`): added by `lightning_cqk fit`.
 
 When training really starts (`on_train_start`: the checkpoint, if any, is restored), `RunSession`
     - applies the optimizer settings a resume deliberately changed (learning rate, betas, eps, weight decay, warmup,
@@ -7,7 +7,7 @@ When training really starts (`on_train_start`: the checkpoint, if any, is restor
       optimizer (moments and step counts stay restored) and the scheduler its new base learning rates, at the
       restored step;
     - writes the resolved configuration (`config.yaml` for the first attempt, `config.resume-<n>.yaml` after) and
-      starts the attempt in `run.json` (run_dir.py), so nothing is recorded for a launch that never trained;
+      starts the attempt in `run.json` (run/directory.py), so nothing is recorded for a launch that never trained;
     - makes the first Ctrl-C (SIGINT) behave like SIGTERM: training stops at the end of the optimizer step in
       progress and `RunCheckpoint` saves (`save_on_sigterm`); a second Ctrl-C stops at once, without saving. With
       `accumulate_grad_batches` > 1 the stop waits for the step's last micro-batch (a save between micro-batches
@@ -15,7 +15,7 @@ When training really starts (`on_train_start`: the checkpoint, if any, is restor
       lost, so the stop comes at the end of the micro-batch in progress and nothing is saved (the CLI then removes
       the run directory this launch created and prints the command that starts the run again);
     - makes SIGUSR1 (SLURM's warning before the time limit, `#SBATCH --signal=SIGUSR1@90`) the same clean stop,
-      after which the CLI requeues the job (`cli/slurm.py`: Lightning's own auto-requeue, which saved
+      after which the CLI requeues the job (`run/slurm_preemption.py`: Lightning's own auto-requeue, which saved
       `hpc_ckpt_N.ckpt` into the working directory, is off);
     - with several processes, makes every rank stop at the same batch: Lightning's SIGTERM handler broadcasts from
       inside the handler (a collective at a random point, which can pair with another rank's gradient all-reduce)
@@ -40,8 +40,8 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_cqk.device_info import describe_device
-from lightning_cqk.run_dir import RunDirectory, next_config_name
+from lightning_cqk.run.directory import RunDirectory, next_config_name
+from lightning_cqk.run.version_records import describe_device
 
 
 class RunSession(L.Callback):
@@ -153,7 +153,7 @@ class RunSession(L.Callback):
 
     def _on_sigusr1(self, signum: int, frame: Any) -> None:
         """SLURM's warning before the time limit (`#SBATCH --signal=SIGUSR1@90`): the same clean stop as SIGTERM,
-        saved into this run's checkpoints/; the CLI then requeues the job (`cli/slurm.py`)."""
+        saved into this run's checkpoints/; the CLI then requeues the job (`run/slurm_preemption.py`)."""
         if self.signal_name is None:
             self.signal_name = "SIGUSR1"
         self._want_stop(signal.SIGTERM)

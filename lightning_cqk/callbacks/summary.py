@@ -23,9 +23,9 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
 from lightning_cqk.callbacks.budget import BUDGET_FILE, TokenBudget, budget_record
-from lightning_cqk.callbacks.checkpoint import nonfinite_validation_metrics
 from lightning_cqk.callbacks.clock import TrainingClock, rate
 from lightning_cqk.callbacks.common import run_dir, write_json
+from lightning_cqk.callbacks.run_checkpoint import nonfinite_validation_metrics
 
 SUMMARY_FILE = "summary.json"
 #: The address that opens TensorBoard on this run's Custom Scalars layout (the loss first; callbacks/tensorboard.py).

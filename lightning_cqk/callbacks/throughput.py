@@ -19,7 +19,8 @@ GPU without `peak_flops` there is no `train/mfu` key. FLOPs are the analytic cou
 (`lightning_cqk.model.flops`: coupled's dynamics, MLA's latent projections, ... each counted; recomputation and a
 fast path's duplicated work are not credited), so MFU compares backends on the work they require.
 
-Tests (`tests/callbacks/test_throughput.py`): keys appear only after the warm-up, no MFU on CPU without a peak, MFU =
+Tests (`tests/e2e/callbacks/test_throughput.py`): keys appear only after the warm-up, no MFU on CPU without a peak, MFU
+=
 FLOPs/s / peak with an override, the device-name lookup.
 """
 

@@ -21,13 +21,13 @@ parses anything):
   classes, before anything is built. A researcher's own callbacks or data modules are added by naming their package
   (or a module or class) in the environment variable `LIGHTNING_CQK_TRUSTED_MODULES` (comma-separated, e.g.
   `LIGHTNING_CQK_TRUSTED_MODULES=mylab`; read by `environment.env_modules`).
-- Where the classes may write is `run_outputs.py`'s: inside their own run directory (checked on the settings, before
+- Where the classes may write is `run/outputs.py`'s: inside their own run directory (checked on the settings, before
   anything is built).
 
 A checkpoint's hyper-parameters are data too: `refuse_class_specs` checks them (`cli/trainer.py`,
 `_merge_checkpoint_hparams`) before they are compared with the command line's and merged under it, and a checkpoint
 that names a class anywhere in them is refused by name before anything is parsed, imported or built.
-Tests: `tests/reliability/test_untrusted_checkpoints.py` (issue 34, defect 1).
+Tests: `tests/e2e/reliability/test_untrusted_checkpoints.py` (issue 34, defect 1).
 """
 
 from __future__ import annotations

@@ -1,16 +1,18 @@
-"""The LightningCLI of downstream fine-tuning, chosen by ``lightning_cqk`` when a config names a downstream model.
+"""The LightningCLI of downstream fine-tuning: ``lightning_cqk glue fit|validate|test ...``, one GLUE task.
 
-    lightning_cqk fit --config configs/glue/sst2.yaml --model.checkpoint runs/<experiment>/<run>/checkpoints/last.ckpt
+    lightning_cqk glue fit --config configs/glue/sst2.yaml --model.checkpoint runs/<exp>/<run>/checkpoints/last.ckpt
 
 Why a second CLI: ``CQKCLI`` is built around ``LitLM`` and links the data's ``seq_len``/tokenizer into the model's
 config, which only makes sense for language modelling. Here the direction is the other way round (the checkpoint
 decides the tokenizer and the context length, and the data module takes them from the model at setup), and the one
-link is ``data.task`` -> ``model.task``, so the head, loss and metrics always match the data. ``lightning_cqk.cli.main``
-picks this CLI when a ``--config`` file's ``model.class_path`` lies in ``lightning_cqk.downstream``.
+link is ``data.task`` -> ``model.task``, so the head, loss and metrics always match the data. ``lightning_cqk fit`` with
+such a config (a ``--config`` file's ``model.class_path`` in ``lightning_cqk.downstream``) is the same command:
+``lightning_cqk.cli.main`` reads that from the config files it checks anyway, so the language model's ``fit`` never
+imports this module.
 
 Defaults: TensorBoard logs under ``runs/glue/<task>-<checkpoint run>-s<seed>[-N]/`` (named, suffixed and locked
-by ``lightning_cqk/run_dir.py``: a new run never writes into an earlier one's directory), ``trainer.precision`` as for
-pre-training (bf16-mixed on a bf16 GPU, fp32 elsewhere), seed 1.
+by ``lightning_cqk/run/directory.py``: a new run never writes into an earlier one's directory), ``trainer.precision``
+as for pre-training (bf16-mixed on a bf16 GPU, fp32 elsewhere), seed 1.
 """
 
 from __future__ import annotations
@@ -20,13 +22,11 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lightning_cqk.checkpoint_files import check_checkpoint, refuse_checkpoint_folder
+from lightning_cqk.checkpoint.reading import check_checkpoint, refuse_checkpoint_folder
 from lightning_cqk.errors import ConfigError, MissingInputError
-from lightning_cqk.launch import is_rank_zero_launch
-from lightning_cqk.run_dir import RunDirectory, checkpoint_run_name, is_husk, next_free_name
-from lightning_cqk.run_outputs import refuse_outside_outputs
-
-DOWNSTREAM_PREFIX = "lightning_cqk.downstream"
+from lightning_cqk.run.directory import RunDirectory, checkpoint_run_name, is_husk, next_free_name
+from lightning_cqk.run.launch_rank import is_rank_zero_launch
+from lightning_cqk.run.outputs import refuse_outside_outputs
 
 
 class GlueCLI(LightningCLI):
@@ -64,7 +64,7 @@ class GlueCLI(LightningCLI):
         parser.link_arguments("data.init_args.task", "model.init_args.task", apply_on="parse")
 
     def before_instantiate_classes(self) -> None:
-        from lightning_cqk.cli.trainer import auto_precision, is_tensorboard
+        from lightning_cqk.run.preflight import auto_precision, is_tensorboard
 
         config = self.config[self.subcommand] if self.subcommand else self.config
         trainer = config.trainer
@@ -89,7 +89,7 @@ class GlueCLI(LightningCLI):
             return
         args = logger.init_args
         root = Path(args.get("save_dir") or "runs") / str(args.get("name") or "glue")
-        if args.get("version") is None:  # a new run never writes into an earlier one's directory (run_dir.py)
+        if args.get("version") is None:  # a new run never writes into an earlier one's directory (run/directory.py)
             task = config.data.init_args.task
             args.version = next_free_name(root, f"{task}-{checkpoint_run_name(checkpoint)}-s{config.seed_everything}")
         elif self.subcommand == "fit" and (root / args.version).exists() and not is_husk(root / args.version):
@@ -97,51 +97,21 @@ class GlueCLI(LightningCLI):
                 f"{root / args.version} already holds a run; a new fine-tuning run must not write into it. Choose "
                 "another --trainer.logger.init_args.version, or leave it unset for a fresh name."
             )
-        refuse_outside_outputs(trainer, root / args.version)  # callbacks write inside this run only (run_outputs.py)
+        refuse_outside_outputs(trainer, root / args.version)  # callbacks write inside this run only (run/outputs.py)
         if self.subcommand == "fit" and is_rank_zero_launch():
             self.run_directory = RunDirectory.claim(root / args.version)  # one live process per run directory
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-        from lightning_cqk.callbacks.checkpoint import AtomicCheckpointIO
         from lightning_cqk.callbacks.progress import use_line_progress
-        from lightning_cqk.cli import slurm
+        from lightning_cqk.callbacks.run_checkpoint import AtomicCheckpointIO
+        from lightning_cqk.run import slurm_preemption as slurm
 
         trainer = super().instantiate_trainer(**kwargs)
-        slurm.take_over(trainer)  # no hpc_ckpt_* written or restored (cli/slurm.py)
+        slurm.take_over(trainer)  # no hpc_ckpt_* written or restored (run/slurm_preemption.py)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # atomic saves; weights_only, clear errors
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         sub = self.subcommand
         use_line_progress(trainer, (self.config[sub] if sub else self.config).trainer.get("callbacks"))
         return trainer
-
-
-def names_downstream_model(argv: list[str]) -> bool:
-    """Whether the ``--config`` files (or a ``--model`` class path) of a trainer command name a downstream model."""
-    import yaml
-
-    for i, arg in enumerate(argv):
-        value = None
-        if arg in ("--config", "-c", "--model") and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(("--config=", "--model=")):
-            value = arg.split("=", 1)[1]
-        if value is None:
-            continue
-        if arg.startswith("--model"):
-            if value.startswith(DOWNSTREAM_PREFIX):
-                return True
-            continue
-        path = Path(value)
-        if not path.is_file():
-            continue
-        try:
-            config = yaml.safe_load(path.read_text())
-        except yaml.YAMLError:
-            continue
-        model = config.get("model") if isinstance(config, dict) else None
-        class_path = model.get("class_path") if isinstance(model, dict) else None
-        if isinstance(class_path, str) and class_path.startswith(DOWNSTREAM_PREFIX):
-            return True
-    return False

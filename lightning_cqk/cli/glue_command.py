@@ -21,12 +21,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.checkpoint_files import check_checkpoint, refuse_checkpoint_folder
+from lightning_cqk.checkpoint.reading import check_checkpoint, refuse_checkpoint_folder
 from lightning_cqk.downstream.glue_table import render_table, summarise_seeds, write_glue_table
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS, TaskDataMissing, get_task, load_task
 from lightning_cqk.errors import MissingInputError
-from lightning_cqk.resources import find_config
-from lightning_cqk.run_dir import checkpoint_run, next_free_name
+from lightning_cqk.files.resources import find_config
+from lightning_cqk.run.directory import checkpoint_run, next_free_name
 
 #: The GLUE task configs: `configs/glue/` of the working directory, else the copy shipped with the package.
 GLUE_CONFIGS = "configs/glue"

@@ -3,7 +3,7 @@
 
 jsonargparse reports an unknown key as "Group 'model' does not accept option 'config.n_layr'", "Option 'x' is not
 accepted" or "Unrecognized arguments: --trainer.max_stepz=3"; the hint appended to the message names the closest known
-keys among the same group's keys (difflib), else among all keys. Tests: `tests/reliability/test_bad_inputs.py`.
+keys among the same group's keys (difflib), else among all keys. Tests: `tests/e2e/reliability/test_bad_inputs.py`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
     lightning_cqk attention            # list the registered attention backends and their options
     lightning_cqk sweep configs/ablations/coupling.yaml --profile cpu [--dry-run]   # an ablation study, resumable
     lightning_cqk report runs/coupling-cpu                                          # its tables and figures
-    lightning_cqk fit --config configs/glue/sst2.yaml --model.checkpoint <ckpt>   # downstream: GlueCLI
+    lightning_cqk glue fit --config configs/glue/sst2.yaml --model.checkpoint <ckpt>   # one GLUE task: GlueCLI
     lightning_cqk glue --checkpoint <ckpt> | glue-table <ckpt|dir>... | mc-eval --checkpoint <ckpt> --tasks '[a.jsonl]'
     lightning_cqk consolidate runs/<experiment>/<run>/checkpoints/last.ckpt     # FSDP2 folder -> one file
 
@@ -20,10 +20,10 @@ is `{attention}-{size}-s{seed}` (size: the preset, plus any shape field set agai
 `-3`, ... suffix keeps a new run from writing into an old one), and
 `trainer.precision: null` meaning bf16-mixed on a bf16-capable GPU, fp32 elsewhere.
 
-Run directories (`run_dir.py`, docs/reliability.md): `fit` decides the directory and the checkpoint to resume from
+Run directories (`run/directory.py`, docs/reliability.md): `fit` decides the directory and the checkpoint to resume from
 (`--ckpt_path last`: the newest run of this name with a checkpoint; the same command again resumes an unfinished
 run when nothing changed, `--on_unfinished new|refuse|resume`), checks that a resume changes only what a resume may
-change (and applies a changed learning rate or schedule), locks the directory (`run_lock.py`) before building
+change (and applies a changed learning rate or schedule), locks the directory (`run/lock.py`) before building
 anything, and records each attempt (`run.json`; `config.yaml`, then `config.resume-<n>.yaml` per resume) once
 training has started. SIGTERM and a first Ctrl-C save a checkpoint and print the command that resumes.
 `validate/test/predict` save their configuration as `config.<subcommand>.yaml`. `fit` also installs
@@ -34,10 +34,11 @@ unless set: `--budget.tokens 2e6`, `--budget.flops 1e15`, `--budget.wallclock 60
 `--budget.match_to runs/<experiment>/<run> --budget.ratio 2.4 [--budget.match_on tokens]`. Every run writes
 `budget.json` (tokens, flops, wallclock, steps) into its run directory.
 
-Errors (`cli/errors.py`): a user error (`lightning_cqk.errors.UserError`, a refused resume, a run directory in use)
-prints as `lightning_cqk <command>: <message>` and exits 1; its traceback goes to ~/.cache/lightning_cqk/last-error.log
-(`--debug` or LIGHTNING_CQK_DEBUG=1 prints it). Any other exception keeps its traceback. Warnings that repeat on every
-run and that nobody can act on are hidden by message (`cli/warnings.py`, the one list).
+Errors (`cli/error_report.py`): a user error (`lightning_cqk.errors.UserError`, a refused resume, a run directory in
+use) prints as `lightning_cqk <command>: <message>` and exits 1; its traceback goes to
+~/.cache/lightning_cqk/last-error.log (`--debug` or LIGHTNING_CQK_DEBUG=1 prints it). Any other exception keeps its
+traceback. Warnings that repeat on every run and that nobody can act on are hidden by message (`cli/warnings.py`, the
+one list).
 
 This module imports neither torch nor Lightning: `--help`, `attention`, `sweep` and `report` answer at once, and the
 trainer subcommands import `cli/trainer.py` (CQKCLI) when they run.
@@ -47,8 +48,9 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
-from lightning_cqk.cli.errors import pop_debug, user_errors_reported
+from lightning_cqk.cli.error_report import pop_debug, user_errors_reported
 from lightning_cqk.environment import EnvironmentValueError
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")  # litdata would otherwise ping PyPI (offline runs)
@@ -82,13 +84,13 @@ def _prepare_command(argv: list[str]) -> None:
 
 
 def _attention_command(argv: list[str]) -> None:
-    from lightning_cqk.backends_doc import attention_command
+    from lightning_cqk.contract.backends_table import attention_command
 
     attention_command(argv)
 
 
 def _check_backend_command(argv: list[str]) -> None:
-    from lightning_cqk.contract.command import check_backend_command
+    from lightning_cqk.contract.check_backend import check_backend_command
 
     check_backend_command(argv)
 
@@ -149,7 +151,7 @@ def _mc_eval_command(argv: list[str]) -> None:
 
 
 def _generate_command(argv: list[str]) -> None:
-    from lightning_cqk.inference.cli import generate_command
+    from lightning_cqk.inference.generate_command import generate_command
 
     generate_command(argv)
 
@@ -161,7 +163,7 @@ def _eval_command(argv: list[str]) -> None:
 
 
 def _consolidate_command(argv: list[str]) -> None:
-    from lightning_cqk.checkpoint_consolidate import consolidate_command
+    from lightning_cqk.checkpoint.consolidate import consolidate_command
 
     consolidate_command(argv)
 
@@ -204,6 +206,8 @@ USAGE = """usage: lightning_cqk {fit,validate,test,predict,prepare,attention,swe
   study-data    fetch the corpus study's text, checked:  lightning_cqk study-data ../shared/data
   glue       GLUE fine-tuning of a checkpoint, every task x seeds -> glue.json/glue.md beside it:
                   lightning_cqk glue --checkpoint <ckpt> [--tasks '[cola, rte]'] [--seeds '[1, 2]']
+             one task, through Lightning's subcommands (GlueCLI; `fit --config` of a GLUE config is the same):
+                  lightning_cqk glue fit --config configs/glue/sst2.yaml
   glue-table GLUE tables of several checkpoints side by side: lightning_cqk glue-table <ckpt|dir|glue.json>...
   mc-eval    zero/few-shot multiple choice (jsonl: context, choices, label):
                   lightning_cqk mc-eval --checkpoint <ckpt> --tasks '[arc.jsonl]' [--num_fewshot 5]
@@ -222,7 +226,7 @@ prints alone; --debug (or LIGHTNING_CQK_DEBUG=1) prints its traceback too.
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point (`lightning_cqk` and `python -m lightning_cqk`).
 
-    From the shell, a user error prints alone and exits 1 (`cli/errors.py`); from Python (`main([...])`) every
+    From the shell, a user error prints alone and exits 1 (`cli/error_report.py`); from Python (`main([...])`) every
     exception propagates.
     """
     from_command_line = argv is None
@@ -277,27 +281,58 @@ def _dispatch(argv: list[str], from_command_line: bool) -> None:
         import torch
 
         torch.set_float32_matmul_precision("high")
-    if argv[0] in EXTRA_COMMANDS:
+    downstream = argv[0] == "glue" and len(argv) > 1 and argv[1] in TRAINER_COMMANDS
+    if downstream:  # `glue fit --config configs/glue/<task>.yaml ...`: one fine-tuning run, GlueCLI
+        argv = argv[1:]
+    elif argv[0] in EXTRA_COMMANDS:
         EXTRA_COMMANDS[argv[0]](argv[1:])
         return
     argv = join_negative_values(argv)
-    from lightning_cqk.resources import ConfigNotFound, resolve_config_args  # configs/... of the installed package
+    from lightning_cqk.files.resources import (  # configs/... of the installed package
+        ConfigNotFound,
+        resolve_config_args,
+    )
 
     try:
         argv = resolve_config_args(argv)
     except ConfigNotFound as err:
         sys.exit(f"lightning_cqk {argv[0]}: {err}")
-    from lightning_cqk.strict_yaml import check_config_args
+    from lightning_cqk.files.strict_yaml import check_config_args
 
-    check_config_args(argv)  # a key given twice in a --config file is refused, naming the line (strict_yaml.py)
+    # A key given twice in a --config file is refused, naming the line (files/strict_yaml.py); the files read there
+    # also say whether this is GLUE fine-tuning (`fit --config configs/glue/<task>.yaml`, the `glue fit` command).
+    documents = check_config_args(argv)
     if from_command_line:
         sys.argv[1:] = argv
     # From the shell, LightningCLI reads sys.argv itself (passing it again as `args` makes it warn).
-    from lightning_cqk.cli.glue import GlueCLI, names_downstream_model
+    if downstream or names_downstream_model(documents, argv):
+        from lightning_cqk.cli.glue import GlueCLI
+
+        GlueCLI(args=None if from_command_line else argv)
+        return
     from lightning_cqk.cli.trainer import CQKCLI
 
-    cli_class = GlueCLI if names_downstream_model(argv) else CQKCLI
-    cli_class(args=None if from_command_line else argv)
+    CQKCLI(args=None if from_command_line else argv)
+
+
+#: Where the downstream models live: a config whose `model.class_path` starts so is fine-tuned by `glue`'s GlueCLI.
+DOWNSTREAM_PREFIX = "lightning_cqk.downstream"
+
+
+def names_downstream_model(documents: list[Any], argv: list[str]) -> bool:
+    """Whether the `--config` documents (as read by `check_config_args`) or a `--model` class path of a trainer
+    command name a downstream model: then `fit ...` is `glue fit ...` (no file is read again)."""
+    for i, arg in enumerate(argv):
+        value = argv[i + 1] if arg == "--model" and i + 1 < len(argv) else None
+        value = arg.split("=", 1)[1] if arg.startswith("--model=") else value
+        if isinstance(value, str) and value.startswith(DOWNSTREAM_PREFIX):
+            return True
+    for document in documents:
+        model = document.get("model") if isinstance(document, dict) else None
+        class_path = model.get("class_path") if isinstance(model, dict) else None
+        if isinstance(class_path, str) and class_path.startswith(DOWNSTREAM_PREFIX):
+            return True
+    return False
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ so `ModelConfig.__post_init__` fills exactly the fields nobody set, after every 
 is built, and re-running from a saved `config.yaml` builds the same model. (`block_size` is not filled here: the CLI
 links it to `data.seq_len`.)
 
-Tests: `tests/test_cli_presets.py`.
+Tests: `tests/e2e/test_cli_presets.py`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from jsonargparse import Namespace
 
 from lightning_cqk.cli.hints import HintingArgumentParser
-from lightning_cqk.config import PRESETS, SHAPE_FIELDS, preset_shape
+from lightning_cqk.model_config import PRESETS, SHAPE_FIELDS, preset_shape
 
 #: Where the CLI keeps the model config (LitLM's `config` argument).
 MODEL_CONFIG_KEY = "model.config"

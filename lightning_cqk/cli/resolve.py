@@ -83,7 +83,7 @@ def resolved_config(configs: list[str], overrides: Mapping[str, Any], seed: int 
     import io
     from pathlib import Path
 
-    from lightning_cqk.resources import ConfigNotFound, resolve_config_args
+    from lightning_cqk.files.resources import ConfigNotFound, resolve_config_args
 
     try:
         argv = tuple(resolve_config_args(fit_arguments(configs, overrides, seed)))

@@ -1,11 +1,12 @@
 """`--trainer.strategy <ClassName>` as Lightning's docs and ours write it, and FSDP2 sharded over every process.
 
 jsonargparse reads `--trainer.strategy ModelParallelStrategy` as a string (the Trainer's `strategy` is `str |
-Strategy`), and the Trainer knows no strategy of that name: the documented flag failed. `resolve_strategy` turns a
-bare class name of `lightning.pytorch.strategies` into its class (`DDPStrategy`, `FSDPStrategy`, ...), and
-`ModelParallelStrategy` into `FSDP2Strategy`: the same strategy with the sizes this framework can use by default.
-Lightning's own defaults ("auto" = data-parallel over nodes, tensor-parallel over each node's devices) ask for
-tensor parallelism on one node (8 GPUs: tensor-parallel 8), which `LitLM` refuses (it shards with FSDP2 only).
+Strategy`), and the Trainer knows no strategy of that name: the documented flag failed. `resolve_strategy` (a check of
+the run's preflight, run/strategy_flag.py) turns a bare class name of `lightning.pytorch.strategies` into its class
+(`DDPStrategy`, `FSDPStrategy`, ...), and `ModelParallelStrategy` into `FSDP2Strategy`: the same strategy with the sizes
+this framework can use by default. Lightning's own defaults ("auto" = data-parallel over nodes, tensor-parallel over
+each node's devices) ask for tensor parallelism on one node (8 GPUs: tensor-parallel 8), which `LitLM` refuses (it
+shards with FSDP2 only).
 
 Its checkpoints are distributed-checkpoint folders (`checkpoint_files`: shards, their index, meta.pt), saved whole or
 not at all: every rank writes under a hidden temporary name beside the target, and rank zero puts the finished folder
@@ -25,15 +26,14 @@ from typing import Any, Literal
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from lightning_cqk.atomic_files import remove_path, replace_folder
-from lightning_cqk.checkpoint_files import (
+from lightning_cqk.checkpoint.folder import load_sharded_training_state
+from lightning_cqk.checkpoint.reading import (
     TRUSTED_GLOBALS,
     CorruptCheckpointError,
     checkpoint_problem,
     corrupt_checkpoint_message,
 )
-from lightning_cqk.checkpoint_folder import load_sharded_training_state
-from lightning_cqk.errors import ConfigError
+from lightning_cqk.files.atomic import remove_path, replace_folder
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -93,55 +93,3 @@ class FSDP2Strategy(ModelParallelStrategy):
             )
         with torch.serialization.safe_globals(list(TRUSTED_GLOBALS)):
             return super().load_checkpoint(path, weights_only=True)
-
-
-def resolve_strategy(value: Any) -> Any:
-    """A strategy given as a bare class name, as {class_path, init_args}; anything else unchanged."""
-    if not isinstance(value, str) or "." in value:
-        return value
-    if value == ModelParallelStrategy.__name__:
-        return {"class_path": f"{FSDP2Strategy.__module__}.{FSDP2Strategy.__name__}", "init_args": {}}
-    import lightning.pytorch.strategies as strategies
-
-    found = getattr(strategies, value, None)
-    if isinstance(found, type) and value.endswith("Strategy"):
-        return {"class_path": f"lightning.pytorch.strategies.{value}", "init_args": {}}
-    return value
-
-
-#: The class names whose checkpoints are distributed-checkpoint folders, and that alone can resume one.
-SHARDED_STRATEGIES = ("FSDP2Strategy", "ModelParallelStrategy")
-#: `--ckpt_path` words Lightning resolves itself (validate, test, predict): not paths.
-CKPT_PATH_WORDS = ("best", "last", "hpc", "registry")
-
-
-def refuse_folder_without_fsdp2(ckpt: Any, strategy: Any, command: str | None) -> None:
-    """Before Lightning builds anything: refuse a `--ckpt_path` that is a URL (only local files are checked before
-    loading), or an FSDP2 checkpoint folder given to any other strategy (Lightning would try to read the folder as a
-    file: an IsADirectoryError traceback, after the model was built)."""
-    if not ckpt or not isinstance(ckpt, (str, Path)):
-        return
-    text = str(ckpt)
-    if "://" in text:
-        raise ConfigError(
-            f"--ckpt_path {text}: a URL. Checkpoints are read only from local files, which are checked (intact, plain "
-            f"data) before anything of them is loaded. Download it first, e.g. curl -L -o downloaded.ckpt '{text}', "
-            "then give --ckpt_path downloaded.ckpt."
-        )
-    if text in CKPT_PATH_WORDS:
-        return
-    if not Path(text).exists():
-        raise ConfigError(f"--ckpt_path {text}: no such file or folder. Give the path of a checkpoint (a *.ckpt).")
-    if not Path(text).is_dir():
-        return
-    name = strategy if isinstance(strategy, str) else getattr(strategy, "class_path", None) or type(strategy).__name__
-    if str(name).rsplit(".", 1)[-1] in SHARDED_STRATEGIES:
-        return
-    raise ConfigError(
-        f"--ckpt_path {text} is a distributed-checkpoint folder saved by FSDP2 (--trainer.strategy "
-        f"ModelParallelStrategy), and this {command or 'command'} uses the strategy {name}: only FSDP2 reads its "
-        "sharded weights and optimizer states. Resume it with the strategy it was saved with: add --trainer.strategy "
-        "ModelParallelStrategy (on a machine without GPUs also --trainer.devices=1: FSDP2 over one CPU process). To "
-        f"evaluate or fine-tune it without FSDP2, consolidate it into one file first: lightning_cqk consolidate {text} "
-        "(weights and settings, no optimizer state: it cannot resume training)."
-    )

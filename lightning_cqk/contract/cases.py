@@ -9,8 +9,8 @@ import torch
 
 from lightning_cqk import attention
 from lightning_cqk.attention import AttentionBackend
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model.gpt import GPT
+from lightning_cqk.model_config import ModelConfig
 
 #: The tiny model every case builds (fp64): 2 layers, width 32, 4 heads of 8, a 16-token context.
 BASE_CONFIG = dict(n_layer=2, n_head=4, n_embd=32, mlp_hidden=64, block_size=16, vocab_size=61)

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.data.sources import WorkUnit, iter_unit_documents, list_source_files
 from lightning_cqk.errors import ConfigError, MissingInputError, UnavailableError
+from lightning_cqk.files.atomic import write_json_atomically
 
 OTHER_FILES = ("refuse", "train", "hash", "leave_out")
 """What ``resolve_corpus`` does with files that name no split beside files that do (see the module docstring)."""

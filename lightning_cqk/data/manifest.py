@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.data import remote
 from lightning_cqk.errors import ConfigError, MissingInputError
+from lightning_cqk.files.atomic import write_json_atomically
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1

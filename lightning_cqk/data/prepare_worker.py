@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.data.manifest import SplitStats
 from lightning_cqk.data.sources import WorkUnit, iter_unit_documents
 from lightning_cqk.data.tokenizers import get_tokenizer
 from lightning_cqk.errors import ConfigError, MissingInputError, UnavailableError, storage_full_errno
+from lightning_cqk.files.atomic import write_json_atomically
 
 _FLUSH_TOKENS = 1 << 20  # tokens per array handed to litdata: per-item overhead is ~10 us, so batch documents
 

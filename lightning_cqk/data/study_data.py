@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from lightning_cqk.atomic_files import write_bytes_atomically
+from lightning_cqk.files.atomic import write_bytes_atomically
 
 RAW = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
 TARBALL = "https://codeload.github.com/{repo}/tar.gz/{commit}"

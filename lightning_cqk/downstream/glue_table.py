@@ -23,8 +23,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.downstream.glue_tasks import GLUE_TASKS
+from lightning_cqk.files.atomic import write_json_atomically
 
 FORMAT = "lightning_cqk.glue/1"
 JSON_NAME, MD_NAME = "glue.json", "glue.md"
@@ -149,7 +149,7 @@ def render_side_by_side(tables: list[dict[str, Any]], labels: list[str] | None =
         tables: loaded ``glue.json`` dicts.
         labels: column titles (default: each checkpoint's run name).
     """
-    from lightning_cqk.run_dir import checkpoint_run_name
+    from lightning_cqk.run.directory import checkpoint_run_name
 
     if not tables:
         raise ValueError("no GLUE tables to show")

@@ -29,7 +29,7 @@ Relation to ``lightning_cqk eval`` (lm-evaluation-harness, `lightning_cqk.evalua
 a tokenizer that splits the boundary the same way, mc-eval's log-likelihoods and accuracies equal ``eval
 --prefix_eos``'s (``acc_norm`` here = lm-eval's ``acc_bytes``); lm-eval's default puts no EOS before a non-empty
 context, moves the context's trailing whitespace into the continuation and normalises ``acc_norm`` by characters
-(docs/evaluation.md; tested in tests/evaluation/test_harness.py).
+(docs/evaluation.md; tested in tests/e2e/evaluation/test_harness.py).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 
-from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.data.tokenizers import Tokenizer
 from lightning_cqk.evaluation.scoring import score_continuations
+from lightning_cqk.files.atomic import write_json_atomically
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.atomic_files import write_json_atomically
 from lightning_cqk.evaluation import LM_EVAL_MISSING
 from lightning_cqk.evaluation.task_files import check_task_folder
+from lightning_cqk.files.atomic import write_json_atomically
 
 
 def read_hub_data_from_cache_when_offline() -> None:

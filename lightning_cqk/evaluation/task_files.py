@@ -3,11 +3,11 @@
 lm-eval's task index skips, with a debug-level log line only, every file it cannot read: a YAML syntax error, an
 empty file, a list instead of a mapping, an `include:` of a file that is not there. The task defined in it is then
 reported as an unknown task, which hides the cause. `check_task_folder` reads every `*.yaml` under the folder (as
-lm-eval does, `__pycache__` and `.ipynb_checkpoints` left out) with `lightning_cqk.strict_yaml`, which only composes
-the document (a `!function` tag is looked at, never imported or run), and refuses the first such file by its name and
-line; a key given twice (which lm-eval's loader would silently resolve to the last) is refused the same way. Every
-`include:` must name a file that is itself a task file (a mapping of settings), wherever it lies: a file outside the
-folder, or not named *.yaml, is never indexed, so it is read here when included (`/etc/passwd` would otherwise make
+lm-eval does, `__pycache__` and `.ipynb_checkpoints` left out) with `lightning_cqk.files.strict_yaml`, which only
+composes the document (a `!function` tag is looked at, never imported or run), and refuses the first such file by its
+name and line; a key given twice (which lm-eval's loader would silently resolve to the last) is refused the same way.
+Every `include:` must name a file that is itself a task file (a mapping of settings), wherever it lies: a file outside
+the folder, or not named *.yaml, is never indexed, so it is read here when included (`/etc/passwd` would otherwise make
 lm-eval fail on the including task and call it unknown).
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from lightning_cqk.strict_yaml import YAMLInputError, check_text, construct
+from lightning_cqk.files.strict_yaml import YAMLInputError, check_text, construct
 
 _IGNORED_DIRS = {"__pycache__", ".ipynb_checkpoints"}
 

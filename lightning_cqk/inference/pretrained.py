@@ -8,7 +8,7 @@ A checkpoint written by ``lightning_cqk fit`` carries what is needed to rebuild 
   ``data_dir``; the shards' ``manifest.json`` there (when it is still readable) records the vocabulary fingerprint.
 
 Every command that reads a trained model (`generate`, `eval`, `glue`, `mc-eval`, downstream `--model.checkpoint`)
-loads it here, through `lightning_cqk.checkpoint_files.load_checkpoint`: `torch.load(weights_only=True)`, so a file
+loads it here, through `lightning_cqk.checkpoint.reading.load_checkpoint`: `torch.load(weights_only=True)`, so a file
 from elsewhere cannot run code while it loads (docs/reliability.md, "Checkpoints from elsewhere").
 
 The tokenizer used downstream must be the one the model was trained with: a different tokenizer name, a vocabulary
@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.attention.registry import check_recorded
-from lightning_cqk.checkpoint_files import load_checkpoint, refuse_checkpoint_folder
-from lightning_cqk.config import ModelConfig, upgrade_config_dict
+from lightning_cqk.checkpoint.reading import load_checkpoint, refuse_checkpoint_folder
 from lightning_cqk.data.manifest import Manifest
 from lightning_cqk.data.tokenizers import Tokenizer, get_tokenizer, vocab_size_of
 from lightning_cqk.errors import ConfigError, MissingInputError
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig, upgrade_config_dict
 
 
 @dataclass

@@ -14,10 +14,10 @@ Most work scales with the tokens of a batch (`forward_flops_per_token`). Backend
 from __future__ import annotations
 
 from lightning_cqk.attention import get_attention
+from lightning_cqk.attention.backends.standard import StandardAttention
 from lightning_cqk.attention.registry import label
-from lightning_cqk.attention.standard import StandardAttention
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.errors import ConfigError
+from lightning_cqk.model_config import ModelConfig
 
 MLP_MATRICES = {"gelu": 2, "swiglu": 3}
 

@@ -45,9 +45,9 @@ from torch.utils.checkpoint import checkpoint
 
 from lightning_cqk.attention import AttentionBackend, AttentionContext, build_attention
 from lightning_cqk.attention.rope import build_rope_cache
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model.components import in_autocast_dtype, make_mlp, make_norm
 from lightning_cqk.model.decode import DecodeCache
+from lightning_cqk.model_config import ModelConfig
 
 
 class Block(nn.Module):

@@ -9,7 +9,7 @@ logits and writes dL/dh and dL/dW directly (softmax - one-hot, times the incomin
 inputs is one chunk's logits (chunk x V, in fp32 for the softmax) instead of 3 B T V (bf16 logits, their fp32 copy and
 its gradient; 16 GB at B=32, T=1024, V=50k). Logits are formed in the dtype of h and W (bf16 under autocast, as
 `F.linear` would) and the log-softmax is taken in fp32, as `F.cross_entropy(logits.float(), y)` on full logits.
-Equal to that in fp64, forward and backward (tests/model/test_chunked_loss.py). Padded vocabulary rows of W are
+Equal to that in fp64, forward and backward (tests/unit/model/test_loss_chunked.py). Padded vocabulary rows of W are
 ordinary logits that are never targets, exactly as with the plain head.
 """
 

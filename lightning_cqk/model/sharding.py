@@ -14,7 +14,7 @@ them, reduce-scatters the bank's gradient summed over all layers. Cost: one bloc
 Mixed precision (`MixedPrecisionPolicy`): with bf16, each unit gathers its parameters in bf16 for the forward and
 backward and reduces gradients in fp32; the sharded parameters, gradients and optimizer state stay fp32.
 
-What sharding changes: nothing in the numbers beyond float summation order (tests/scale/test_fsdp.py, 2 gloo ranks
+What sharding changes: nothing in the numbers beyond float summation order (tests/e2e/scale/test_fsdp.py, 2 gloo ranks
 against one process): DTensor ops are those of the full tensors, so Muon orthogonalises whole matrices (DTensor
 redistributes the sharded momentum for the Newton-Schulz matmuls) and QuacK / QK-clip read whole-head norms.
 """

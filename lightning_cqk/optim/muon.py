@@ -25,7 +25,7 @@ checkpoint in the standard torch format (`state_dict()` numbers the parameters o
 is its `momentum_buffer`, AdamW's `step`, `exp_avg`, `exp_avg_sq`), which `load_state_dict` splits back. A step that
 NonFiniteGuard skipped (every gradient None) changes nothing in either optimizer.
 
-Tests (`tests/optim/test_muon.py`): the split; steps equal `torch.optim.Muon` + `torch.optim.AdamW` used directly on
+Tests (`tests/e2e/optim/test_muon.py`): the split; steps equal `torch.optim.Muon` + `torch.optim.AdamW` used directly on
 the same parameters (bit for bit); QuacK's per-head scaling of the Muon update against a direct computation; a
 resumed run equals an uninterrupted one (weights and optimizer state); an AdamW checkpoint is refused clearly.
 """

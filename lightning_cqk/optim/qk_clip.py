@@ -27,7 +27,8 @@ across ranks before clipping, so every rank applies the same rescaling and the r
 second q/k projection and a T x T score matrix per layer and micro-batch (evaluated in batch chunks to bound memory);
 this is why the paper calls QK-clip "bespoke". No host sync: gamma is applied with tensor ops whatever its value.
 
-Tests (`tests/optim/test_qk_clip.py`): after a step on a model whose logits exceed tau_clip, recomputing the logits on
+Tests (`tests/e2e/optim/test_qk_clip.py`): after a step on a model whose logits exceed tau_clip, recomputing the logits
+on
 the same batch gives a per-head max of exactly tau_clip for the clipped heads and unchanged weights for the others
 (MHA, MLA, tied, grouped); validation forwards are not measured.
 """

@@ -10,7 +10,7 @@ weights a learning rate inversely proportional to that head's key-weight norm, a
 
 where eta is whatever the learning-rate schedule set for this step and |.|_0 the norm at initialisation, so at init
 every factor is tau (tau = the relative initial Q/K learning rate). For MLA (eq. 22 / Algorithm 2), with the
-matrices named as in `lightning_cqk.attention.mla` and h a head (W_dq, W_dkv, W_kr are shared by all heads)::
+matrices named as in `lightning_cqk.attention.backends.mla` and h a head (W_dq, W_dkv, W_kr are shared by all heads)::
 
     g_uq^h = (|W_dq| |W_uk^h| |W_dkv|)^-1          g_uk^h = (|W_uq^h| |W_dq| |W_dkv|)^-1
     g_qr^h = (|W_dq| |W_kr|)^-1                    g_kr   = (max_h |W_qr^h| |W_dq|)^-1
@@ -45,7 +45,7 @@ transform's inputs, not of the logits. Projection sharing and grouped heads (the
 `fixed` (the paper's "Ablation"): the same update scaling with a constant factor tau on every Q/K matrix (MLA: all
 six latent Q/K matrices).
 
-Tests (`tests/optim/test_quack.py`): at init every factor equals tau (MHA, GQA, tied, MLA); doubling W_K^h halves
+Tests (`tests/e2e/optim/test_quack.py`): at init every factor equals tau (MHA, GQA, tied, MLA); doubling W_K^h halves
 W_Q^h's factor and no other head's; an AdamW step's update of W_Q^h shrinks by exactly that factor (with and without
 scaled weight decay), composed with a schedule; the MLA factors follow the rule above; skipped updates stay skipped;
 finite under bf16 autocast.

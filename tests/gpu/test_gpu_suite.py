@@ -26,8 +26,8 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from lightning_cqk.config import ModelConfig
 from lightning_cqk.model import GPT
+from lightning_cqk.model_config import ModelConfig
 
 pytestmark = [
     pytest.mark.gpu,
@@ -69,7 +69,7 @@ def test_backend_trains_200_steps_bf16(name, compiled):
     torch.manual_seed(0)
     cfg = ModelConfig(preset="60m", block_size=1024, vocab_size=50304, attention=attention, attention_options=options)
     model = GPT(cfg).cuda()
-    if compiled:  # a recompile-limit hit raises instead of running eager (tests/attention/test_compile_graphs.py)
+    if compiled:  # a recompile-limit hit raises instead of running eager (tests/contract/test_compile_graphs.py)
         torch._dynamo.reset()
         counters.clear()
         for block in model.blocks:
@@ -100,8 +100,8 @@ def test_backend_trains_200_steps_bf16(name, compiled):
 
 
 def test_fused_invertible_matches_compiled_bf16():
-    from lightning_cqk.attention.coupling import InvertibleCoupling
     from lightning_cqk.attention.transform import parse_transform
+    from lightning_cqk.attention.transforms.coupling import InvertibleCoupling
 
     cfg = ModelConfig(preset="tiny", n_layer=1, n_head=4, n_embd=256, block_size=256)
     _, options = parse_transform({"kind": "invertible", "layers": 2})

@@ -508,7 +508,7 @@ def test_a_report_while_the_sweep_runs_says_it_is_of_a_live_sweep(sweep_dir: Pat
 
     monkeypatch.setattr(lightning_cqk.study.report.figures, "figures", lambda *args, **kwargs: [])
     path = sweep_dir / lock
-    hold = "import sys, time; from lightning_cqk.run_lock import acquire; acquire(sys.argv[1], name=sys.argv[2]); "
+    hold = "import sys, time; from lightning_cqk.run.lock import acquire; acquire(sys.argv[1], name=sys.argv[2]); "
     hold += "print('held', flush=True); time.sleep(120)"
     sweep = subprocess.Popen(
         [sys.executable, "-c", hold, str(path.parent), path.name], stdout=subprocess.PIPE, text=True,

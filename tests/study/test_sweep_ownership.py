@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from lightning_cqk.cli import main
-from lightning_cqk.run_lock import acquire
+from lightning_cqk.run.lock import acquire
 from lightning_cqk.study.design.spec import expand
 from lightning_cqk.study.run.runner import Ledger
 

@@ -110,9 +110,23 @@ def measured_study(path: Path) -> MeasuredStudy:
     )
 
 
+#: Committed studies whose seconds are not this machine's speed, keyed by (study, its study.json `created`) so that
+#: a rerun is measured again: left out of the fit and the tolerance, with the reason.
+MEASURED_UNDER_LOAD: dict[tuple[str, str], str] = {
+    ("logit_control", "2026-11-29T08:33:03+00:00"): "rerun for issue 45 (its late train-loss window) while three "
+    "other jobs shared the 2 cores (load average 6-9): its runs took 2-5x their idle seconds, val numbers identical",
+}
+
+
 def committed_studies(results_root: Path) -> list[MeasuredStudy]:
-    """Every committed study under `results_root` (docs/results/<study>/study.json), by name."""
-    return [measured_study(p) for p in sorted(Path(results_root).glob("*/study.json"))]
+    """Every committed study under `results_root` (docs/results/<study>/study.json), by name, less those measured
+    under load (MEASURED_UNDER_LOAD)."""
+    studies = []
+    for path in sorted(Path(results_root).glob("*/study.json")):
+        created = json.loads(path.read_text()).get("created")
+        if (path.parent.name, created) not in MEASURED_UNDER_LOAD:
+            studies.append(measured_study(path))
+    return studies
 
 
 def analytic_seconds(run) -> tuple[float, float]:

@@ -148,7 +148,7 @@ def fill_placeholders(value: Any, placeholders: dict[str, str | None]) -> Any:
 
 def config_path(config: str, where: str) -> str:
     """A spec's --config file as given when it exists (a checkout), else the shipped copy's path (`resources.py`)."""
-    from lightning_cqk.resources import ConfigNotFound, find_config
+    from lightning_cqk.files.resources import ConfigNotFound, find_config
 
     if "{" in config or Path(config).exists():  # a placeholder is filled later; the working directory wins
         return config

@@ -84,7 +84,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.run_outputs import refuse_shared_outputs
+from lightning_cqk.run.outputs import refuse_shared_outputs
 from lightning_cqk.study.design import spec_checks
 from lightning_cqk.study.design.claim import ClaimError, parse_claim
 from lightning_cqk.study.design.control import check_control, control_claim, control_runs, control_seeds, parsed_control
@@ -113,7 +113,7 @@ def load_spec(path: str | Path) -> dict[str, Any]:
 
     `path` is found in the working directory, else among the specs shipped with the package (`resources.py`).
     """
-    from lightning_cqk.resources import ConfigNotFound, find_config, shipped_names
+    from lightning_cqk.files.resources import ConfigNotFound, find_config, shipped_names
 
     try:
         path = find_config(path)

@@ -3,7 +3,7 @@
 `spec.load_spec` reads a spec with `read` and, once its structure is known to be sound, calls `check`:
 
 - duplicate mapping keys anywhere (level names, override keys, claims, profiles) are refused by the YAML reader
-  (`lightning_cqk.strict_yaml`); `yaml.safe_load` would keep the last of two and drop the first without a word;
+  (`lightning_cqk.files.strict_yaml`); `yaml.safe_load` would keep the last of two and drop the first without a word;
 - every name that becomes part of a path (study, profile, level, control; hence group and run names) is a plain
   name (`NAME`: letters, digits, `_ . + = -`, not starting with `.`), so `--profile ../../../x` or a profile key of
   that shape cannot put a sweep directory outside `runs/`, and `owned_run_dir` lets the runner delete only
@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.strict_yaml import YAMLInputError, load
+from lightning_cqk.files.strict_yaml import YAMLInputError, load
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
 NAME_RULE = "letters, digits and _ . + = - only, starting with a letter or digit"

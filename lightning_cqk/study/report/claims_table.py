@@ -51,7 +51,7 @@ def _pct(x: float) -> str:
 def _paper(study: str) -> str:
     import yaml
 
-    from lightning_cqk.resources import ConfigNotFound, find_config
+    from lightning_cqk.files.resources import ConfigNotFound, find_config
 
     try:
         spec = yaml.safe_load(find_config(f"configs/ablations/{study}.yaml").read_text())
@@ -198,7 +198,7 @@ def claims_table_command(argv: list[str] | None = None) -> None:
     if args.write is None:
         print(section, end="")
         return
-    from lightning_cqk.backends_doc import replace_section
+    from lightning_cqk.contract.backends_table import replace_section
 
     path = Path(args.write)
     path.write_text(replace_section(path.read_text(), section, BEGIN, END))

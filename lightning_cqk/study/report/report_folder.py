@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lightning_cqk.atomic_files import fsync_path
+from lightning_cqk.files.atomic import fsync_path
 
 RECORD = ".report.json"
 _AT_FDCWD = -100

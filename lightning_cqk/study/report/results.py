@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.atomic_files import write_text_atomically
+from lightning_cqk.files.atomic import write_text_atomically
 from lightning_cqk.study.design.tuned_rate import all_grid_runs
 from lightning_cqk.study.judge.group_estimates import late_loss_points
 from lightning_cqk.study.results_model import StudyData

@@ -148,7 +148,7 @@ def changes(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[str]:
         if da.get(key) != db.get(key):
             out.append(f"data: {key} differs ({'re-prepared or replaced' if da.get(key) else 'not recorded'})")
     if old.get("packages") != new.get("packages"):
-        from lightning_cqk.package_versions import describe_difference
+        from lightning_cqk.run.version_records import describe_difference
 
         out.append(f"packages: {describe_difference(old.get('packages') or {}, new.get('packages') or {}) or 'differ'}")
     for key in ("device", "precision", "threads"):
@@ -195,7 +195,7 @@ def checkout_code(package: Path | None = None) -> dict[str, Any]:
     top = _git(["rev-parse", "--show-toplevel"], package)
     tracked = _git(["ls-files", "--error-unmatch", "__init__.py"], package) is not None
     if top is None or not tracked:
-        from lightning_cqk.package_versions import package_versions
+        from lightning_cqk.run.version_records import package_versions
 
         return {"revision": f"lightning-cqk {package_versions().get('lightning-cqk')}",
                 "files": {f"{package.name}/": _tree_sha(package)}}  # fmt: skip
@@ -324,7 +324,7 @@ def data_fingerprint(data_dir: str | Path) -> str:
     known[stamp] = fingerprint
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        from lightning_cqk.atomic_files import write_json_atomically
+        from lightning_cqk.files.atomic import write_json_atomically
 
         write_json_atomically(cache, known)
     except OSError:
@@ -372,7 +372,7 @@ def _probe() -> tuple[str, bool, int]:
     fresh process of this environment sees them: asked in a child, so this process never initializes CUDA and its
     own torch settings (a test's set_num_threads) do not count."""
     code = (
-        "import torch\nfrom lightning_cqk.device_info import describe_device\n"
+        "import torch\nfrom lightning_cqk.run.version_records import describe_device\n"
         "gpu = torch.cuda.is_available()\n"
         "print(describe_device(torch.device('cuda')) if gpu else '', gpu and torch.cuda.is_bf16_supported(), "
         "torch.get_num_threads(), sep='|')\n"
@@ -387,7 +387,7 @@ def _probe() -> tuple[str, bool, int]:
 def device_of(accelerator: str, precision: str | None) -> tuple[str, str]:
     """(device, precision) a run with `trainer.accelerator` and `trainer.precision` computes with, as its run.json
     records them (device_info.describe_device; precision null: the CLI's auto_precision)."""
-    from lightning_cqk.device_info import cpu_model
+    from lightning_cqk.run.version_records import cpu_model
 
     device = cpu_model()
     if str(accelerator or "auto").lower() in ("auto", "gpu", "cuda"):
@@ -413,7 +413,7 @@ def run_threads(threads: int | None) -> int:
 # ------------------------------------------------------------------------------------------------------ identity
 def identity_of(flat: Mapping[str, Any], threads: int | None) -> tuple[Identity, dict[str, Any]]:
     """(the identity, the settings it hashes) of a run whose resolved settings (flattened, seed included) are `flat`."""
-    from lightning_cqk.package_versions import package_versions
+    from lightning_cqk.run.version_records import package_versions
 
     settings = comparable_settings(flat)
     device, precision = device_of(str(flat.get("trainer.accelerator") or "auto"), flat.get("trainer.precision"))

@@ -10,10 +10,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from lightning_cqk.atomic_files import write_json_atomically
-from lightning_cqk.package_versions import code_revision, describe_difference, git_revision, package_versions
-from lightning_cqk.run_dir import resumable_checkpoint
-from lightning_cqk.run_lock import LOCK_NAME, LockOwner, holder
+from lightning_cqk.files.atomic import write_json_atomically
+from lightning_cqk.run.directory import resumable_checkpoint
+from lightning_cqk.run.lock import LOCK_NAME, LockOwner, holder
+from lightning_cqk.run.version_records import code_revision, describe_difference, git_revision, package_versions
 from lightning_cqk.study.design.spec import Run, SpecError, Sweep
 from lightning_cqk.study.design.spec_checks import owned_run_dir
 from lightning_cqk.study.run.adopt import CommittedRun

@@ -55,10 +55,10 @@ from pathlib import Path
 from typing import Any
 
 from lightning_cqk.environment import env_number
-from lightning_cqk.package_versions import package_versions
-from lightning_cqk.run_dir import RUN_IDENTITY_ENV, config_files, resumable_checkpoint
-from lightning_cqk.run_lock import RunDirectoryInUse, acquire, holder
-from lightning_cqk.slurm_job import REQUEUE_BY_ENV, requeue_job, slurm_job_id
+from lightning_cqk.run.directory import RUN_IDENTITY_ENV, config_files, resumable_checkpoint
+from lightning_cqk.run.lock import RunDirectoryInUse, acquire, holder
+from lightning_cqk.run.slurm_job import REQUEUE_BY_ENV, requeue_job, slurm_job_id
+from lightning_cqk.run.version_records import package_versions
 from lightning_cqk.study.design import start_mode
 from lightning_cqk.study.design.spec import Run, SpecError, Sweep, expand
 from lightning_cqk.study.run import worker
@@ -198,7 +198,7 @@ def recorded_identity(ledger: Ledger, run: Run, run_dir: Path) -> dict[str, Any]
     """The identity fields of a finished run: computed now (its shards exist now), with the device, precision and
     thread count its last attempt recorded in run.json where they differ from the prediction (then the identity is
     that of what computed it, and a warning says so)."""
-    from lightning_cqk.run_dir import read_record
+    from lightning_cqk.run.directory import read_record
     from lightning_cqk.study.run.identity import identity_digest
 
     fields = ledger.identity_fields(run)
@@ -241,8 +241,8 @@ def run_progress(log: Path, tail_bytes: int = 8192) -> tuple[int, int, str | Non
 
 def _fraction_left(run_dir: Path, steps: int | None) -> float:
     """The share of a run's steps still to train: 1 for a new run, less for one resumed from a checkpoint."""
-    from lightning_cqk.checkpoint_files import checkpoint_step
-    from lightning_cqk.run_dir import resumable_checkpoint
+    from lightning_cqk.checkpoint.reading import checkpoint_step
+    from lightning_cqk.run.directory import resumable_checkpoint
 
     if not steps or not run_dir.is_dir():
         return 1.0

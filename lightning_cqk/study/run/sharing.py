@@ -29,7 +29,7 @@ SHARED = ("same_as", "reused_from", "adopted_from")
 
 def device_of(run_dir: Path) -> str:
     """The device the run's last attempt computed on (its run.json), else "unrecorded"."""
-    from lightning_cqk.run_dir import read_record
+    from lightning_cqk.run.directory import read_record
 
     record = read_record(run_dir) or {}
     attempts = record.get("attempts") or [{}]

@@ -80,7 +80,7 @@ def task_states(sweep: Sweep) -> tuple[dict[str, TaskState], str | None]:
 def _step(ledger: Ledger, run: Run, status: str) -> str:
     """The run's step: its log's last progress line (`step 200/1000`), else, for a run not running now, the step of
     the checkpoint it resumes from (`saved 200`), else `-`."""
-    from lightning_cqk.checkpoint_files import checkpoint_step
+    from lightning_cqk.checkpoint.reading import checkpoint_step
     from lightning_cqk.study.run.runner import run_progress
 
     progress = run_progress(ledger.log_dir / f"{run.name}.log")
