@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import lightning as L
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
-# The probe callbacks that the subprocess tests load (tests/e2e/reliability/*.py, tests/study/sweep_helpers.py) are
+# The probe callbacks that the subprocess tests load (tests/e2e/reliability/*.py, tests/e2e/study/sweep_helpers.py) are
 # outside the package's allow-list of class paths (lightning_cqk/cli/class_paths.py): added the documented way, for
 # every process the tests start.
 os.environ["LIGHTNING_CQK_TRUSTED_MODULES"] = (

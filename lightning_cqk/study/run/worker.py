@@ -12,7 +12,7 @@ is started with that same environment, so what torch and OpenMP read at import i
 thread per run with `--jobs` > 1), its working directory, `sys.argv` as `-m lightning_cqk` sets it, the default
 SIGINT/SIGTERM/SIGUSR1 handling, stdin from /dev/null and stdout + stderr appended to the run's log, and exits
 through the interpreter's exit handlers with the CLI's exit status. So a run's numbers are identical to a fresh
-process's to the last digit (tests/study/test_worker.py compares the final validation loss and every weight).
+process's to the last digit (tests/e2e/study/test_worker.py compares the final validation loss and every weight).
 
 The runner talks to the server over two pipes, one JSON line per message: a request {"argv", "env", "cwd", "log"}
 is answered {"pid"}; when a child ends the server sends {"exited": pid, "returncode"} (a signal's death is -signum,

@@ -87,7 +87,7 @@ def test_a_tuning_grid_keeps_its_held_out_windows_after_the_final_set(tmp_path: 
     import yaml
 
     from lightning_cqk.study.design.spec import SpecError, expand
-    from tests.study.test_tuning import REPO, SPEC
+    from tests.unit.study.design.test_tuned_rate import REPO, SPEC
 
     monkeypatch.chdir(REPO)
     spec = copy.deepcopy(SPEC)

@@ -1,4 +1,4 @@
-"""Helpers that the sweep tests' subprocess runs import (tests/study is put on their PYTHONPATH)."""
+"""Helpers that the sweep tests' subprocess runs import (tests/e2e/study is put on their PYTHONPATH)."""
 
 from __future__ import annotations
 

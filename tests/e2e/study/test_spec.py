@@ -20,7 +20,7 @@ from lightning_cqk.model_config import ModelConfig
 from lightning_cqk.study.design.cost_estimate import MARGIN, STEP_MS_FIXED, STEP_MS_PER_GFLOP, estimate_runs
 from lightning_cqk.study.design.spec import SpecError, expand, load_spec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SPECS = sorted((REPO / "configs" / "ablations").glob("*.yaml"))
 # study -> (cpu runs, paper runs)
 COUNTS = {  # groups (grid + the planted control) x seeds, + the learning-rate grid (tuned levels x 3 rates, 1 seed)

@@ -12,7 +12,7 @@ import pytest
 
 from lightning_cqk.study.report.render import bookkeeping_line, code_line
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[4] / "docs" / "results"
 COUNTS = re.compile(r"(\d+) computed, (\d+) adopted")
 
 

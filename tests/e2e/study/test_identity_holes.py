@@ -2,7 +2,7 @@
 two different runs used to count as one. No run is trained here: a finished run is its status file and budget.json,
 as the runner leaves them, and a committed study is study.json / runs.csv / curves.csv as a report writes them.
 
-Delta over tests/study/test_run_identity.py's twin spec (ref and twin, seed 1, the tiny quickstart).
+Delta over tests/e2e/study/test_run_identity.py's twin spec (ref and twin, seed 1, the tiny quickstart).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from lightning_cqk.study.design.spec import expand
 from lightning_cqk.study.run import runner
 from lightning_cqk.study.run.runner import Ledger, Progress, run_progress
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LINE = "step {0}/1000 ({1}%) | 9.1 step/s | elapsed 0:00:44 | eta 0:01:39 | train/loss=2.310\n"
 
 

@@ -2,7 +2,7 @@
 levels' names; a sweep computes one run per identity and the others share its numbers; a sibling sweep's finished
 run (same code, packages and device) is reused, and equals a fresh run to the last digit.
 
-Delta over tests/study/test_runner.py's tiny spec: two levels that resolve to the same configuration.
+Delta over tests/e2e/study/test_runner.py's tiny spec: two levels that resolve to the same configuration.
 """
 
 from __future__ import annotations

@@ -512,7 +512,7 @@ def test_a_report_while_the_sweep_runs_says_it_is_of_a_live_sweep(sweep_dir: Pat
     hold += "print('held', flush=True); time.sleep(120)"
     sweep = subprocess.Popen(
         [sys.executable, "-c", hold, str(path.parent), path.name], stdout=subprocess.PIPE, text=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
     )  # fmt: skip
     try:
         assert sweep.stdout.readline().strip() == "held"

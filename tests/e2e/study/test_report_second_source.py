@@ -19,7 +19,7 @@ from lightning_cqk.cli import main
 
 sweep_dir, committed = test_report.sweep_dir, test_report.committed  # the toy sweep and its committed report
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
 
 
 def _copy(study: str, tmp_path: Path) -> Path:

@@ -17,7 +17,7 @@ from lightning_cqk.study.design.spec import SpecError, expand
 from lightning_cqk.study.run.run_scalars import read_scalars
 from lightning_cqk.study.run.runner import Ledger, write_slurm
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOKENS_PER_STEP = 2 * 16  # batch 2 x seq_len 16
 
 
@@ -81,7 +81,7 @@ def _write_spec(tmp: Path) -> Path:
 
 
 def _sweep(spec: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "study")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests" / "e2e" / "study")]))
     return subprocess.run(
         [sys.executable, "-m", "lightning_cqk", "sweep", str(spec), "--output", str(out), "--jobs", "2", *extra],
         cwd=spec.parent,

@@ -14,7 +14,7 @@ from lightning_cqk.study.design.units import convert_pct
 from lightning_cqk.study.judge.group_estimates import training_corpora, untuned_groups, verdicts
 from lightning_cqk.study.report.report_read import collect
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[4] / "docs" / "results"
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from lightning_cqk.run.lock import acquire
 from lightning_cqk.study.design.spec import expand
 from lightning_cqk.study.run.runner import Ledger
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _spec(tmp: Path, max_steps: int, lr: float = 2e-3) -> Path:

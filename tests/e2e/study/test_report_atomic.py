@@ -23,7 +23,7 @@ from lightning_cqk.cli import main
 from lightning_cqk.study.report import report_folder
 from lightning_cqk.study.report.report_command import write_report
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FINALS = {"base": [20.0, 21.0], "var": [18.0, 18.5]}
 SPEC = {
     "study": "toy",

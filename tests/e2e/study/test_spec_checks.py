@@ -16,7 +16,7 @@ from lightning_cqk.study.design.spec import Run, SpecError, expand
 from lightning_cqk.study.design.spec_checks import owned_run_dir
 from lightning_cqk.study.run.runner import Ledger
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # line numbers below refer to this text
 BASE = """\

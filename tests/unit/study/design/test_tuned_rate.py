@@ -17,7 +17,7 @@ from lightning_cqk.study.design.tuned_rate import TuningError, choose, held_out_
 from lightning_cqk.study.results_model import StudyData, TuningTable
 from lightning_cqk.study.run.runner import fit_command
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 VERDICT_WINDOWS = 4 * 8  # limit_val_batches x val_batch_size of the spec below
 SPEC = {
     "study": "tuned",
@@ -364,7 +364,7 @@ def test_the_tuned_rate_placeholder_is_built_and_read_in_tuning_only():
     assert parse_tuned(tuned_rate("a", auto_target_pct=3.0)) == TunedRate("a", auto_target_pct=3.0)
     assert parse_tuned("{tuned_lr:a*auto(3.0)}").text == "{tuned_lr:a*auto(3.0)}"
     assert is_tuned_rate(tuned_rate("a")) and not is_tuned_rate(4e-3) and not is_tuned_rate("4e-3")
-    package = Path(__file__).resolve().parents[2] / "lightning_cqk"
+    package = Path(__file__).resolve().parents[4] / "lightning_cqk"
     for path in package.rglob("*.py"):
         if path.name == "tuned_rate.py":
             continue
