@@ -68,7 +68,7 @@ quickstart: install ## train configs/quickstart.yaml (tiny model on the built-in
 
 TEST_JOBS ?= 2
 test: install ## run every CPU test, the multi-process and SLURM tests included, in TEST_JOBS processes (what CI runs; ~14 min on 2 cores)
-	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_JOBS) --durations=25
+	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_JOBS) --dist worksteal --durations=25
 
 # The test pyramid (tests/conftest.py marks each test with its layer): tests/unit/ mirrors the package and starts no
 # process (tests/unit/conftest.py), tests/contract/ is the backend harness (contract_smoke: one case per backend),

@@ -147,7 +147,7 @@ def test_the_headline_claims_plan_a_detectable_change_of_at_most_one_percent():
     the sds the committed reports measured: the corpus claims stay under 1.0%; coupling's realised sd, 1.60%, came
     out above the bound, so at the 26 seeds its spec fixed before the run it detects 1.08% (adding seeds after that
     look would be optional stopping). The limit is stated here, so a plan that slips further fails."""
-    from lightning_cqk.study.design.cost_estimate import power_lines
+    from lightning_cqk.study.judge.power_plan import power_lines
 
     limits = {"coupled-vs-standard-wikitext": 1.0, "coupled-vs-standard-pubmed": 1.0, "leapfrog-vs-standard": 1.09}
     for study, claims in (
@@ -181,7 +181,7 @@ def test_dry_run_prints_the_estimate(capsys):
 def test_power_plan_gives_the_seeds_that_would_detect_the_effect(capsys):
     """Each claim's line: its detectable effect at the study's seeds and the paired seeds that would detect |E|,
     both at alpha / k from the planning sd (checked against stats.seeds_needed computed by hand here)."""
-    from lightning_cqk.study.design.cost_estimate import power_lines
+    from lightning_cqk.study.judge.power_plan import power_lines
     from lightning_cqk.study.judge.stats import ALPHA, seeds_needed
 
     sweep = expand(REPO / "configs" / "ablations" / "corpus.yaml", "cpu")
