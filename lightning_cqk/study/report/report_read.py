@@ -158,8 +158,9 @@ def shared_source(sweep_dir: Path, run: dict[str, Any]) -> Path | None:
 
 def _adoption_evidence(run: dict[str, Any]) -> str:
     """What made an adopted run's committed twin trustworthy, or that its record names nothing (hand-written)."""
-    if run.get("probe"):
-        return f" (adopted: {run['probe']} reproduced its committed twin to the last digit)"
+    probe = run.get("probe")
+    if probe:
+        return f" (adopted: {probe} reproduced its committed twin to the last digit)"
     return " (adopted, but its record names no probe run that reproduced the twin: treat it as unchecked)"
 
 

@@ -13,7 +13,7 @@ import torch
 from lightning_cqk.cli.trainer import CQKCLI
 from lightning_cqk.study.design.spec import expand
 
-REPO = Path(__file__).resolve().parents[4]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _instantiate(run, sweep_dir: Path, corpus: Path, shards: Path):
