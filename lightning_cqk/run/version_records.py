@@ -4,7 +4,7 @@
 only on the same kind of device. Runs are deterministic on one CPU type but not across types (issue 31: the corpus
 study's `wikitext-standard-s1` gives val ppl 7.8167 on one CPU and 7.7688 from the same command, revision and
 packages on another; they part in the 5th digit by step 49). So every run records what it ran on (`run.json`, per
-attempt), the sweep keeps it per run, and a finished run is reused only on the same device (`sweep/runner.py`).
+attempt), the sweep keeps it per run, and a finished run is reused only on the same device (`study/run/runner.py`).
 
 **Packages and code** (`package_versions`, `code_revision`). The versions of the packages a run uses, as recorded in
 `run.json` (each attempt) and a sweep's status files. A study's numbers depend on more than the code: a torch,

@@ -18,7 +18,7 @@ that what changed can be said by name:
 - `data`: each data folder's content fingerprint (`data_fingerprint`: the bytes of every token chunk, the indexes'
   settings and the manifest without its paths and times), and the tokenizer file's sha256; "not prepared" before
   the first run of a folder made its shards.
-- `packages` (package_versions.py), `device` and `precision` (the device the run computes with, as a run records it),
+- `packages` (run/version_records.py), `device` and `precision` (the device the run computes with, as a run records it),
   `threads` (OMP_NUM_THREADS as the runner gives it to the run, else torch's default).
 
 The identity is recorded in each run's status file (`identity`, `identity_parts`, and the resolved settings

@@ -63,7 +63,7 @@ def stop_advice(owner: LockOwner, lock: Path) -> str:
 
 
 def _versions() -> dict[str, str | None]:
-    """Python, this package and every direct dependency (package_versions.py), as each run's attempts record them."""
+    """Python, this package and every direct dependency (run/version_records.py), as each run's attempts record them."""
     return package_versions()
 
 
@@ -242,7 +242,7 @@ class Ledger:
         write_json_atomically(path, {**kept, "status": PENDING, "superseded": [*status.get("superseded", []), entry]})
 
     def last_checkpoint(self, run: Run) -> Path | None:
-        """The checkpoint to resume `run` from: last.ckpt, else the newest intact step=*.ckpt (run_dir.py)."""
+        """The checkpoint to resume `run` from: last.ckpt, else the newest intact step=*.ckpt (run/directory.py)."""
         return resumable_checkpoint(self.run_dir(run))[0]
 
     def problems(self, run: Run) -> str | None:

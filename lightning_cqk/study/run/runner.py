@@ -10,7 +10,7 @@ Layout of a sweep directory (default `runs/<study>-<profile>/`):
                         levels, seed, overrides, command, config hash, status (pending / running / done / failed) and
                         `revisions`: the code revision of each attempt (a run resumed after a `git pull` lists both)
                         and `packages`: each distinct set of package versions its attempts ran with (a run resumed
-                        after an upgrade lists both; `package_versions.py`)
+                        after an upgrade lists both; `run/version_records.py`)
     status/<run>.json   one file per run, written by whichever process runs it (so SLURM array tasks never write the
                         same file); manifest.json is rebuilt from them
     logs/<run>.log      the run's stdout and stderr (appended across attempts)
