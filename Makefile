@@ -67,7 +67,7 @@ quickstart: install ## train configs/quickstart.yaml (tiny model on the built-in
 	$(BIN)/lightning_cqk fit --config configs/quickstart.yaml
 
 TEST_JOBS ?= 2
-test: install ## run every CPU test, the multi-process and SLURM tests included, in TEST_JOBS processes (what CI runs; ~14 min on 2 cores)
+test: install ## run every CPU test, the multi-process and SLURM tests included, in TEST_JOBS processes (what CI runs; ~18 min on 2 cores)
 	$(BIN)/python -m pytest -m "not gpu" -q -n $(TEST_JOBS) --dist worksteal --durations=25
 
 # The test pyramid (tests/conftest.py marks each test with its layer): tests/unit/ mirrors the package and starts no
