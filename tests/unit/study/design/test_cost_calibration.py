@@ -42,3 +42,17 @@ def test_a_run_without_its_seconds_is_refused_naming_the_file_and_field(tmp_path
 def test_the_fit_recovers_known_constants():
     points = [(t, v, 13.4 + 0.69 * t + 1.5 * v) for t, v in [(40, 10), (80, 12), (60, 30), (120, 5)]]
     assert fit(points) == pytest.approx((13.4, 0.69, 1.5))
+
+
+def test_a_study_measured_under_load_is_left_out_until_it_is_rerun(tmp_path: Path, monkeypatch):
+    """MEASURED_UNDER_LOAD names a study *and* its `created`: that record is left out of the fit, a rerun of the same
+    study (another `created`) is measured again."""
+    from lightning_cqk.study.design import cost_calibration
+
+    folder = tmp_path / "toy"
+    folder.mkdir()
+    _study(folder, {"name": "a-s1", "status": "done", "seconds": 61.5})
+    monkeypatch.setattr(cost_calibration, "MEASURED_UNDER_LOAD", {("toy", "2026-11-28T03:00:00+00:00"): "loaded"})
+    assert cost_calibration.committed_studies(tmp_path) == []
+    monkeypatch.setattr(cost_calibration, "MEASURED_UNDER_LOAD", {("toy", "2026-11-27T03:00:00+00:00"): "loaded"})
+    assert [s.study for s in cost_calibration.committed_studies(tmp_path)] == ["toy"]
